@@ -1,0 +1,36 @@
+"""The one error type the engine raises for anything a user can fix: bad files, bad arguments, bad settings.
+
+Every message names its subject (a file, tensor, key, flag or backend) so the CLI can print
+`error: <subject>: <what is wrong>` and the GUI can show it in a dialog without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class TesseraError(Exception):
+    """A problem with user input, named by its subject.
+
+    subject: what is wrong (a path, `tensor blk.3.ffn_up_exps`, `key qwen3moe.block_count`, `--top-p`, `backend AMXInt8`).
+    message: what is wrong with it, in plain words.
+    """
+
+    def __init__(self, subject: str, message: str):
+        super().__init__(f"{subject}: {message}")
+        self.subject = subject
+        self.message = message
+
+
+class ModelFormatError(TesseraError):
+    """A model file or folder is malformed, truncated, of the wrong architecture, or inconsistent."""
+
+
+class BackendUnavailableError(TesseraError):
+    """A kernel backend was asked for by name but cannot run on this machine (the message says why)."""
+
+
+class ContextOverflowError(TesseraError):
+    """A prompt (plus the tokens asked for) does not fit in the context length."""
+
+
+class Cancelled(Exception):
+    """An operation (load, pack, convert, generate) stopped because the caller asked it to."""

@@ -1,0 +1,20 @@
+# Sourced by run.sh and test.sh: create ./.venv and install Tessera into it (editable, native module built by
+# scikit-build-core). Re-running is cheap: it reinstalls only when pyproject.toml or native/ changed.
+# torch is installed explicitly first: a CPU build by default, or the CUDA build when TESSERA_TORCH names one
+# (packaging/install.sh chooses for end users). A bare `torch` requirement would pull a multi-GB CUDA build.
+TESSERA_TORCH="${TESSERA_TORCH:-torch==2.13.0}"
+TESSERA_EXTRAS="${TESSERA_EXTRAS:-}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "tessera: creating .venv with $($PY --version)" >&2
+  "$PY" -m venv .venv
+fi
+stamp=".venv/.tessera-installed${TESSERA_EXTRAS:+-$TESSERA_EXTRAS}"
+want="$(cat pyproject.toml CMakeLists.txt $(find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name 'CMakeLists.txt' \) | sort) | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "tessera: installing into .venv (torch: $TESSERA_TORCH)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >&2
+  .venv/bin/python -m pip install -q "$TESSERA_TORCH" scikit-build-core nanobind >&2
+  .venv/bin/python -m pip install -q --no-build-isolation -e ".${TESSERA_EXTRAS:+[$TESSERA_EXTRAS]}" >&2
+  echo "$want" > "$stamp"
+fi
