@@ -50,6 +50,7 @@ class TorchExperts:
     """Plain PyTorch experts: the pure-torch engine and the correctness twin of every native backend."""
 
     name = "Torch"
+    supports_skip = True  # an expert id of -1 means "this slot contributes nothing"
 
     def __init__(self, layers: dict[int, LayerExperts], dtype: torch.dtype = torch.float32):
         # Compute dtype float32 regardless of the stored dtype, as transformers does with an fp32 model.
@@ -60,7 +61,7 @@ class TorchExperts:
         experts = self.layers[layer]
         out = torch.zeros_like(x)  # [T, H]
         flat_ids = topk_ids.reshape(-1)  # [T*k]
-        for e in torch.unique(flat_ids).tolist():
+        for e in torch.unique(flat_ids[flat_ids >= 0]).tolist():
             token_idx, slot = torch.nonzero(topk_ids == e, as_tuple=True)  # [n], [n]
             xe = x[token_idx]  # [n, H]
             g = xe @ experts.gate_proj[e].to(self.dtype).T  # [n, I]
