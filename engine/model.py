@@ -1,0 +1,194 @@
+"""The Qwen3-MoE forward pass in PyTorch, top to bottom, for one sequence at a time (batch 1).
+
+Order: RMSNorm, RoPE, Attention (per-head q/k norm, GQA, KV cache), Router, MoE, dense MLP, Block, Model.
+Non-expert weights are converted to float32 once at construction; the routed experts stay as stored and are computed by an
+`engine.experts.ExpertBackend`, which the model only calls (no backend branches here).
+
+Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value heads,
+hd head dim, E experts, k experts per token, Id dense intermediate size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.experts import ExpertBackend, LayerExperts
+from engine.kv_cache import KVCache
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32).contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.pow(2).mean(-1, keepdim=True)  # [..., 1]
+    return weight * (x * torch.rsqrt(variance + eps))  # [..., D]
+
+
+class Rope:
+    """Rotary position embedding, neox style (rotate_half over the two halves of head_dim), as HF Qwen3."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [hd/2]
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq  # [T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+        return emb.cos(), emb.sin()  # [T, hd], [T, hd]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [n, T, hd]
+        return x * cos + rotated * sin  # [n, T, hd]
+
+
+@dataclass
+class RoutingStats:
+    """Routed (token, expert) pairs of one forward step, for metrics and the expert cache."""
+
+    pairs: int = 0  # token-expert pairs over all MoE layers
+    counts: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E] int64 tokens routed to each expert
+
+    def experts_hit(self) -> int:
+        return sum(int((c > 0).sum()) for c in self.counts.values())
+
+
+class Attention:
+    def __init__(self, cfg, p: dict[str, torch.Tensor], rope: Rope):
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.rope = rope
+        self.q_proj, self.k_proj = _f32(p["q_proj.weight"]), _f32(p["k_proj.weight"])  # [nh*hd, H], [nkv*hd, H]
+        self.v_proj, self.o_proj = _f32(p["v_proj.weight"]), _f32(p["o_proj.weight"])  # [nkv*hd, H], [H, nh*hd]
+        self.q_norm, self.k_norm = _f32(p["q_norm.weight"]), _f32(p["k_norm.weight"])  # [hd], [hd]
+
+    def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
+        T = x.shape[0]
+        q = (x @ self.q_proj.T).view(T, self.nh, self.hd)  # [T, nh, hd]
+        k = (x @ self.k_proj.T).view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        v = (x @ self.v_proj.T).view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        q = rms_norm(q, self.q_norm, self.eps).transpose(0, 1)  # [nh, T, hd]
+        k = rms_norm(k, self.k_norm, self.eps).transpose(0, 1)  # [nkv, T, hd]
+        q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)  # [nh, T, hd], [nkv, T, hd]
+        keys, values = cache.append(layer, k, v.transpose(0, 1))  # [nkv, S, hd], [nkv, S, hd]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=self.nh != self.nkv
+        )  # [1, nh, T, hd]
+        out = out[0].transpose(0, 1).reshape(T, self.nh * self.hd)  # [T, nh*hd]
+        return out @ self.o_proj.T  # [T, H]
+
+
+class Router:
+    """softmax over experts -> top-k -> renormalise the k weights when norm_topk_prob."""
+
+    def __init__(self, cfg, weight: torch.Tensor):
+        self.weight = _f32(weight)  # [E, H]
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(x @ self.weight.T, dim=-1)  # [T, E]
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k], [T, k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)  # [T, k]
+        return ids, weights
+
+
+class MoE:
+    def __init__(self, cfg, p: dict[str, torch.Tensor]):
+        self.router = Router(cfg, p["gate.weight"])
+        self.num_experts = cfg.num_experts
+
+    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
+        ids, weights = self.router(x)  # [T, k], [T, k]
+        if stats is not None:
+            stats.pairs += ids.numel()
+            stats.counts[layer] = torch.bincount(ids.reshape(-1), minlength=self.num_experts)  # [E]
+        return experts.forward(layer, x, ids, weights)  # [T, H]
+
+
+class DenseMLP:
+    def __init__(self, p: dict[str, torch.Tensor]):
+        self.gate_proj, self.up_proj = _f32(p["gate_proj.weight"]), _f32(p["up_proj.weight"])  # [Id, H], [Id, H]
+        self.down_proj = _f32(p["down_proj.weight"])  # [H, Id]
+
+    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
+        return (F.silu(x @ self.gate_proj.T) * (x @ self.up_proj.T)) @ self.down_proj.T  # [T, H]
+
+
+class Block:
+    def __init__(self, cfg, layer: int, p: dict[str, torch.Tensor], rope: Rope):
+        self.layer, self.eps = layer, cfg.rms_norm_eps
+        self.input_layernorm = _f32(p["input_layernorm.weight"])  # [H]
+        self.post_attention_layernorm = _f32(p["post_attention_layernorm.weight"])  # [H]
+        self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope)
+        self.mlp = MoE(cfg, _sub(p, "mlp.")) if cfg.is_moe_layer(layer) else DenseMLP(_sub(p, "mlp."))
+
+    def __call__(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
+        h = x + self.self_attn(self.layer, rms_norm(x, self.input_layernorm, self.eps), cos, sin, cache, mask)  # [T, H]
+        return h + self.mlp(self.layer, rms_norm(h, self.post_attention_layernorm, self.eps), experts, stats)  # [T, H]
+
+
+def _sub(p: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {name[len(prefix):]: t for name, t in p.items() if name.startswith(prefix)}
+
+
+class Qwen3MoeModel:
+    """Built from `ModelWeights` (config + canonical tensors). `experts` computes the routed experts of every MoE layer."""
+
+    def __init__(self, weights, experts: ExpertBackend):
+        cfg = self.config = weights.config
+        t = weights.tensors
+        self.experts = experts
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta)
+        # The embedding table stays as stored (rows are converted when looked up, which is exact for f16/bf16).
+        self.embed_tokens = t["model.embed_tokens.weight"]  # [V, H]
+        self.lm_head = _f32(t["model.embed_tokens.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"])  # [V, H]
+        self.norm = _f32(t["model.norm.weight"])  # [H]
+        self.layers = [
+            Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope) for i in range(cfg.num_hidden_layers)
+        ]
+
+    def layer_experts(self, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:
+        return layer_experts(self.config, tensors)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64, the tokens after those already in `cache`
+        cache: KVCache,
+        *,
+        last_only: bool = True,
+        stats: RoutingStats | None = None,
+    ) -> torch.Tensor:  # [1, V] float32 (last position) or [T, V] when last_only is False
+        T, start = input_ids.shape[0], cache.length
+        cache.reserve(start + T)
+        positions = torch.arange(start, start + T)  # [T]
+        cos, sin = self.rope.cos_sin(positions)  # [T, hd], [T, hd]
+        mask = None
+        if T > 1:  # query t (at position start+t) sees keys 0..start+t
+            mask = torch.arange(start + T)[None, :] <= positions[:, None]  # [T, S] bool
+        x = self.embed_tokens[input_ids].to(torch.float32)  # [T, H]
+        for block in self.layers:
+            x = block(x, cos, sin, cache, mask, self.experts, stats)  # [T, H]
+        cache.commit(input_ids.tolist())
+        if last_only:
+            x = x[-1:]  # [1, H]
+        return rms_norm(x, self.norm, self.config.rms_norm_eps) @ self.lm_head.T  # [T or 1, V]
+
+
+def layer_experts(cfg, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:
+    """The stacked routed experts of every MoE layer, as loaded (not converted), keyed by decoder layer index."""
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        if cfg.is_moe_layer(i):
+            p = f"model.layers.{i}.mlp.experts."
+            out[i] = LayerExperts(tensors[p + "gate_proj"], tensors[p + "up_proj"], tensors[p + "down_proj"])
+    return out

@@ -1,0 +1,89 @@
+"""Tiny random Qwen3-MoE models built with transformers (the test oracle), and their weights in Tessera's canonical form."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+BASE = dict(
+    vocab_size=151,
+    hidden_size=40,
+    intermediate_size=56,
+    moe_intermediate_size=24,
+    num_hidden_layers=3,
+    num_attention_heads=5,
+    num_key_value_heads=1,
+    head_dim=8,
+    num_experts=7,
+    num_experts_per_tok=3,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+)
+
+# Several shapes of the architecture: non-power-of-two sizes, dense layers, norm_topk_prob off, head_dim != H/nh, tied.
+CONFIGS = {
+    "odd_sizes": dict(BASE),
+    "dense_layers": dict(BASE, num_hidden_layers=4, mlp_only_layers=[0], decoder_sparse_step=2),
+    "no_norm_topk": dict(BASE, norm_topk_prob=False, num_key_value_heads=5),
+    "head_dim_wide": dict(BASE, hidden_size=36, num_attention_heads=4, num_key_value_heads=2, head_dim=14),
+    "tied": dict(BASE, tie_word_embeddings=True, num_experts=9, num_experts_per_tok=1),
+}
+
+
+def hf_model(overrides: dict, seed: int = 0):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = dict(overrides)
+    cfg.setdefault("norm_topk_prob", True)
+    theta = cfg.pop("rope_theta")
+    hf_cfg = Qwen3MoeConfig(**cfg, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    hf_cfg._attn_implementation = "eager"
+    model = Qwen3MoeForCausalLM(hf_cfg).eval()
+    with torch.no_grad():  # larger-than-init weights and non-trivial norms, so mistakes show in the logits
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.6 / p.shape[-1] ** 0.5))
+    return model
+
+
+def model_config(hf_cfg):
+    """The engine's ModelConfig for a transformers config."""
+    try:
+        from engine.config import ModelConfig
+    except ImportError:
+        ModelConfig = None
+    d = hf_cfg.to_dict()
+    if ModelConfig is not None:
+        return ModelConfig.from_hf_dict(d, "test config")
+    rope_theta = d["rope_parameters"]["rope_theta"]
+    ns = SimpleNamespace(**{k: d[k] for k in BASE if k != "rope_theta"}, rope_theta=rope_theta)
+    ns.norm_topk_prob = d["norm_topk_prob"]
+    ns.tie_word_embeddings = d["tie_word_embeddings"]
+    mlp_only, step, n_exp = d["mlp_only_layers"], d["decoder_sparse_step"], d["num_experts"]
+    ns.is_moe_layer = lambda i: i not in mlp_only and n_exp > 0 and (i + 1) % step == 0
+    return ns
+
+
+def canonical_weights(model):
+    """ModelWeights-shaped object (config + canonical tensors) from a transformers model's state dict."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5 stores [E, 2I, H] fused: gate rows, then up
+            prefix = name[: -len("gate_up_proj")]
+            gate, up = t.chunk(2, dim=1)
+            tensors[prefix + "gate_proj"], tensors[prefix + "up_proj"] = gate.clone(), up.clone()
+        else:
+            tensors[name] = t.clone()
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    try:
+        from engine.weights import ModelWeights
+    except ImportError:
+        ModelWeights = None
+    cfg = model_config(model.config)
+    return ModelWeights(cfg, tensors) if ModelWeights is not None else SimpleNamespace(config=cfg, tensors=tensors)
