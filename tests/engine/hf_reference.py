@@ -87,3 +87,23 @@ def canonical_weights(model):
         ModelWeights = None
     cfg = model_config(model.config)
     return ModelWeights(cfg, tensors) if ModelWeights is not None else SimpleNamespace(config=cfg, tensors=tensors)
+
+
+def engine_model(name: str = "odd_sizes", seed: int = 0):
+    """(transformers model, Tessera model on TorchExperts) with the same weights."""
+    from engine.experts import TorchExperts
+    from engine.model import Qwen3MoeModel, layer_experts
+
+    ref = hf_model(CONFIGS[name], seed)
+    w = canonical_weights(ref)
+    return ref, Qwen3MoeModel(w, TorchExperts(layer_experts(w.config, w.tensors)))
+
+
+class LetterDecoder:
+    """Stand-in detokenizer for loop tests: token i is the letter chr(97 + i % 26); `flush` returns nothing pending."""
+
+    def add(self, token_id: int) -> str:
+        return chr(97 + token_id % 26)
+
+    def flush(self) -> str:
+        return ""

@@ -1,0 +1,122 @@
+"""Sampling parameters and pure functions from logits to the next token.
+
+Order as transformers applies them: repetition penalty, then temperature, top-k, top-p, min-p. Temperature 0 is greedy.
+Letters: V vocabulary size, n tokens seen so far.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import TesseraError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. Defaults are Tessera's own (Qwen3's recommended thinking-mode values), never read
+    from a model's generation_config.json. top_k 0 and top_p 1 and min_p 0 disable those filters."""
+
+    temperature: float = 0.6
+    top_k: int = 20
+    top_p: float = 0.95
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 512
+    stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings (not included in the output text)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # in addition to the tokenizer's end-of-sequence ids
+    ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
+
+    def __post_init__(self):
+        # Accept lists from callers, keep the dataclass hashable and immutable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(flag: str, msg: str):
+            raise TesseraError(flag, msg)
+
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            bad("--temperature", f"must be a number >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            bad("--top-k", f"must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            bad("--top-p", f"must be in (0, 1], got {self.top_p}")
+        if not (0 <= self.min_p < 1):
+            bad("--min-p", f"must be in [0, 1), got {self.min_p}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            bad("--repetition-penalty", f"must be > 0 (1 disables it), got {self.repetition_penalty}")
+        if self.max_tokens < 1:
+            bad("--max-tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (0 <= self.seed < 2**63):
+            bad("--seed", f"must be in [0, 2^63), got {self.seed}")
+        if any(not s for s in self.stop):
+            bad("--stop", "stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "token ids must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style, as transformers: a seen token's logit is divided by `penalty` when positive, multiplied when negative."""
+    if penalty == 1.0 or seen.numel() == 0:
+        return logits
+    out = logits.clone()  # [V]
+    picked = out[seen]  # [n]
+    out[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)  # [n]
+    return out
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[-1]  # scalar
+    return logits.masked_fill(logits < kth, -math.inf)  # [V]
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p (always at least one)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)  # [V], [V]
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)  # [V]
+    drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) >= p  # [V] mass before this token already reached p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)  # [V]
+    return logits.masked_fill(drop, -math.inf)
+
+
+def filter_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's."""
+    if min_p <= 0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)  # [V]
+    return logits.masked_fill(probs < min_p * probs.max(), -math.inf)
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator) -> int:
+    """The next token id from the last position's logits [V] (float32), the ids seen so far [n] and a seeded generator."""
+    logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)  # [V]
+    if params.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature  # [V]
+    logits = filter_top_k(logits, params.top_k)
+    logits = filter_top_p(logits, params.top_p)
+    logits = filter_min_p(logits, params.min_p)
+    probs = torch.softmax(logits, dim=-1)  # [V]
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,84 @@
+"""KV cache growth and the prefix cache: longest common prefix, copy on partial match, LRU by bytes, same logits as cold."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv_cache import KVCache, PrefixCache, common_prefix
+from hf_reference import engine_model
+
+
+def filled(tokens, layers=2, heads=1, hd=4):
+    c = KVCache(layers, heads, hd, 4)
+    c.reserve(len(tokens))
+    for layer in range(layers):
+        kv = torch.arange(len(tokens), dtype=torch.float32).repeat(heads, hd, 1).transpose(1, 2) + layer  # [nkv, T, hd]
+        c.append(layer, kv, -kv)
+    c.commit(list(tokens))
+    return c
+
+
+def test_reserve_keeps_contents_and_copy_prefix():
+    c = filled(range(10))
+    before = c.k[1][:, :10].clone()
+    c.reserve(1000)
+    assert c.capacity >= 1000 and torch.equal(c.k[1][:, :10], before)
+    d = c.copy_prefix(6)
+    assert d.tokens == list(range(6)) and torch.equal(d.v[1][:, :6], c.v[1][:, :6])
+    d.truncate(2)
+    assert d.tokens == [0, 1] and c.length == 10
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+
+
+def test_acquire_longest_prefix_in_place_or_copy():
+    pc = PrefixCache(lambda n: KVCache(2, 1, 4, n), budget_bytes=1 << 30)
+    a, b = filled([1, 2, 3, 4, 5]), filled([1, 2, 9, 9])
+    pc.release(a)
+    pc.release(b)
+    cache, n = pc.acquire([1, 2, 3, 4, 5, 6, 7])  # extends a: continued in place, taken out of the LRU
+    assert cache is a and n == 5 and pc.entries == [b]
+    pc.release(a)
+    cache, n = pc.acquire([1, 2, 3, 8])  # matches part of a: a copy, a itself stays for others
+    assert cache is not a and n == 3 and cache.tokens == [1, 2, 3] and a in pc.entries
+    cache, n = pc.acquire([1, 2, 3, 4, 5])  # whole prompt cached: the last token is still computed
+    assert n == 4 and cache.tokens == [1, 2, 3, 4]
+    cache, n = pc.acquire([7, 7])
+    assert n == 0 and cache.length == 0
+
+
+def test_lru_evicts_oldest_beyond_budget():
+    one = filled([1]).nbytes
+    pc = PrefixCache(lambda n: KVCache(2, 1, 4, n), budget_bytes=2 * one)
+    a, b, c = filled([1]), filled([2]), filled([3])
+    pc.release(a)
+    pc.release(b)
+    pc.acquire([1, 5])  # touches a: b becomes the oldest
+    pc.release(a)
+    pc.release(c)
+    assert pc.entries == [a, c] and pc.nbytes <= pc.budget_bytes
+    small = PrefixCache(lambda n: KVCache(2, 1, 4, n), budget_bytes=one // 2)
+    small.release(filled([1]))
+    assert small.entries == []
+
+
+def test_second_turn_reuses_kv_with_same_logits_as_cold():
+    _, model = engine_model("dense_layers", seed=2)
+    pc = PrefixCache(model.new_cache, budget_bytes=1 << 30)
+    turn1 = [5, 8, 13, 21, 34, 55, 89, 144]
+    cache, n = pc.acquire(turn1)
+    assert n == 0
+    model.forward(torch.tensor(turn1), cache)
+    model.forward(torch.tensor([7]), cache)  # one decoded token
+    pc.release(cache)
+    turn2 = turn1 + [7, 1, 2, 3, 4, 100]
+    cache, n = pc.acquire(turn2)
+    assert n == 9 and n / len(turn2) > 0
+    warm = model.forward(torch.tensor(turn2[n:]), cache, last_only=False)  # [T-n, V]
+    cold = model.forward(torch.tensor(turn2), model.new_cache(4), last_only=False)[n:]  # [T-n, V]
+    scale = float(cold.max() - cold.min())
+    assert float((warm - cold).abs().max()) <= 1e-4 * scale
