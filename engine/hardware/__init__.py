@@ -1,0 +1,82 @@
+"""Hardware validation: one implementation behind `tessera-cli check` and the app's hardware wizard.
+
+`probe(...)` returns the report as a plain JSON-able dict:
+  cpu: {model, vendor, sockets, physical_cores, logical_cores, numa_nodes, allowed_cpus, flags: {name: bool},
+        other_flags, xcr0, xcr0_state, amx: {usable, reason}, source}
+  memory: {total_gb, available_gb, read_bandwidth_gbs, read_bandwidth_1t_gbs, bandwidth_threads, bandwidth_source,
+           thp_enabled, thp_defrag, hugepages_total, hugepages_free, hugepage_size_kb}
+  gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
+  gpu_status: str            ("no CUDA device: ..." is a normal answer)
+  backends: {NAME: {available, reason}}, backends_source: "native" | "predicted", auto_backend, auto_reason
+  model: {...fit and roofline...} (only when a model or preset was given)
+  remedies: [{topic, problem, remedy}]
+Progress arrives as `ProgressEvent(stage, done, total, detail)` with done/total over the whole probe; `cancel` (a
+threading.Event) is checked between steps and raises `engine.errors.Cancelled`.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from collections.abc import Callable
+
+from engine.events import ProgressEvent
+from engine.hardware.cpu import probe_cpu
+from engine.hardware.gpu import probe_gpus
+from engine.hardware.memory import SLICES_PER_RUN, probe_memory
+from engine.hardware.render import to_json, to_markdown
+from engine.hardware.verdict import backends, estimate, model_shape, remedies
+
+__all__ = ["probe", "to_json", "to_markdown", "DEFAULT_SECONDS", "QUICK_SECONDS"]
+
+DEFAULT_SECONDS = 3.0  # multi-threaded bandwidth measurement; the single-thread one takes half
+QUICK_SECONDS = 0.4
+
+
+def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model: str | None = None,
+          preset: str | None = None, gpu: bool = True,
+          progress: Callable[[ProgressEvent], None] | None = None,
+          cancel: threading.Event | None = None) -> dict:
+    """Run every probe and return the report. `threads` defaults to the physical cores this process may use."""
+    # Resolve the model first: a bad path or preset is an error before any seconds are spent measuring.
+    shape = model_shape(model, preset) if (model or preset) else None
+    total = 2 + 2 * SLICES_PER_RUN + 1  # cpu, two bandwidth runs, gpu, verdict
+    done = 0
+
+    def step(stage: str, detail: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(ProgressEvent(stage, done, total, detail))
+
+    def inner(ev: ProgressEvent) -> None:
+        step(ev.stage, ev.detail)
+
+    t0 = time.perf_counter()
+    if progress is not None:
+        progress(ProgressEvent("cpu", 0, total, "reading CPUID, XCR0 and the AMX permission"))
+    cpu = probe_cpu()
+    step("cpu", f"{cpu['model']}: {cpu['physical_cores']} cores")
+    n = threads or min(cpu["physical_cores"], cpu["allowed_cpus"])
+    memory = probe_memory(n, seconds, progress=inner, cancel=cancel)
+    gpus, gpu_status = probe_gpus(cancel=cancel) if gpu else ([], "GPU probe skipped (--no-gpu)")
+    step("gpu", gpu_status)
+    report = {
+        "tessera_report": 1,
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "memory": memory,
+        "gpus": gpus,
+        "gpu_status": gpu_status,
+    }
+    table, auto, auto_reason, source = backends(cpu)
+    report.update(backends=table, backends_source=source, auto_backend=auto, auto_reason=auto_reason)
+    if shape is not None:
+        report["model"] = estimate(shape[0], shape[1], auto=auto, memory=memory, gpus=gpus)
+    report["remedies"] = remedies(report)
+    report["probe_seconds"] = round(time.perf_counter() - t0, 2)
+    step("verdict", f"Auto picks {auto}")
+    return report

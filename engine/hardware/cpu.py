@@ -1,0 +1,158 @@
+"""The CPU section of the hardware report: model, topology, ISA flags, XCR0 and whether AMX may be used.
+
+Sources, best first, named in the report's `source` field so nobody mistakes a guess for a measurement:
+`native` (engine.native.cpu_features(), CPUID in C++), `cpuid-python` (engine.hardware.cpuid, CPUID executed from
+Python), `proc-cpuinfo` (the kernel's flag list: a fallback that cannot show XCR0 or the AMX permission).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from engine.hardware import cpuid as _cpuid
+
+# The flags the report always lists (DESIGN §3 needs these to pick a backend).
+REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                  "amx_tile", "amx_int8", "amx_bf16")
+XCR0_BITS = {"x87": 0, "sse": 1, "avx": 2, "opmask": 5, "zmm_hi256": 6, "hi16_zmm": 7, "xtilecfg": 17, "xtiledata": 18}
+# /proc/cpuinfo spells a few flags differently from the names above.
+_PROC_NAMES = {"sse4_2": "sse4_2", "amx_tile": "amx_tile", "amx_int8": "amx_int8", "amx_bf16": "amx_bf16"}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _cpuinfo_blocks(text: str) -> list[dict[str, str]]:
+    blocks = []
+    for chunk in text.strip().split("\n\n"):
+        entry = {}
+        for line in chunk.splitlines():
+            if ":" in line:
+                key, _, value = line.partition(":")
+                entry[key.strip()] = value.strip()
+        if entry:
+            blocks.append(entry)
+    return blocks
+
+
+def topology(cpuinfo_text: str | None = None, sys_root: str = "/sys/devices/system") -> dict:
+    """Sockets, physical cores, logical CPUs, NUMA nodes, and how many CPUs this process may run on."""
+    logical = os.cpu_count() or 1
+    cores: set[tuple[str, str]] = set()
+    packages: set[str] = set()
+    for cpu_dir in Path(sys_root, "cpu").glob("cpu[0-9]*"):
+        core_id = _read(f"{cpu_dir}/topology/core_id").strip()
+        pkg = _read(f"{cpu_dir}/topology/physical_package_id").strip()
+        if core_id:
+            cores.add((pkg, core_id))
+            packages.add(pkg)
+    if not cores:  # no sysfs topology (containers): /proc/cpuinfo's physical id / core id
+        for b in _cpuinfo_blocks(cpuinfo_text if cpuinfo_text is not None else _read("/proc/cpuinfo")):
+            if "core id" in b:
+                cores.add((b.get("physical id", "0"), b["core id"]))
+                packages.add(b.get("physical id", "0"))
+    nodes = [p for p in Path(sys_root, "node").glob("node[0-9]*")]
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = logical
+    return {
+        "sockets": max(1, len(packages)),
+        "physical_cores": len(cores) or logical,
+        "logical_cores": logical,
+        "numa_nodes": max(1, len(nodes)),
+        "allowed_cpus": allowed,
+    }
+
+
+def _from_native() -> dict | None:
+    try:
+        from engine import native  # noqa: PLC0415 - optional until the native module is built
+    except ImportError:
+        return None
+    fn = getattr(native, "cpu_features", None)
+    if fn is None:
+        return None
+    try:
+        return dict(fn())
+    except Exception:  # noqa: BLE001 - a broken native probe must not hide the Python fallback
+        return None
+
+
+def _amx_verdict(flags: dict[str, bool], xcr0: int | None) -> tuple[bool, str]:
+    """AMX usable + the reason, checked in DESIGN §4's order: CPUID, XCR0 bits 17/18, arch_prctl."""
+    if not flags.get("amx_tile"):
+        return False, "CPU lacks amx_tile (no AMX on this processor, or AMX disabled in the BIOS)"
+    if xcr0 is None:
+        return False, "OS has not enabled XSAVE (OSXSAVE off), so AMX state cannot be used"
+    if not (xcr0 >> 17) & 1 or not (xcr0 >> 18) & 1:
+        return False, (f"XCR0=0x{xcr0:x} lacks the AMX tile bits 17/18: the kernel does not enable AMX state "
+                       "(Linux >= 5.16 needed, or AMX turned off by the kernel command line)")
+    return _cpuid.request_amx_permission()
+
+
+def _python_probe() -> tuple[str, dict[str, bool], int | None, str]:
+    """(source, flags, xcr0, brand) from CPUID run in Python, else from /proc/cpuinfo."""
+    try:
+        flags, xcr0 = _cpuid.read_flags()
+        return "cpuid-python", flags, xcr0, _cpuid.brand_string()
+    except OSError:
+        text = _read("/proc/cpuinfo")
+        blocks = _cpuinfo_blocks(text)
+        listed = set(blocks[0].get("flags", "").split()) if blocks else set()
+        flags = {name: _PROC_NAMES.get(name, name) in listed for name in _cpuid.FLAG_BITS}
+        return "proc-cpuinfo", flags, None, blocks[0].get("model name", "") if blocks else ""
+
+
+def _native_fields(native: dict) -> tuple[dict[str, bool], int | None, str, bool | None, str]:
+    """(flags, xcr0, model, amx usable or None, reason) from engine.native.cpu_features(), whichever shape it has:
+    a `flags` sub-dict, or the CpuFeatures struct's fields at top level (`sse42`, `amx_permitted`, `brand`)."""
+    src = dict(native.get("flags") or native)
+    if "sse42" in src:
+        src["sse4_2"] = src["sse42"]
+    flags = {name: bool(src.get(name, False)) for name in _cpuid.FLAG_BITS}
+    xcr0 = native.get("xcr0")
+    model = native.get("model") or native.get("brand") or ""
+    usable = native.get("amx_usable", native.get("amx_permitted"))
+    return flags, (None if xcr0 is None else int(xcr0)), model, usable, str(native.get("amx_reason", ""))
+
+
+def probe_cpu() -> dict:
+    """The report's `cpu` object: model, topology, flags {name: bool}, xcr0, amx {usable, reason}, source."""
+    native = _from_native()
+    if native is not None and ("flags" in native or "avx2" in native):
+        source = "native"
+        flags, xcr0, model, amx_usable, amx_reason = _native_fields(native)
+        if amx_usable is not None and not amx_reason:
+            amx_reason = "granted" if amx_usable else "native probe gave no reason"
+    else:
+        source, flags, xcr0, model = _python_probe()
+        amx_usable = None
+        amx_reason = ""
+    if amx_usable is None:
+        if source == "proc-cpuinfo" and flags.get("amx_tile"):
+            amx_usable, amx_reason = _cpuid.request_amx_permission()
+        else:
+            amx_usable, amx_reason = _amx_verdict(flags, xcr0)
+    if not model:
+        blocks = _cpuinfo_blocks(_read("/proc/cpuinfo"))
+        model = blocks[0].get("model name", "unknown CPU") if blocks else "unknown CPU"
+    vendor = ""
+    blocks = _cpuinfo_blocks(_read("/proc/cpuinfo"))
+    if blocks:
+        vendor = blocks[0].get("vendor_id", "")
+    out = {"model": re.sub(r"\s+", " ", model).strip(), "vendor": vendor, **topology()}
+    out["flags"] = {name: bool(flags.get(name, False)) for name in REPORTED_FLAGS}
+    out["other_flags"] = {k: bool(v) for k, v in flags.items() if k not in REPORTED_FLAGS}
+    out["xcr0"] = None if xcr0 is None else f"0x{int(xcr0):x}"
+    out["xcr0_state"] = (None if xcr0 is None else
+                         {name: bool((int(xcr0) >> bit) & 1) for name, bit in XCR0_BITS.items()})
+    out["amx"] = {"usable": bool(amx_usable), "reason": amx_reason}
+    out["source"] = source
+    return out

@@ -1,0 +1,64 @@
+"""The hardware report as Markdown (for people, the wizard's export and clipboard) and JSON (for tools)."""
+
+from __future__ import annotations
+
+import json
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2, sort_keys=False)
+
+
+def _yes(v: bool) -> str:
+    return "yes" if v else "no"
+
+
+def to_markdown(report: dict) -> str:
+    cpu, mem = report["cpu"], report["memory"]
+    lines = ["# Tessera hardware report", "",
+             f"Host `{report['host']}`, Linux {report['kernel']}, Python {report['python']}.", "", "## CPU", "",
+             f"- Model: {cpu['model']} ({cpu['vendor'] or 'unknown vendor'})",
+             f"- {cpu['sockets']} socket(s), {cpu['physical_cores']} physical cores, {cpu['logical_cores']} logical CPUs "
+             f"({cpu['allowed_cpus']} usable by this process), {cpu['numa_nodes']} NUMA node(s)",
+             "- ISA flags (source: " + cpu["source"] + "): "
+             + ", ".join(f"{k} {_yes(v)}" for k, v in cpu["flags"].items()),
+             f"- XCR0: {cpu['xcr0'] or 'unavailable (no CPUID probe)'}",
+             f"- AMX usable: {_yes(cpu['amx']['usable'])} ({cpu['amx']['reason']})", "", "## Memory", "",
+             f"- Total {mem['total_gb']:.1f} GB, available {mem['available_gb']:.1f} GB",
+             f"- Read bandwidth: {mem['read_bandwidth_gbs']:.1f} GB/s with {mem['bandwidth_threads']} threads, "
+             f"{mem['read_bandwidth_1t_gbs']:.1f} GB/s with one (probe: {mem['bandwidth_source']})",
+             f"- Transparent huge pages: {mem['thp_enabled']} (defrag {mem['thp_defrag']}); hugepage pool "
+             f"{mem['hugepages_total']} x {mem['hugepage_size_kb']} kB", "", "## GPUs", ""]
+    if not report["gpus"]:
+        lines.append(f"- {report['gpu_status']}")
+    for g in report["gpus"]:
+        lines.append(f"- {g['name']} (compute {g['compute_capability']}): {g['vram_free_gb']:.1f} of "
+                     f"{g['vram_total_gb']:.1f} GB free; pinned host->device {g['h2d_gbs']:.1f} GB/s, device->host "
+                     f"{g['d2h_gbs']:.1f} GB/s; driver {g['driver_version']}, CUDA runtime {g['cuda_runtime']}")
+    lines += ["", "## Backends", "", "| backend | available | reason |", "|---|---|---|"]
+    for name, b in report["backends"].items():
+        lines.append(f"| {name} | {_yes(b['available'])} | {b['reason']} |")
+    lines += ["", f"Auto picks **{report['auto_backend']}**: {report['auto_reason']}."]
+    m = report.get("model")
+    if m:
+        lines += ["", f"## Model: {m['name']}", "",
+                  f"- {m['total_params_b']:.1f} B parameters, {m['active_params_b']:.1f} B active per token; stored "
+                  f"{m['stored_dtype']}, experts as {m['expert_format']} for {m['backend']}",
+                  f"- Placement: {m['placement']}",
+                  f"- RAM: needs about {m['ram_needed_gb']:.1f} GB, {m['ram_available_gb']:.1f} GB available: "
+                  + ("fits" if m["fits_ram"] else "does NOT fit")]
+        if "fits_vram" in m:
+            lines.append(f"- VRAM: needs about {m['vram_needed_gb']:.1f} GB, {m['vram_free_gb']:.1f} GB free: "
+                         + ("fits" if m["fits_vram"] else "does NOT fit"))
+        lines.append(f"- Expected decode speed: at most {m['decode_tok_s_upper_bound']:.1f} tokens/s "
+                     f"({m['active_expert_gb_per_token']:.2f} GB of expert weights per token at "
+                     f"{mem['read_bandwidth_gbs']:.1f} GB/s; an upper bound)")
+        if "decode_tok_s_upper_bound_cpu_only" in m:
+            lines.append(f"- Counting the non-expert weights the CPU also reads without a GPU: at most "
+                         f"{m['decode_tok_s_upper_bound_cpu_only']:.1f} tokens/s")
+    lines += ["", "## Remedies", ""]
+    if not report["remedies"]:
+        lines.append("Nothing to fix.")
+    for r in report["remedies"]:
+        lines.append(f"- **{r['topic']}**: {r['problem']} {r['remedy']}")
+    return "\n".join(lines) + "\n"
