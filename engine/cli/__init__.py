@@ -16,6 +16,10 @@ from engine.errors import Cancelled, TesseraError
 # name -> module under engine.cli. Keep in the order `--help` should list them.
 # Subcommand modules must import quickly: import torch and friends inside run(), not at module top.
 SUBCOMMANDS: dict[str, str] = {
+    "make-model": "engine.cli.make_model",
+    "convert": "engine.cli.convert",
+    "compare": "engine.cli.compare",
+    "check": "engine.cli.check",
 }
 
 

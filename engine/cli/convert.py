@@ -1,0 +1,48 @@
+"""`tessera-cli convert SRC OUT`: convert a Hugging Face Qwen3-MoE folder to a llama.cpp-compatible GGUF file."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "convert a Hugging Face Qwen3-MoE folder to GGUF (llama.cpp qwen3moe layout)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="SRC", help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")
+    p.add_argument("out", metavar="OUT", help="GGUF file to write")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "q8_0", "f16", "f32"], help="type of the matrices")
+    p.add_argument("--verify", action="store_true", help="afterwards, compare the logits of source and output")
+    p.add_argument("--text", default=None, help="text for --verify (default: a built-in sample)")
+    p.add_argument("--prepack", metavar="BACKEND", default=None,
+                   help="afterwards, pre-pack the experts for BACKEND into the packed-weight cache")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from engine.convert import convert
+    from engine.events import ProgressEvent
+
+    t0 = time.perf_counter()
+
+    def progress(e: ProgressEvent) -> None:
+        if e.done < e.total:
+            print(f"\r[{e.done + 1}/{e.total}] {e.detail:<40}", end="", file=sys.stderr, flush=True)
+
+    out = convert(args.src, args.out, dtype=args.dtype, progress=progress)
+    print(f"\rwrote {out} in {time.perf_counter() - t0:.1f} s{' ' * 30}", file=sys.stderr)
+    status = 0
+    if args.verify:
+        from engine.compare import compare, format_report, verdict
+
+        report = compare(args.src, out, text=args.text)
+        print(format_report(report))
+        ok, why = verdict(report, args.dtype)
+        print(f"verify: {'PASS' if ok else 'FAIL'} ({why})")
+        status = 0 if ok else 1
+    if args.prepack:
+        from engine.convert import prepack
+
+        print(prepack(out, args.prepack), file=sys.stderr)
+    return status

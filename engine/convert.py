@@ -1,0 +1,281 @@
+"""Convert a Hugging Face Qwen3-MoE folder to a GGUF file that follows llama.cpp's `qwen3moe` conventions.
+
+What llama.cpp's convert_hf_to_gguf.py does for Qwen3MoeForCausalLM, without its class chain: the same general.* and
+qwen3moe.* keys, the gpt2/qwen2 tokenizer (tokens padded to vocab_size with [PAD{i}], token types, merges, special ids,
+add_bos_token, chat template) via gguf.SpecialVocab, per-expert tensors stacked into 3-D ffn_{gate,up,down}_exps, 1-D norms
+and the router (ffn_gate_inp) kept F32, matrices in the requested type (Q8_0 falls back to F16 when a row does not split
+into 32-element blocks, as llama.cpp does).
+
+Every header is checked before a byte is written; tensors are then read one at a time from the memory-mapped safetensors
+shards, so a model larger than RAM converts. Public API: `convert(src, out, dtype=..., progress=..., cancel=...)`,
+`gguf_metadata(folder, dims, qtype)`, `read_source(folder)`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import torch
+
+from engine.checkpoint_layout import Dims, GGUFTensor, arch_name, gguf_tensors, hf_shapes, is_norm
+from engine.errors import ModelFormatError, TesseraError
+from engine.events import ProgressEvent
+from engine.gguf_writer import DTYPE_NAMES, FILE_TYPES, PlannedTensor, quantizable, write_gguf
+
+Q = gguf.GGMLQuantizationType
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_hf_config(folder: Path) -> dict:
+    """config.json of a Qwen3-MoE folder, or a named error saying why this is not one."""
+    if not folder.is_dir():
+        raise ModelFormatError(str(folder), "is not a folder (expected a Hugging Face model folder)")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelFormatError(str(folder), "not a Qwen3-MoE folder: config.json is missing")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFormatError(str(path), f"is not valid JSON ({e})") from e
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") != "qwen3_moe" and "Qwen3MoeForCausalLM" not in archs:
+        found = ", ".join(archs) or cfg.get("model_type") or "nothing"
+        raise ModelFormatError(str(path), f"not a Qwen3-MoE model (architectures/model_type say {found})")
+    return cfg
+
+
+def rope_theta(cfg: dict) -> float:
+    """rope_theta as published (top level) or as current transformers writes it (rope_parameters)."""
+    params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise ModelFormatError("config.json", "missing key 'rope_theta' (or rope_parameters.rope_theta)")
+    return float(theta)
+
+
+@dataclass
+class Source:
+    """A checked HF checkpoint: its config, dims, and where each tensor lives (file, dtype, shape) in its shards."""
+
+    folder: Path
+    config: dict
+    dims: Dims
+    where: dict[str, Path]  # HF tensor name -> shard file
+    dtypes: dict[str, str]  # HF tensor name -> safetensors dtype ("BF16", ...)
+
+    def reader(self) -> SourceReader:
+        return SourceReader(self)
+
+
+class SourceReader:
+    """Reads tensors one at a time from memory-mapped shards; keeps each shard open once."""
+
+    def __init__(self, source: Source):
+        self._source = source
+        self._open: dict[Path, object] = {}
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        path = self._source.where[name]
+        handle = self._open.get(path)
+        if handle is None:
+            handle = self._open[path] = safe_open(str(path), framework="pt")
+        return handle.get_tensor(name)
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def _safetensors_header(path: Path) -> dict:
+    """The JSON header of a .safetensors file, checked for size so a truncated file gives a named error."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ModelFormatError(str(path), "truncated safetensors file (no header length)")
+        n = int.from_bytes(raw, "little")
+        if n > size - 8 or n > 100 * 1024 * 1024:
+            raise ModelFormatError(str(path), f"safetensors header length {n} exceeds the file size {size}")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelFormatError(str(path), f"corrupt safetensors header ({e})") from e
+    header.pop("__metadata__", None)
+    data_size = size - 8 - n
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= data_size:
+            raise ModelFormatError(str(path), f"tensor {name} lies beyond the end of the file (truncated shard?)")
+    return header
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelFormatError(str(index), f"not a valid safetensors index ({e})") from e
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not (folder / name).is_file():
+                raise ModelFormatError(str(folder / name), "missing shard (listed in model.safetensors.index.json)")
+        return [folder / name for name in files]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelFormatError(
+            str(folder / pickles[0]),
+            "pickle checkpoints are refused (they can run code when loaded); convert them to safetensors first",
+        )
+    raise ModelFormatError(str(folder), "no .safetensors weights found")
+
+
+def read_source(folder: str | Path) -> Source:
+    """Check an HF Qwen3-MoE folder completely (config, tokenizer, every tensor name, dtype and shape) without reading
+    weights; raise a named error for the first problem."""
+    folder = Path(folder)
+    cfg = read_hf_config(folder)
+    dims = Dims.from_hf_config(cfg, str(folder / "config.json"))
+    rope_theta(cfg)
+    if not (folder / "tokenizer.json").is_file():
+        raise ModelFormatError(str(folder / "tokenizer.json"), "missing (the GGUF needs the tokenizer)")
+    where: dict[str, Path] = {}
+    dtypes: dict[str, str] = {}
+    expected = hf_shapes(dims)
+    for shard in _shard_files(folder):
+        for name, info in _safetensors_header(shard).items():
+            if name not in expected:
+                raise ModelFormatError(f"tensor {name}", f"in {shard.name} is not part of a Qwen3-MoE checkpoint with this config")
+            if info["dtype"] not in _TORCH_DTYPES:
+                raise ModelFormatError(f"tensor {name}", f"has unsupported dtype {info['dtype']} (F32, F16 or BF16 expected)")
+            if tuple(info["shape"]) != expected[name]:
+                raise ModelFormatError(
+                    f"tensor {name}", f"shape mismatch: {list(info['shape'])} in {shard.name}, config implies {list(expected[name])}"
+                )
+            where[name] = shard
+            dtypes[name] = info["dtype"]
+    missing = [name for name in expected if name not in where]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelFormatError(f"tensor {missing[0]}", f"missing from the checkpoint{more}")
+    return Source(folder, cfg, dims, where, dtypes)
+
+
+def tensor_qtype(t: GGUFTensor, requested: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+    """llama.cpp's rule: 1-D tensors and the router stay F32; other matrices take `requested`, with F16 for rows that
+    do not split into quant blocks."""
+    if is_norm(t) or t.kind == gguf.MODEL_TENSOR.FFN_GATE_INP:
+        return Q.F32
+    if requested not in (Q.F32, Q.F16, Q.BF16) and not quantizable(t.shape, requested):
+        return Q.F16
+    return requested
+
+
+def plan_tensors(dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGMLQuantizationType) -> list[PlannedTensor]:
+    """The GGUF tensors for `dims`, each producing its values from HF tensors via `get(hf_name)` (stacking experts)."""
+
+    def producer(t: GGUFTensor) -> Callable[[], torch.Tensor]:
+        if len(t.sources) == 1:
+            return lambda: get(t.sources[0])
+        return lambda: torch.stack([get(name) for name in t.sources])  # [E, rows, cols]
+
+    return [PlannedTensor(t.name, t.shape, tensor_qtype(t, qtype), producer(t)) for t in gguf_tensors(dims)]
+
+
+def _token_list(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
+    """Tokens and token types as llama.cpp's gpt2 vocab writes them: vocab padded to vocab_size with [PAD{i}] (UNUSED),
+    added tokens CONTROL when special or shaped like <|...|>, else USER_DEFINED."""
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    by_id: dict[int, tuple[str, int]] = {i: (tok, gguf.TokenType.NORMAL) for tok, i in data["model"]["vocab"].items()}
+    for added in data.get("added_tokens", []):
+        content = added["content"]
+        looks_special = content.startswith("<|") and content.endswith("|>")
+        kind = gguf.TokenType.CONTROL if added.get("special") or looks_special else gguf.TokenType.USER_DEFINED
+        by_id[added["id"]] = (content, kind)
+    if by_id and max(by_id) >= vocab_size:
+        raise ModelFormatError(
+            str(folder / "tokenizer.json"), f"token id {max(by_id)} does not fit vocab_size {vocab_size} of config.json"
+        )
+    tokens, types = [], []
+    for i in range(vocab_size):
+        tok, kind = by_id.get(i, (f"[PAD{i}]", gguf.TokenType.UNUSED))
+        tokens.append(tok)
+        types.append(int(kind))
+    return tokens, types
+
+
+def gguf_metadata(folder: Path, cfg: dict, dims: Dims, qtype: gguf.GGMLQuantizationType) -> Callable[[gguf.GGUFWriter], None]:
+    """The metadata llama.cpp writes for a qwen3moe model from the HF folder `folder` (config + tokenizer files)."""
+    tokens, types = _token_list(folder, dims.vocab)
+    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=dims.vocab)
+    name = cfg.get("_name_or_path") or folder.name
+
+    def add(w: gguf.GGUFWriter) -> None:
+        w.add_type(gguf.GGUFType.MODEL)
+        w.add_name(str(name))
+        w.add_block_count(dims.layers)
+        w.add_context_length(int(cfg.get("max_position_embeddings", 40960)))
+        w.add_embedding_length(dims.hidden)
+        if dims.dense_inter:
+            w.add_feed_forward_length(dims.dense_inter)
+        w.add_head_count(dims.heads)
+        w.add_head_count_kv(dims.kv_heads)
+        w.add_rope_freq_base(rope_theta(cfg))
+        w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
+        w.add_expert_used_count(dims.experts_per_tok)
+        w.add_key_length(dims.head_dim)
+        w.add_value_length(dims.head_dim)
+        w.add_file_type(FILE_TYPES[qtype])
+        w.add_expert_count(dims.experts)
+        w.add_expert_feed_forward_length(dims.moe_inter)
+        if not cfg.get("norm_topk_prob", True):  # llama.cpp renormalises qwen3moe's top-k by default; say only "no"
+            w.add_expert_weights_norm(False)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        special.add_to_gguf(w, quiet=True)
+
+    return add
+
+
+def parse_dtype(name: str) -> gguf.GGMLQuantizationType:
+    try:
+        return DTYPE_NAMES[name.lower()]
+    except KeyError:
+        raise TesseraError("--dtype", f"unknown type {name!r}; choose one of {', '.join(DTYPE_NAMES)}") from None
+
+
+def convert(
+    src: str | Path,
+    out: str | Path,
+    *,
+    dtype: str = "bf16",
+    progress: Callable[[ProgressEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Convert the HF Qwen3-MoE folder `src` into the GGUF file `out` (matrices in `dtype`: bf16, f16, f32 or q8_0).
+    Raises ModelFormatError/TesseraError naming the problem, Cancelled when `cancel` is set; never leaves a partial file."""
+    qtype = parse_dtype(dtype)
+    out = Path(out)
+    if out.is_dir():
+        raise TesseraError(str(out), "is a folder; give the path of the .gguf file to write")
+    source = read_source(src)
+    reader = source.reader()
+    try:
+        tensors = plan_tensors(source.dims, reader.get, qtype)
+        meta = gguf_metadata(source.folder, source.config, source.dims, qtype)
+        return write_gguf(out, arch_name(), meta, tensors, progress=progress, cancel=cancel)
+    finally:
+        reader.close()

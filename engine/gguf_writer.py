@@ -1,0 +1,159 @@
+"""Write a GGUF file one tensor at a time, safely: free-space check first, a temporary file in the target folder renamed
+into place only when complete, cancel between tensors, and no partial file left behind on any failure.
+
+Built on `gguf.GGUFWriter`'s incremental API (add_tensor_info for the whole table, then write_tensor_data per tensor), so a
+model larger than RAM streams through: only the tensor being written is in memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from engine.errors import Cancelled, TesseraError
+from engine.events import ProgressEvent
+
+Q = gguf.GGMLQuantizationType
+
+DTYPE_NAMES: dict[str, gguf.GGMLQuantizationType] = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+FILE_TYPES: dict[gguf.GGMLQuantizationType, gguf.LlamaFileType] = {
+    Q.F32: gguf.LlamaFileType.ALL_F32,
+    Q.F16: gguf.LlamaFileType.MOSTLY_F16,
+    Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+FREE_SPACE_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the file itself
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor to write: its GGUF name, logical shape (numpy order), storage type, and how to get its values."""
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: gguf.GGMLQuantizationType
+    produce: Callable[[], torch.Tensor]  # called when the tensor's turn comes; returns a float tensor of `shape`
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(stored_shape(self.shape, self.qtype)))  * _item_size(self.qtype)
+
+
+def _item_size(qtype: gguf.GGMLQuantizationType) -> int:
+    return {Q.F32: 4, Q.F16: 2, Q.BF16: 2}.get(qtype, 1)
+
+
+def stored_shape(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> tuple[int, ...]:
+    """The numpy shape of the encoded data: elements for float types, bytes for block-quantized ones."""
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        return tuple(shape)
+    return tuple(gguf.quant_shape_to_byte_shape(tuple(shape), qtype))
+
+
+def quantizable(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> bool:
+    """Whether rows of `shape` split into whole blocks of `qtype`."""
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    return shape[-1] % block == 0
+
+
+def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """`t` in GGUF's storage for `qtype`: float32/float16 arrays, bf16 as raw uint16, Q8_0 via gguf.quants (bytes)."""
+    if qtype == Q.F32:
+        return t.detach().to(torch.float32).contiguous().numpy()
+    if qtype == Q.F16:
+        return t.detach().to(torch.float16).contiguous().numpy()
+    if qtype == Q.BF16:
+        return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    return gguf.quants.quantize(t.detach().to(torch.float32).contiguous().numpy(), qtype)
+
+
+def check_free_space(target: Path, needed: int) -> None:
+    """Raise a named error when the folder of `target` lacks room for `needed` bytes (plus a margin)."""
+    free = shutil.disk_usage(target.parent).free
+    if free < needed + FREE_SPACE_MARGIN:
+        raise TesseraError(
+            str(target.parent),
+            f"not enough free space: the output needs {needed / 1e9:.2f} GB (+{FREE_SPACE_MARGIN >> 20} MiB margin), "
+            f"{free / 1e9:.2f} GB free",
+        )
+
+
+def write_gguf(
+    path: str | Path,
+    arch: str,
+    add_metadata: Callable[[gguf.GGUFWriter], None],
+    tensors: Sequence[PlannedTensor],
+    *,
+    progress: Callable[[ProgressEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """Write `tensors` (in order) and the metadata `add_metadata` puts on the writer into the GGUF file `path`.
+
+    The file appears at `path` only once complete; on cancel (`Cancelled`), error, or interruption, the temporary file is
+    removed and any existing file at `path` is left untouched. A full disk raises a TesseraError naming the folder.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise TesseraError(str(path.parent), "output folder does not exist")
+    header_estimate = 16 * 1024 * 1024
+    check_free_space(path, sum(t.nbytes for t in tensors) + header_estimate)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        add_metadata(writer)
+        for t in tensors:
+            writer.add_tensor_info(t.name, stored_shape(t.shape, t.qtype), _np_dtype(t.qtype), t.nbytes, raw_dtype=t.qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        total = len(tensors)
+        for i, t in enumerate(tensors):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("conversion cancelled")
+            if progress is not None:
+                progress(ProgressEvent("write", i, total, t.name))
+            values = t.produce()
+            if tuple(values.shape) != tuple(t.shape):
+                raise TesseraError(f"tensor {t.name}", f"has shape {list(values.shape)}, expected {list(t.shape)}")
+            data = encode(values, t.qtype)
+            del values
+            writer.write_tensor_data(data)
+            del data
+        writer.close()
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("conversion cancelled")
+        os.replace(tmp, path)
+    except OSError as e:
+        _discard(writer, tmp)
+        if e.errno == errno.ENOSPC:
+            raise TesseraError(str(path.parent), "disk full while writing; the partial output was removed") from e
+        raise
+    except BaseException:
+        _discard(writer, tmp)
+        raise
+    if progress is not None:
+        progress(ProgressEvent("write", len(tensors), len(tensors), "done"))
+    return path
+
+
+def _np_dtype(qtype: gguf.GGMLQuantizationType) -> np.dtype:
+    return {Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF16: np.dtype(np.uint16)}.get(
+        qtype, np.dtype(np.uint8)
+    )
+
+
+def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:
+    try:
+        writer.close()
+    except Exception:  # noqa: BLE001 - already failing; the file is removed below either way
+        pass
+    tmp.unlink(missing_ok=True)
