@@ -1,0 +1,113 @@
+"""`python -m app` / `tessera`: parse arguments, build Settings, store, worker and window, run.
+
+--model PATH             open and load a model at start (default: the demo model when it ships; none otherwise)
+--prompt TEXT            send TEXT once the model has loaded (for demos, screenshots and tests)
+--screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
+--screenshot-target T    window (default) | settings | graphs
+--quit-after MS          quit MS milliseconds after start-up (after the model loaded, when one was given)
+--no-demo                do not open the demo model when no --model is given
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tessera", description="Chat with Qwen3-MoE models locally.")
+    p.add_argument("--model", help="GGUF file or Hugging Face folder to load at start")
+    p.add_argument("--prompt", help="message to send once the model has loaded")
+    p.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window, then quit")
+    p.add_argument("--screenshot-target", choices=("window", "settings", "graphs"), default="window")
+    p.add_argument("--quit-after", metavar="MS", type=int, help="quit after MS milliseconds")
+    p.add_argument("--no-demo", action="store_true", help="do not open the demo model automatically")
+    p.add_argument("--theme", choices=("light", "dark"), help="override the theme setting for this run")
+    p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app import paths
+    from app.main_window import MainWindow
+    from app.settings import Settings
+    from app.store import ConversationStore
+    from app.theme import apply_theme
+    from app.worker import EngineWorker
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Tessera")
+    app.setOrganizationName("Tessera")
+    settings = Settings(paths.settings_path())
+    if args.theme:
+        settings.set("ui/theme", args.theme)
+    apply_theme(app, settings.get("ui/theme"))
+    store = ConversationStore(paths.database_path())
+    worker = EngineWorker()
+    worker.start()
+    window = MainWindow(settings, store, worker)
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    window.resize(width, height)
+    signal.signal(signal.SIGINT, lambda *_: app.quit())
+
+    model = args.model
+    if model is None and not args.no_demo:
+        demo = paths.demo_model()
+        model = str(demo) if demo else None
+
+    def finish() -> None:
+        if args.screenshot:
+            save_screenshot(window, args.screenshot_target, args.screenshot)
+        app.quit()
+
+    def arm_quit(_ok: bool = True) -> None:
+        if args.prompt and window.state.loaded:
+            window.chat.prompt.setPlainText(args.prompt)
+            window.chat.send_button.click()
+        if args.screenshot_target == "settings":
+            window.open_settings()
+        if args.quit_after is not None or args.screenshot:
+            QTimer.singleShot(args.quit_after if args.quit_after is not None else 500, finish)
+
+    window.show()
+    if model:
+        window.model_ready.connect(arm_quit, type=_single_shot())
+        window.load_model(str(Path(model).expanduser().resolve()))
+    else:
+        QTimer.singleShot(0, arm_quit)
+    code = app.exec()
+    worker.shutdown()
+    store.close()
+    return code
+
+
+def _single_shot():
+    from PySide6.QtCore import Qt
+
+    return Qt.ConnectionType.SingleShotConnection
+
+
+def save_screenshot(window, target: str, path: str) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    window.chat.flush()
+    QApplication.processEvents()
+    if target == "settings" and window.settings_dialog is not None:
+        widget = window.settings_dialog
+    elif target == "graphs":
+        widget = window.graphs_dock
+    else:
+        widget = window
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if not widget.grab().save(path):
+        print(f"error: {path}: could not write the screenshot", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""MainWindow: layout, menus, shortcuts — and the one place where views are connected to the worker."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+import psutil
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QStackedWidget,
+                               QWidget)
+
+from app import paths
+from app.chat_controller import ChatController
+from app.export import to_json, to_markdown, write_atomic
+from app.fit import estimate, ram_available
+from app.payloads import BackendList, GenerationResult, ModelState, ModelSummary, WorkerError
+from app.settings import Settings
+from app.store import ConversationStore
+from app.theme import apply_theme, is_dark
+from app.views.chat_view import ChatView
+from app.views.graphs import GraphsPanel
+from app.views.model_panel import ModelPanel
+from app.views.settings_dialog import SettingsDialog
+from app.views.sidebar import ConversationSidebar
+from app.views.status_bar import TesseraStatusBar
+from app.views.welcome import WelcomePage
+
+WIZARDS = {"hardware": ("app.wizards.hardware_wizard", "HardwareWizard"),
+           "convert": ("app.wizards.convert_wizard", "ConvertWizard")}
+
+
+def find_wizard(kind: str):
+    """(class, "") when the wizards part has delivered it, else (None, reason)."""
+    module, name = WIZARDS[kind]
+    try:
+        return getattr(importlib.import_module(module), name), ""
+    except Exception as exc:  # noqa: BLE001 - any import problem means "not available", with the reason shown
+        return None, f"not available yet: {type(exc).__name__}"
+
+
+class MainWindow(QMainWindow):
+    model_ready = Signal(bool)  # emitted once per load attempt (True: loaded); used by --screenshot
+
+    def __init__(self, settings: Settings, store: ConversationStore, worker, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.settings = settings
+        self.store = store
+        self.worker = worker
+        self.state = ModelState(False)
+        self.backend_list: BackendList | None = None
+        self.settings_dialog: SettingsDialog | None = None
+        self.error_box: QMessageBox | None = None
+        self.last_error: WorkerError | None = None
+        self._loading = False
+        self.setWindowTitle("Tessera")
+        self.setAcceptDrops(True)
+        dark = is_dark(settings.get("ui/theme"))
+
+        self.controller = ChatController(store, worker, settings, parent=self)
+        self.chat = ChatView(dark)
+        self.welcome = WelcomePage()
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.welcome)
+        self.pages.addWidget(self.chat)
+        self.setCentralWidget(self.pages)
+
+        self.sidebar = ConversationSidebar()
+        self.model_panel = ModelPanel()
+        self.graphs = GraphsPanel(dark)
+        self.graphs.set_measured_bandwidth(settings.get("hardware/bandwidth_gbs"))
+        self.sidebar_dock = self._dock("Conversations", self.sidebar, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.model_dock = self._dock("Model", self.model_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.graphs_dock = self._dock("Graphs", self.graphs, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.status = TesseraStatusBar()
+        self.setStatusBar(self.status)
+
+        self._menus()
+        self._connect()
+        self._wizard_buttons()
+        demo = paths.demo_model()
+        self.welcome.set_available("demo", demo is not None, "not shipped in this build")
+        self.model_panel.set_recent(settings.get("recent/models"))
+        self.chat.set_thinking(self.controller.thinking)
+        self.refresh_conversations()
+        self._update_page()
+        if store.recovered:
+            self.statusBar().showMessage(f"{store.recovered} reply(s) were interrupted when the app last stopped; "
+                                         "they are kept and marked.", 10000)
+
+        self._memory_timer = QTimer(self)
+        self._memory_timer.timeout.connect(self._update_memory)
+        self._memory_timer.start(2000)
+        self._update_memory()
+        self.resize(1280, 820)
+        self.resizeDocks([self.graphs_dock], [300], Qt.Orientation.Vertical)
+        self.resizeDocks([self.sidebar_dock, self.model_dock], [230, 300], Qt.Orientation.Horizontal)
+        geometry = settings.get("window/geometry")
+        if geometry:
+            self.restoreGeometry(geometry)
+        state = settings.get("window/state")
+        if state:
+            self.restoreState(state)
+        worker.query_backends()
+
+    # ---- construction
+    def _dock(self, title: str, widget: QWidget, area) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"dock-{title.lower()}")
+        dock.setWidget(widget)
+        dock.setAccessibleName(f"{title} panel")
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _action(self, menu, text: str, slot, shortcut: str | None = None) -> QAction:
+        action = QAction(text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _menus(self) -> None:
+        bar = self.menuBar()
+        m = bar.addMenu("&File")
+        self.new_action = self._action(m, "&New chat", self.controller.new_conversation, "Ctrl+N")
+        self._action(m, "&Open model…", self.model_panel.choose_file, "Ctrl+O")
+        self._action(m, "Open model &folder…", self.model_panel.choose_folder)
+        self.demo_action = self._action(m, "Open the &demo model", self.open_demo)
+        self.demo_action.setEnabled(paths.demo_model() is not None)
+        self._action(m, "Make a &test-drive model", self.make_test_drive)
+        m.addSeparator()
+        self._action(m, "Export chat as &Markdown…", lambda: self.export(self.controller.conversation_id, "markdown"))
+        self._action(m, "Export chat as &JSON…", lambda: self.export(self.controller.conversation_id, "json"))
+        m.addSeparator()
+        self._action(m, "&Quit", self.close, "Ctrl+Q")
+        m = bar.addMenu("&Model")
+        self.unload_action = self._action(m, "&Unload", self.worker.unload)
+        self.settings_action = self._action(m, "&Settings…", self.open_settings, "Ctrl+,")
+        m = bar.addMenu("&View")
+        for dock in (self.sidebar_dock, self.model_dock, self.graphs_dock):
+            m.addAction(dock.toggleViewAction())
+        m = bar.addMenu("&Tools")
+        self.wizard_actions = {
+            "hardware": self._action(m, "&Hardware wizard…", lambda: self.open_wizard("hardware")),
+            "convert": self._action(m, "&Conversion wizard…", lambda: self.open_wizard("convert")),
+        }
+        m = bar.addMenu("&Help")
+        self._action(m, "&About Tessera", self._about)
+
+    def _wizard_buttons(self) -> None:
+        for kind, action in self.wizard_actions.items():
+            cls, reason = find_wizard(kind)
+            action.setEnabled(cls is not None)
+            action.setToolTip(reason)
+            if cls is None:
+                action.setText(action.text().replace("…", "") + " (not available)")
+            self.welcome.set_available(kind, cls is not None, reason)
+
+    def _connect(self) -> None:
+        w, c = self.worker, self.controller
+        # worker -> views
+        w.progress.connect(self.model_panel.show_progress)
+        w.state_changed.connect(self.on_state)
+        w.tokens.connect(self.graphs.add_chunk)
+        w.finished.connect(self.on_finished)
+        w.failed.connect(self.on_failed)
+        w.inspected.connect(self.on_inspected)
+        w.backends.connect(self.on_backends)
+        # controller <-> chat view
+        c.conversation_reset.connect(self.chat.set_messages)
+        c.conversation_reset.connect(lambda _m: self._update_page())
+        c.message_added.connect(self.chat.append_message)
+        c.message_changed.connect(self.chat.update_message)
+        c.busy_changed.connect(self.chat.set_busy)
+        c.context_changed.connect(self.chat.set_context)
+        c.notice.connect(self.chat.show_notice)
+        c.conversations_changed.connect(self.refresh_conversations)
+        c.current_changed.connect(self.sidebar.set_current)
+        self.chat.send_requested.connect(c.send)
+        self.chat.stop_requested.connect(c.stop)
+        self.chat.regenerate_requested.connect(c.regenerate)
+        self.chat.edit_requested.connect(c.edit)
+        self.chat.thinking_toggled.connect(c.set_thinking)
+        # sidebar
+        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.open_requested.connect(c.open_conversation)
+        self.sidebar.rename_requested.connect(c.rename)
+        self.sidebar.delete_requested.connect(c.delete)
+        self.sidebar.export_requested.connect(self.export)
+        self.sidebar.search_changed.connect(lambda _t: self.refresh_conversations())
+        # model panel
+        self.model_panel.inspect_requested.connect(w.inspect)
+        self.model_panel.load_requested.connect(self.load_model)
+        self.model_panel.cancel_requested.connect(w.cancel_load)
+        self.model_panel.unload_requested.connect(w.unload)
+        # welcome
+        self.welcome.open_requested.connect(self.model_panel.choose_file)
+        self.welcome.demo_requested.connect(self.open_demo)
+        self.welcome.test_drive_requested.connect(self.make_test_drive)
+        self.welcome.hardware_wizard_requested.connect(lambda: self.open_wizard("hardware"))
+        self.welcome.convert_wizard_requested.connect(lambda: self.open_wizard("convert"))
+        self.settings.changed.connect(self.on_setting_changed)
+
+    # ---- model
+    def load_model(self, path: str) -> None:
+        path = str(path)
+        if self.model_panel.path != path:
+            self.model_panel.choose(path)
+        self.model_panel.start_loading()
+        self._loading = True
+        self.statusBar().showMessage(f"Loading {Path(path).name}…")
+        self.worker.load(path, self.settings.get("model/backend"), self.settings.get("model/threads"),
+                         self.settings.get("model/context_length"))
+
+    def open_demo(self) -> None:
+        demo = paths.demo_model()
+        if demo is not None:
+            self.load_model(str(demo))
+
+    def make_test_drive(self) -> None:
+        out = paths.test_drive_dir() / f"test-drive-{int(time.time())}.gguf"
+        self.model_panel.path = str(out)
+        self.model_panel.path_label.setText(f"Making {out.name}…")
+        self.model_panel.start_loading()
+        self._loading = True
+        self.worker.make_test_model(str(out), self.settings.get("model/backend"), self.settings.get("model/threads"),
+                                    self.settings.get("model/context_length"))
+
+    def on_state(self, state: ModelState) -> None:
+        was_loading, self._loading = self._loading, False
+        self.state = state
+        self.status.set_state(state)
+        self.model_panel.set_state(state)
+        self.controller.set_model(state.loaded, state.name, state.context_length)
+        self.unload_action.setEnabled(state.loaded)
+        if state.loaded:
+            self.settings.add_recent_model(state.path)
+            self.model_panel.set_recent(self.settings.get("recent/models"))
+            self.statusBar().showMessage(f"Loaded {state.name} with backend {state.backend}", 5000)
+            self.setWindowTitle(f"Tessera — {state.name}")
+        else:
+            self.setWindowTitle("Tessera")
+        self._update_page()
+        if was_loading:
+            self.model_ready.emit(state.loaded)
+
+    def on_inspected(self, summary: ModelSummary) -> None:
+        fit = estimate(summary.info, self.settings.get("model/context_length"), ram_available(),
+                       self.backend_list.vram_free_bytes if self.backend_list else 0)
+        self.model_panel.show_summary(summary, fit.text)
+
+    def on_backends(self, backends: BackendList) -> None:
+        self.backend_list = backends
+        if self.settings_dialog is not None:
+            self.settings_dialog.set_backends(backends)
+        if not self.state.loaded:
+            self.status.device_label.setText(f"device {backends.device}")
+
+    def on_finished(self, result: GenerationResult) -> None:
+        self.graphs.add_result(result)
+        m = result.metrics
+        if m.get("decode_tok_s") or m.get("prefill_tok_s"):
+            self.status.set_speed(float(m.get("decode_tok_s", 0.0)), float(m.get("prefill_tok_s", 0.0)))
+
+    def on_failed(self, error: WorkerError) -> None:
+        self.last_error = error
+        if error.operation in ("load", "make"):
+            self._loading = False
+            self.model_panel.show_error(error.text)
+            self.statusBar().showMessage(f"Could not load: {error.text}", 10000)
+            self._show_error("Could not load the model", error)
+            self.model_ready.emit(False)
+        elif error.operation == "inspect":
+            self.model_panel.show_error(error.text)
+        elif error.operation == "backend":
+            self._show_error("Could not switch the backend", error)
+        else:
+            self.chat.show_notice(f"Generation failed: {error.text}")
+
+    def _show_error(self, title: str, error: WorkerError) -> None:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, error.text, QMessageBox.StandardButton.Ok, self)
+        if error.detail:
+            box.setDetailedText(error.detail)
+        box.setInformativeText("The window stays usable: choose another model or fix the file and try again.")
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        self.error_box = box
+        box.open()
+
+    # ---- settings
+    def open_settings(self) -> SettingsDialog:
+        if self.settings_dialog is None:
+            self.settings_dialog = SettingsDialog(self.settings, self.backend_list, self.state.loaded, self)
+            self.settings_dialog.finished.connect(self._settings_closed)
+            self.worker.query_backends()
+        self.settings_dialog.show()
+        self.settings_dialog.raise_()
+        return self.settings_dialog
+
+    def _settings_closed(self, _result: int) -> None:
+        self.settings_dialog.deleteLater()
+        self.settings_dialog = None
+
+    def on_setting_changed(self, key: str, value) -> None:
+        if key == "model/backend" and self.state.loaded:
+            self.statusBar().showMessage(f"Repacking experts for {value}…")
+            self.worker.set_backend(str(value))
+        elif key == "ui/theme":
+            app = QApplication.instance()
+            if app is not None:
+                apply_theme(app, str(value))
+        elif key == "chat/thinking":
+            self.chat.set_thinking(bool(value))
+        elif key == "hardware/bandwidth_gbs":
+            self.graphs.set_measured_bandwidth(float(value))
+
+    # ---- conversations
+    def refresh_conversations(self) -> None:
+        self.sidebar.set_conversations(self.store.conversations(self.sidebar.search.text()),
+                                       self.controller.conversation_id)
+
+    def export(self, conversation_id: int, fmt: str) -> None:
+        conv = self.store.conversation(conversation_id) if conversation_id else None
+        if conv is None:
+            self.statusBar().showMessage("Nothing to export: open a conversation first.", 5000)
+            return
+        ext, flt = (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
+        name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name + ext, flt)
+        if path:
+            messages = self.store.messages(conversation_id)
+            write_atomic(path, to_markdown(conv, messages) if fmt == "markdown" else to_json(conv, messages))
+            self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    # ---- misc
+    def open_wizard(self, kind: str) -> None:
+        cls, reason = find_wizard(kind)
+        if cls is None:
+            self.statusBar().showMessage(f"The {kind} wizard is {reason}", 5000)
+            return
+        wizard = cls(self)
+        wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        wizard.open()
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About Tessera", "Tessera: chat with Qwen3-MoE models locally, "
+                                                 "experts on the CPU, the rest on the GPU.")
+
+    def _update_page(self) -> None:
+        show_chat = self.state.loaded or bool(self.controller.messages) or self._loading
+        self.pages.setCurrentWidget(self.chat if show_chat else self.welcome)
+
+    def _update_memory(self) -> None:
+        self.status.set_memory(psutil.Process().memory_info().rss)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.model_panel.dragEnterEvent(event)
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        self.model_panel.dropEvent(event)
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        self.worker.stop()
+        self.settings.set("window/geometry", bytes(self.saveGeometry().data()))
+        self.settings.set("window/state", bytes(self.saveState().data()))
+        self.settings.sync()
+        super().closeEvent(event)

@@ -1,0 +1,1 @@
+"""Widgets. They only emit and receive signals; they never touch the model runtime."""

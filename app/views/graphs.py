@@ -1,0 +1,133 @@
+"""Live graphs (pyqtgraph): prefill/decode tok/s over time, time to first token and cache-hit rates per request, and a
+bandwidth readout. Only measured numbers are drawn: a series with no data says why instead of showing a made-up line."""
+
+from __future__ import annotations
+
+import time
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from app.payloads import GenerationResult, TokenChunk
+
+NO_EXPERT_CACHE = "no GPU expert cache"
+
+
+class GraphsPanel(QWidget):
+    def __init__(self, dark: bool = False, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.t0 = time.monotonic()
+        self.decode_x: list[float] = []
+        self.decode_y: list[float] = []
+        self.prefill_x: list[float] = []
+        self.prefill_y: list[float] = []
+        self.ttft: list[float] = []
+        self.prefix_hit: list[float] = []  # percent, one per request
+        self.expert_hit: list[float] = []  # percent, one per request that had an expert cache
+        self.requests = 0
+        self.measured_gbs = 0.0
+        self._req_bytes = 0
+        self._req_seconds = 0.0
+
+        pg.setConfigOptions(antialias=True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        grid = QGridLayout()
+        layout.addLayout(grid, 1)
+        bg, fg = ("#1e1e1e", "#dddddd") if dark else ("#ffffff", "#333333")
+
+        def plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
+            w = pg.PlotWidget(background=bg)
+            w.setTitle(title, color=fg, size="9pt")
+            w.setLabel("left", left, color=fg)
+            w.setLabel("bottom", bottom, color=fg)
+            w.showGrid(x=True, y=True, alpha=0.2)
+            w.setMinimumHeight(120)
+            w.setAccessibleName(title)
+            return w
+
+        self.speed_plot = plot("Tokens per second", "tok/s", "time (s)")
+        self.speed_plot.addLegend(offset=(5, 5))
+        self.decode_curve = self.speed_plot.plot([], [], pen=pg.mkPen("#2b7bd6", width=2), name="decode")
+        self.prefill_curve = self.speed_plot.plot([], [], pen=None, symbol="o", symbolSize=7,
+                                                  symbolBrush="#e07b00", name="prefill")
+        self.ttft_plot = plot("Time to first token", "s", "message")
+        self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#7a5cc7")
+        self.ttft_plot.addItem(self.ttft_bars)
+        self.hit_plot = plot("Cache hit rate per request", "%", "request")
+        self.hit_plot.setYRange(0, 100)
+        self.hit_plot.addLegend(offset=(5, 5))
+        self.prefix_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#2a9d55", width=2), symbol="s", symbolSize=6,
+                                               symbolBrush="#2a9d55", name="prefix KV")
+        self.expert_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#c0392b", width=2), symbol="t", symbolSize=6,
+                                               symbolBrush="#c0392b", name="expert cache")
+        grid.addWidget(self.speed_plot, 0, 0, 1, 2)
+        grid.addWidget(self.ttft_plot, 1, 0)
+        grid.addWidget(self.hit_plot, 1, 1)
+
+        self.expert_label = QLabel(f"Expert cache: {NO_EXPERT_CACHE}")
+        self.expert_label.setAccessibleName("Expert cache status")
+        self.bandwidth_label = QLabel()
+        self.bandwidth_label.setAccessibleName("Memory bandwidth used")
+        for lab in (self.expert_label, self.bandwidth_label):
+            lab.setStyleSheet("color: gray;")
+            layout.addWidget(lab)
+        self._show_bandwidth(None)
+
+    def set_measured_bandwidth(self, gbs: float) -> None:
+        self.measured_gbs = float(gbs)
+        self._show_bandwidth(None)
+
+    def add_chunk(self, chunk: TokenChunk) -> None:
+        """Fold the steps of one streamed chunk into the tok/s series (one point per phase per chunk)."""
+        now = time.monotonic() - self.t0
+        for phase, xs, ys in (("decode", self.decode_x, self.decode_y), ("prefill", self.prefill_x, self.prefill_y)):
+            steps = [s for s in chunk.steps if s.phase == phase]
+            tokens, secs = sum(s.tokens for s in steps), sum(s.seconds for s in steps)
+            if steps and secs > 0:
+                xs.append(now)
+                ys.append(tokens / secs)
+        for s in chunk.steps:
+            if s.phase == "decode":
+                self._req_bytes += s.expert_bytes
+                self._req_seconds += s.seconds
+        self.decode_curve.setData(self.decode_x, self.decode_y)
+        self.prefill_curve.setData(self.prefill_x, self.prefill_y)
+
+    def add_result(self, result: GenerationResult) -> None:
+        m = result.metrics
+        if result.error or not m.get("prompt_tokens"):
+            self._req_bytes, self._req_seconds = 0, 0.0
+            return
+        self.requests += 1
+        self.ttft.append(float(m.get("ttft_s", 0.0)))
+        self.prefix_hit.append(100.0 * float(m.get("prefix_hit_rate", 0.0)))
+        xs = list(range(1, self.requests + 1))
+        self.ttft_bars.setOpts(x=xs, height=self.ttft, width=0.6)
+        self.prefix_curve.setData(xs, self.prefix_hit)
+        hit = m.get("expert_cache_hit_rate")
+        if hit is not None:
+            self.expert_hit.append(100.0 * float(hit))
+            self._expert_x = getattr(self, "_expert_x", []) + [self.requests]
+            self.expert_curve.setData(self._expert_x, self.expert_hit)
+            self.expert_label.setText(f"Expert cache: {100.0 * float(hit):.0f}% of routed experts served on the GPU")
+        elif not self.expert_hit:
+            self.expert_label.setText(f"Expert cache: {NO_EXPERT_CACHE}")
+        achieved = self._req_bytes / self._req_seconds / 1e9 if self._req_seconds > 0 and self._req_bytes else None
+        self._show_bandwidth(achieved)
+        self._req_bytes, self._req_seconds = 0, 0.0
+
+    def _show_bandwidth(self, achieved_gbs: float | None) -> None:
+        if achieved_gbs is None:
+            text = "Bandwidth used: no expert-weight byte counts yet"
+            if self.measured_gbs > 0:
+                text += f" (machine measured at {self.measured_gbs:.1f} GB/s)"
+            else:
+                text += " (run the hardware wizard to measure the machine's bandwidth)"
+        elif self.measured_gbs > 0:
+            text = (f"Bandwidth used: {achieved_gbs:.2f} GB/s of expert weights, "
+                    f"{100 * achieved_gbs / self.measured_gbs:.0f}% of the measured {self.measured_gbs:.1f} GB/s")
+        else:
+            text = (f"Bandwidth used: {achieved_gbs:.2f} GB/s of expert weights "
+                    "(run the hardware wizard to compare with the machine's bandwidth)")
+        self.bandwidth_label.setText(text)

@@ -1,0 +1,220 @@
+"""Model panel: open a GGUF file or a Hugging Face folder (dialog or drag-and-drop), its metadata and fit estimate,
+load with progress and cancel, unload, recent models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QListWidget, QProgressBar, QPushButton,
+                               QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+
+from app.payloads import LoadProgress, ModelState, ModelSummary
+
+# header facts shown first, in this order, with friendlier names; other keys follow as they are
+LABELS = {
+    "architecture": "Architecture",
+    "name": "Name",
+    "num_hidden_layers": "Layers",
+    "num_experts": "Experts",
+    "num_experts_per_tok": "Active experts per token",
+    "hidden_size": "Hidden size",
+    "context_length": "Context length",
+    "max_position_embeddings": "Context length",
+    "tensor_types": "Tensor types",
+    "total_bytes": "Size",
+    "expert_bytes": "Expert weights",
+    "active_bytes_per_token": "Active bytes per token",
+}
+
+
+def format_value(key: str, value) -> str:
+    if isinstance(value, (int, float)) and key.endswith("bytes"):
+        v = float(value)
+        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if v < 1024 or unit == "TiB":
+                return f"{v:.1f} {unit}" if unit != "B" else f"{int(v)} B"
+            v /= 1024
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def is_model_path(path: str) -> bool:
+    p = Path(path)
+    return (p.is_file() and p.suffix.lower() == ".gguf") or (p.is_dir() and (p / "config.json").is_file())
+
+
+class ModelPanel(QWidget):
+    inspect_requested = Signal(str)
+    load_requested = Signal(str)
+    cancel_requested = Signal()
+    unload_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setAcceptDrops(True)
+        self.path = ""
+        self.loaded = False
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+
+        row = QHBoxLayout()
+        self.open_file_button = QPushButton("Open GGUF…")
+        self.open_file_button.setAccessibleName("Open a GGUF model file")
+        self.open_file_button.clicked.connect(self.choose_file)
+        self.open_dir_button = QPushButton("Open HF folder…")
+        self.open_dir_button.setAccessibleName("Open a Hugging Face model folder")
+        self.open_dir_button.clicked.connect(self.choose_folder)
+        row.addWidget(self.open_file_button)
+        row.addWidget(self.open_dir_button)
+        layout.addLayout(row)
+
+        self.path_label = QLabel("No model chosen. Drop a .gguf file or a model folder here.")
+        self.path_label.setWordWrap(True)
+        self.path_label.setAccessibleName("Chosen model")
+        layout.addWidget(self.path_label)
+        self.meta = QTreeWidget()
+        self.meta.setHeaderLabels(["Property", "Value"])
+        self.meta.setRootIsDecorated(False)
+        self.meta.setAccessibleName("Model metadata")
+        self.meta.setColumnWidth(0, 150)
+        layout.addWidget(self.meta, 1)
+        self.fit_label = QLabel()
+        self.fit_label.setWordWrap(True)
+        self.fit_label.setAccessibleName("Fit estimate")
+        layout.addWidget(self.fit_label)
+
+        row = QHBoxLayout()
+        self.load_button = QPushButton("Load")
+        self.load_button.setAccessibleName("Load the chosen model")
+        self.load_button.setEnabled(False)
+        self.load_button.clicked.connect(lambda: self.load_requested.emit(self.path))
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setAccessibleName("Cancel loading")
+        self.cancel_button.setVisible(False)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setAccessibleName("Unload the model")
+        self.unload_button.setEnabled(False)
+        self.unload_button.clicked.connect(self.unload_requested)
+        for b in (self.load_button, self.cancel_button, self.unload_button):
+            row.addWidget(b)
+        layout.addLayout(row)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Load progress")
+        self.progress.setVisible(False)
+        layout.addWidget(self.progress)
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #c0392b;")
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_label.setVisible(False)
+        layout.addWidget(self.error_label)
+
+        layout.addWidget(QLabel("Recent models"))
+        self.recent = QListWidget()
+        self.recent.setAccessibleName("Recent models")
+        self.recent.setMaximumHeight(110)
+        self.recent.itemActivated.connect(lambda item: self.choose(item.data(Qt.ItemDataRole.UserRole)))
+        self.recent.itemDoubleClicked.connect(lambda item: self.choose(item.data(Qt.ItemDataRole.UserRole)))
+        layout.addWidget(self.recent)
+
+    # ---- choosing
+    def choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.choose(path)
+
+    def choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a Hugging Face model folder")
+        if path:
+            self.choose(path)
+
+    def choose(self, path: str) -> None:
+        """Select a model: its header is read in the worker (inspect_requested) and shown by show_summary."""
+        self.path = str(path)
+        self.path_label.setText(self.path)
+        self.meta.clear()
+        self.fit_label.setText("Reading the model's header…")
+        self.error_label.setVisible(False)
+        self.load_button.setEnabled(True)
+        self.inspect_requested.emit(self.path)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        urls = event.mimeData().urls()
+        if urls and urls[0].isLocalFile():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        urls = event.mimeData().urls()
+        if urls and urls[0].isLocalFile():
+            self.choose(urls[0].toLocalFile())
+            event.acceptProposedAction()
+
+    # ---- results
+    def show_summary(self, summary: ModelSummary, fit_text: str) -> None:
+        if summary.path != self.path:
+            return
+        self.meta.clear()
+        shown = set()
+        for key, label in LABELS.items():
+            if key in summary.info and label not in shown and summary.info[key] not in (None, "", {}):
+                shown.add(label)
+                QTreeWidgetItem(self.meta, [label, format_value(key, summary.info[key])])
+        for key, value in summary.info.items():
+            if key not in LABELS and isinstance(value, (int, float, str)) and value not in ("",):
+                QTreeWidgetItem(self.meta, [key.replace("_", " "), format_value(key, value)])
+        self.fit_label.setText(fit_text)
+
+    def show_progress(self, p: LoadProgress) -> None:
+        self.progress.setVisible(True)
+        self.cancel_button.setVisible(p.operation in ("load", "make"))
+        self.progress.setRange(0, max(p.total, 1) if p.total > 0 else 0)
+        self.progress.setValue(min(p.done, max(p.total, 1)))
+        label = {"load": "Loading", "repack": "Repacking experts", "make": "Making a test model"}.get(
+            p.operation, p.operation)
+        self.progress.setFormat(f"{label}: {p.stage} %p%" + (f" · {p.detail}" if p.detail else ""))
+
+    def start_loading(self) -> None:
+        self.error_label.setVisible(False)
+        self.progress.setVisible(True)
+        self.progress.setRange(0, 0)
+        self.progress.setFormat("Loading…")
+        self.cancel_button.setVisible(True)
+        self.load_button.setEnabled(False)
+
+    def set_state(self, state: ModelState) -> None:
+        self.loaded = state.loaded
+        self.progress.setVisible(False)
+        self.cancel_button.setVisible(False)
+        self.unload_button.setEnabled(state.loaded)
+        self.load_button.setEnabled(bool(self.path))
+        if state.loaded:
+            self.load_button.setText("Reload")
+            if state.path and state.path != self.path:
+                self.path = state.path
+                self.path_label.setText(state.path)
+            if state.info and not self.meta.topLevelItemCount():
+                self.show_summary(ModelSummary(state.path, state.info), self.fit_label.text())
+        else:
+            self.load_button.setText("Load")
+
+    def show_error(self, text: str) -> None:
+        self.progress.setVisible(False)
+        self.cancel_button.setVisible(False)
+        self.load_button.setEnabled(bool(self.path))
+        self.error_label.setText(text)
+        self.error_label.setVisible(True)
+        if self.fit_label.text().startswith("Reading"):
+            self.fit_label.setText("")
+
+    def set_recent(self, paths: list[str]) -> None:
+        self.recent.clear()
+        for p in paths:
+            self.recent.addItem(Path(p).name)
+            item = self.recent.item(self.recent.count() - 1)
+            item.setData(Qt.ItemDataRole.UserRole, p)
+            item.setToolTip(p)

@@ -1,0 +1,153 @@
+"""The settings dialog, generated from app.settings.TABLE (one widget per visible key, grouped by tab).
+
+Backends that cannot run here are listed but disabled, with the reason as their tooltip. Values are written to the
+Settings object on OK/Apply; the window reacts to Settings.changed (a backend change repacks in the worker).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
+                               QPlainTextEdit, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+
+from app.payloads import BackendList
+from app.settings import TABLE, Setting, Settings
+
+BACKEND_KEY = "model/backend"
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: Settings, backends: BackendList | None = None, model_loaded: bool = False,
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setAccessibleName("Settings")
+        self.settings = settings
+        self.editors: dict[str, QWidget] = {}
+        layout = QVBoxLayout(self)
+        self.tabs = QTabWidget()
+        layout.addWidget(self.tabs)
+        forms: dict[str, QFormLayout] = {}
+        for spec in TABLE:
+            if spec.hidden:
+                continue
+            if spec.group not in forms:
+                page = QWidget()
+                forms[spec.group] = QFormLayout(page)
+                self.tabs.addTab(page, spec.group)
+            editor = self._editor(spec)
+            editor.setAccessibleName(spec.label)
+            tip = spec.help + (" Takes effect at the next model load." if spec.reload else "")
+            editor.setToolTip(tip.strip())
+            self.editors[spec.key] = editor
+            label = QLabel(spec.label + ("  ⟳" if spec.reload and model_loaded else ""))
+            label.setBuddy(editor)
+            forms[spec.group].addRow(label, editor)
+            self._show(spec.key, settings.get(spec.key))
+        if backends is not None:
+            self.set_backends(backends)
+        self.backend_note = QLabel()
+        self.backend_note.setWordWrap(True)
+        self.backend_note.setStyleSheet("color: gray;")
+        forms["Model"].addRow(self.backend_note)
+        self._note(backends)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+                                   | QDialogButtonBox.StandardButton.Apply
+                                   | QDialogButtonBox.StandardButton.RestoreDefaults)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.Apply).clicked.connect(self.apply)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
+        layout.addWidget(buttons)
+        self.buttons = buttons
+
+    def _editor(self, spec: Setting) -> QWidget:
+        if spec.choices:
+            w = QComboBox()
+            w.addItems([str(c) for c in spec.choices])
+            return w
+        if isinstance(spec.default, bool):
+            return QCheckBox()
+        if isinstance(spec.default, int):
+            w = QSpinBox()
+            w.setRange(int(spec.minimum if spec.minimum is not None else -2**31),
+                       int(spec.maximum if spec.maximum is not None else 2**31 - 1))
+            return w
+        if isinstance(spec.default, float):
+            w = QDoubleSpinBox()
+            w.setDecimals(2)
+            w.setSingleStep(0.05)
+            w.setRange(spec.minimum if spec.minimum is not None else -1e9,
+                       spec.maximum if spec.maximum is not None else 1e9)
+            return w
+        w = QPlainTextEdit()
+        w.setMaximumHeight(90)
+        return w
+
+    def _show(self, key: str, value: Any) -> None:
+        w = self.editors[key]
+        if isinstance(w, QComboBox):
+            w.setCurrentIndex(max(0, w.findText(str(value))))
+        elif isinstance(w, QCheckBox):
+            w.setChecked(bool(value))
+        elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
+            w.setValue(value)
+        else:
+            w.setPlainText(str(value))
+
+    def value(self, key: str) -> Any:
+        w = self.editors[key]
+        if isinstance(w, QComboBox):
+            return w.currentText()
+        if isinstance(w, QCheckBox):
+            return w.isChecked()
+        if isinstance(w, (QSpinBox, QDoubleSpinBox)):
+            return w.value()
+        return w.toPlainText()
+
+    def set_value(self, key: str, value: Any) -> None:
+        self._show(key, value)
+
+    def set_backends(self, backends: BackendList) -> None:
+        combo: QComboBox = self.editors[BACKEND_KEY]
+        model = combo.model()
+        for i in range(combo.count()):
+            name = combo.itemText(i)
+            ok, reason = backends.status.get(name, (name == "Auto", "not reported by the kernels"))
+            item = model.item(i) if isinstance(model, QStandardItemModel) else None
+            if item is not None:
+                item.setEnabled(bool(ok))
+            tip = reason or ("available" if ok else "unavailable")
+            if name == "Auto" and backends.auto_choice:
+                tip = f"picks {backends.auto_choice}: {backends.auto_reason}".rstrip(": ")
+            combo.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
+        if hasattr(self, "backend_note"):
+            self._note(backends)
+
+    def backend_enabled(self, name: str) -> bool:
+        combo: QComboBox = self.editors[BACKEND_KEY]
+        item = combo.model().item(combo.findText(name))
+        return bool(item.isEnabled())
+
+    def _note(self, backends: BackendList | None) -> None:
+        if backends is None:
+            self.backend_note.setText("Checking which kernels this CPU can run…")
+        elif backends.auto_choice:
+            self.backend_note.setText(f"Auto picks {backends.auto_choice}: {backends.auto_reason}")
+
+    def apply(self) -> None:
+        for key in self.editors:
+            self.settings.set(key, self.value(key))
+        self.settings.sync()
+
+    def accept(self) -> None:
+        self.apply()
+        super().accept()
+
+    def restore_defaults(self) -> None:
+        for key in self.editors:
+            self._show(key, self.settings.default(key))

@@ -1,0 +1,112 @@
+"""Engine work for the wizards, each call on its own QThread: the wizards' only door to the engine.
+
+A `Job` runs `fn(progress, cancel)` in a QThread and reports back through queued signals, so the UI thread only draws.
+The engine (and through it torch) is imported lazily inside the job functions below, in the job's thread; no wizard
+view imports the engine. `cancel()` sets a threading.Event the engine checks between steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QThread, Signal
+
+
+class Job(QThread):
+    """Runs `fn(progress, cancel)` off the UI thread. Exactly one of succeeded / failed / cancelled is emitted."""
+
+    progressed = Signal(int, int, str, str)  # done, total, stage, detail
+    succeeded = Signal(object)  # fn's result
+    failed = Signal(str, str)  # subject, message (TesseraError's fields; "internal error" + traceback otherwise)
+    cancelled = Signal()
+
+    def __init__(self, fn: Callable[[Callable, threading.Event], Any], parent=None):
+        super().__init__(parent)
+        self._fn = fn
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def run(self) -> None:  # in the job's thread
+        from engine.errors import Cancelled, TesseraError  # noqa: PLC0415
+
+        def progress(ev) -> None:
+            self.progressed.emit(int(ev.done), int(ev.total), str(ev.stage), str(ev.detail))
+
+        try:
+            result = self._fn(progress, self._cancel)
+        except Cancelled:
+            self.cancelled.emit()
+        except TesseraError as e:
+            self.failed.emit(e.subject, e.message)
+        except Exception as e:  # noqa: BLE001 - shown in the wizard instead of killing the app
+            self.failed.emit(f"internal error ({type(e).__name__})", f"{e}\n\n{traceback.format_exc()}")
+        else:
+            if self._cancel.is_set():
+                self.cancelled.emit()
+            else:
+                self.succeeded.emit(result)
+
+
+def hardware_probe(*, seconds: float, model: str | None, preset: str | None, gpu: bool):
+    """A job function: the hardware report plus its Markdown and JSON renderings."""
+
+    def fn(progress, cancel) -> dict:
+        from engine import hardware  # noqa: PLC0415
+
+        report = hardware.probe(seconds=seconds, model=model, preset=preset, gpu=gpu, progress=progress,
+                                cancel=cancel)
+        return {"report": report, "markdown": hardware.to_markdown(report), "json": hardware.to_json(report)}
+
+    return fn
+
+
+def inspect_source(folder: str):
+    """A job function: check a Hugging Face folder and summarise it for the conversion wizard."""
+
+    def fn(progress, cancel) -> dict:
+        from engine.convert import read_source  # noqa: PLC0415
+
+        src = read_source(folder)
+        shards = sorted({str(p) for p in src.where.values()})
+        size = sum(Path(p).stat().st_size for p in shards)
+        dtypes = sorted(set(src.dtypes.values()))
+        cfg = src.config
+        return {
+            "folder": str(src.folder), "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts"),
+            "experts_per_token": cfg.get("num_experts_per_tok"), "hidden_size": cfg.get("hidden_size"),
+            "vocab_size": cfg.get("vocab_size"), "tensors": len(src.where), "shards": len(shards),
+            "bytes": size, "dtypes": dtypes,
+        }
+
+    return fn
+
+
+def convert_model(*, src: str, out: str, dtype: str, verify: bool):
+    """A job function: convert, then (optionally) teacher-force the same text through source and output."""
+
+    def fn(progress, cancel) -> dict:
+        from engine.convert import convert  # noqa: PLC0415
+
+        t0 = time.perf_counter()
+        path = convert(src, out, dtype=dtype, progress=progress, cancel=cancel)
+        result = {"path": str(path), "bytes": Path(path).stat().st_size, "seconds": time.perf_counter() - t0,
+                  "dtype": dtype, "verify": None}
+        if verify and not cancel.is_set():
+            from engine.compare import compare, verdict  # noqa: PLC0415
+            from engine.events import ProgressEvent  # noqa: PLC0415
+
+            progress(ProgressEvent("verify", 0, 1, "running the same text through the source and the output"))
+            rep = compare(src, path)
+            ok, rule = verdict(rep, dtype)
+            result["verify"] = {**rep.as_dict(), "passed": ok, "rule": rule}
+            progress(ProgressEvent("verify", 1, 1, "passed" if ok else "outside the tolerance"))
+        return result
+
+    return fn
