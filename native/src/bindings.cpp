@@ -1,9 +1,287 @@
-// The only file that includes nanobind: converts Python arguments to pointers and back.
+// The only file that includes nanobind: validates Python arguments (dtype, shape, contiguity, alignment) and converts
+// them to pointers; every error names the argument. No kernel logic here.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <sys/mman.h>
+
+#include "tessera/backend.h"
+#include "tessera/cpu.h"
+#include "tessera/pool.h"
+#include "tessera/probe.h"
 
 namespace nb = nanobind;
+using namespace tessera;
+
+namespace {
+
+using AnyArray = nb::ndarray<nb::device::cpu>;
+
+std::string dtype_name(const nb::dlpack::dtype& dt) {
+  const char* code = dt.code == uint8_t(nb::dlpack::dtype_code::Float)    ? "float"
+                     : dt.code == uint8_t(nb::dlpack::dtype_code::Int)    ? "int"
+                     : dt.code == uint8_t(nb::dlpack::dtype_code::UInt)   ? "uint"
+                     : dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat) ? "bfloat"
+                                                                          : "other";
+  return std::string(code) + std::to_string(int(dt.bits));
+}
+
+bool is(const AnyArray& a, nb::dlpack::dtype_code code, int bits) {
+  return a.dtype().code == uint8_t(code) && a.dtype().bits == bits && a.dtype().lanes == 1;
+}
+
+void require_dtype(const char* arg, const AnyArray& a, nb::dlpack::dtype_code code, int bits, const char* want) {
+  if (!is(a, code, bits)) throw nb::type_error((std::string(arg) + ": expected " + want + ", got " + dtype_name(a.dtype())).c_str());
+}
+
+void require_contiguous(const char* arg, const AnyArray& a) {
+  int64_t expect = 1;
+  for (int i = int(a.ndim()) - 1; i >= 0; --i) {
+    if (a.shape(i) != 1 && a.stride(i) != expect)
+      throw nb::value_error((std::string(arg) + ": must be C-contiguous").c_str());
+    expect *= int64_t(a.shape(i));
+  }
+}
+
+void require_shape(const char* arg, const AnyArray& a, std::initializer_list<int64_t> shape) {
+  std::string want = "[", got = "[";
+  bool ok = a.ndim() == shape.size();
+  size_t i = 0;
+  for (int64_t s : shape) {
+    want += (i ? ", " : "") + (s < 0 ? std::string("*") : std::to_string(s));
+    if (ok && s >= 0 && int64_t(a.shape(i)) != s) ok = false;
+    ++i;
+  }
+  for (size_t j = 0; j < a.ndim(); ++j) got += (j ? ", " : "") + std::to_string(a.shape(j));
+  if (!ok) throw nb::value_error((std::string(arg) + ": expected shape " + want + "], got " + got + "]").c_str());
+}
+
+void require_aligned(const char* arg, const void* p, size_t a) {
+  if (reinterpret_cast<uintptr_t>(p) % a != 0)
+    throw nb::value_error((std::string(arg) + ": must be " + std::to_string(a) + "-byte aligned").c_str());
+}
+
+const BackendOps& backend_ops(const std::string& name, bool need_available) {
+  const BackendInfo* b = find_backend(name);
+  if (!b) throw nb::value_error(("backend: no backend named " + name + " is compiled in").c_str());
+  if (need_available && !b->available) throw nb::value_error(("backend " + name + ": " + b->reason).c_str());
+  return *b->ops;
+}
+
+WeightType weight_type(const char* arg, const AnyArray& a) {
+  if (is(a, nb::dlpack::dtype_code::Float, 32)) return WeightType::F32;
+  if (is(a, nb::dlpack::dtype_code::Float, 16)) return WeightType::F16;
+  if (is(a, nb::dlpack::dtype_code::Bfloat, 16)) return WeightType::BF16;
+  throw nb::type_error((std::string(arg) + ": expected float32, float16 or bfloat16, got " + dtype_name(a.dtype())).c_str());
+}
+
+MoeDims packed_dims(const AnyArray& packed, const BackendOps& ops) {
+  require_dtype("packed", packed, nb::dlpack::dtype_code::UInt, 8, "uint8");
+  require_contiguous("packed", packed);
+  require_aligned("packed", packed.data(), kAlign);
+  if (packed.nbytes() < sizeof(PackedHeader)) throw nb::value_error("packed: too small to hold a header");
+  MoeDims d = read_header(static_cast<const uint8_t*>(packed.data()), ops.name);
+  WeightType src;
+  read_header(static_cast<const uint8_t*>(packed.data()), ops.name, &src);
+  if (packed.nbytes() < ops.packed_bytes(d, src)) throw nb::value_error("packed: shorter than its header says");
+  return d;
+}
+
+struct ForwardArgs {
+  const BackendOps* ops;
+  const uint8_t* packed;
+  int64_t T, k;
+  const int64_t* ids;
+  const float* w;
+  const float* x;
+  float* out;
+};
+
+ForwardArgs check_forward(const std::string& backend, const AnyArray& packed, const AnyArray& ids,
+                          const AnyArray& weights, const AnyArray& x, const AnyArray& out) {
+  const BackendOps& ops = backend_ops(backend, true);
+  MoeDims d = packed_dims(packed, ops);
+  require_dtype("x", x, nb::dlpack::dtype_code::Float, 32, "float32");
+  require_dtype("expert_ids", ids, nb::dlpack::dtype_code::Int, 64, "int64");
+  require_dtype("weights", weights, nb::dlpack::dtype_code::Float, 32, "float32");
+  require_dtype("out", out, nb::dlpack::dtype_code::Float, 32, "float32");
+  require_shape("x", x, {-1, d.H});
+  int64_t T = int64_t(x.shape(0));
+  require_shape("expert_ids", ids, {T, -1});
+  int64_t k = int64_t(ids.shape(1));
+  require_shape("weights", weights, {T, k});
+  require_shape("out", out, {T, d.H});
+  for (auto [name, a] : {std::pair<const char*, const AnyArray*>{"x", &x}, {"expert_ids", &ids}, {"weights", &weights}, {"out", &out}}) {
+    require_contiguous(name, *a);
+    require_aligned(name, a->data(), 4);
+  }
+  const int64_t* p = static_cast<const int64_t*>(ids.data());
+  for (int64_t i = 0; i < T * k; ++i)
+    if (p[i] >= d.E) throw nb::value_error(("expert_ids: id " + std::to_string(p[i]) + " out of range for " + std::to_string(d.E) + " experts").c_str());
+  return {&ops, static_cast<const uint8_t*>(packed.data()), T, k, p, static_cast<const float*>(weights.data()),
+          static_cast<const float*>(x.data()), static_cast<float*>(out.data())};
+}
+
+nb::dict features_dict() {
+  const CpuFeatures& f = cpu_features();
+  nb::dict d;
+  d["vendor"] = f.vendor;
+  d["brand"] = f.brand;
+  nb::dict flags;
+#define FLAG(n) flags[#n] = f.n
+  FLAG(sse42); FLAG(avx); FLAG(avx2); FLAG(fma); FLAG(f16c); FLAG(avx512f); FLAG(avx512bw); FLAG(avx512vl);
+  FLAG(avx512dq); FLAG(avx512cd); FLAG(avx512_vnni); FLAG(avx512_bf16); FLAG(avx512_fp16); FLAG(avx_vnni);
+  FLAG(amx_tile); FLAG(amx_int8); FLAG(amx_bf16);
+#undef FLAG
+  d["flags"] = flags;
+  d["xcr0"] = f.xcr0;
+  d["os_avx"] = f.os_avx;
+  d["os_avx512"] = f.os_avx512;
+  d["os_amx"] = f.os_amx;
+  d["amx_requested"] = f.amx_requested;
+  d["amx_perm_rc"] = f.amx_perm_rc;
+  d["amx_perm_errno"] = f.amx_perm_errno;
+  d["amx_permitted"] = f.amx_permitted;
+  d["amx_reason"] = f.amx_reason;
+  d["logical_cpus"] = f.logical_cpus;
+  d["physical_cores"] = f.physical_cores;
+  d["max_isa"] = max_isa_cap_text();
+  return d;
+}
+
+nb::list backends_list() {
+  nb::list out;
+  for (const auto& b : backends()) {
+    nb::dict d;
+    d["name"] = b.ops->name;
+    d["available"] = b.available;
+    d["reason"] = b.reason;
+    d["emulated"] = b.ops->emulated;
+    d["isa_level"] = isa_level_name(b.ops->level);
+    d["priority"] = b.ops->priority;
+    out.append(d);
+  }
+  return out;
+}
+
+// A 64-byte (in fact 2 MiB for large blobs, for transparent huge pages) aligned uint8 buffer owned by a capsule.
+nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
+  size_t align = nbytes >= (size_t(8) << 20) ? (size_t(2) << 20) : 4096;
+  void* p = nullptr;
+  if (posix_memalign(&p, align, nbytes ? nbytes : 1) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align > 4096) madvise(p, nbytes, MADV_HUGEPAGE);
+#endif
+  nb::capsule owner(p, [](void* q) noexcept { std::free(q); });
+  size_t shape[1] = {nbytes};
+  return nb::ndarray<nb::numpy, uint8_t>(p, 1, shape, owner);
+}
+
+}  // namespace
 
 NB_MODULE(_native, m) {
-  m.doc() = "Tessera CPU kernels";
-  m.attr("LAYOUT_VERSION") = 0;
+  m.doc() = "Tessera CPU kernels: MoE experts per backend, packing, CPU probe, thread pool";
+  m.attr("LAYOUT_VERSION") = kLayoutVersion;
+  m.attr("ALIGN") = kAlign;
+
+  nb::class_<ThreadPool>(m, "Pool")
+      .def(nb::init<int>(), nb::arg("threads"))
+      .def_prop_ro("size", &ThreadPool::size)
+      .def("sync", [](ThreadPool& p) {
+        nb::gil_scoped_release nogil;
+        p.sync();
+      });
+
+  m.def("cpu_features", &features_dict, "CPUID flags, XCR0 bits, the AMX permission request and its result, core counts.");
+  m.def("backends", &backends_list, "Every compiled backend: name, available, reason, emulated, isa_level, priority.");
+  m.def("auto_backend", []() -> nb::object {
+    const BackendInfo* b = auto_backend();
+    if (!b) return nb::none();
+    return nb::make_tuple(std::string(b->ops->name), b->reason);
+  });
+  m.def("aligned_empty", &aligned_empty, nb::arg("nbytes"));
+
+  m.def("packed_bytes", [](const std::string& backend, int64_t E, int64_t H, int64_t I, const std::string& dtype) {
+    const BackendOps& ops = backend_ops(backend, false);
+    WeightType t = dtype == "float32" ? WeightType::F32 : dtype == "float16" ? WeightType::F16
+                 : dtype == "bfloat16" ? WeightType::BF16 : throw nb::value_error(("dtype: unknown " + dtype).c_str());
+    if (E <= 0 || H <= 0 || I <= 0) throw nb::value_error("dims: E, H, I must be positive");
+    return ops.packed_bytes(MoeDims{E, H, I}, t);
+  }, nb::arg("backend"), nb::arg("E"), nb::arg("H"), nb::arg("I"), nb::arg("dtype"));
+
+  m.def("pack", [](const std::string& backend, const AnyArray& gate, const AnyArray& up, const AnyArray& down,
+                   const AnyArray& out, ThreadPool& pool) {
+    const BackendOps& ops = backend_ops(backend, false);
+    WeightType t = weight_type("gate", gate);
+    if (weight_type("up", up) != t) throw nb::type_error("up: dtype differs from gate");
+    if (weight_type("down", down) != t) throw nb::type_error("down: dtype differs from gate");
+    if (gate.ndim() != 3) throw nb::value_error("gate: expected shape [E, I, H]");
+    MoeDims d{int64_t(gate.shape(0)), int64_t(gate.shape(2)), int64_t(gate.shape(1))};
+    require_shape("up", up, {d.E, d.I, d.H});
+    require_shape("down", down, {d.E, d.H, d.I});
+    for (auto [name, a] : {std::pair<const char*, const AnyArray*>{"gate", &gate}, {"up", &up}, {"down", &down}})
+      require_contiguous(name, *a);
+    require_dtype("out", out, nb::dlpack::dtype_code::UInt, 8, "uint8");
+    require_contiguous("out", out);
+    require_aligned("out", out.data(), kAlign);
+    size_t need = ops.packed_bytes(d, t);
+    if (out.nbytes() < need) throw nb::value_error(("out: needs " + std::to_string(need) + " bytes, got " + std::to_string(out.nbytes())).c_str());
+    WeightsIn w{t, gate.data(), up.data(), down.data()};
+    uint8_t* dst = static_cast<uint8_t*>(out.data());
+    nb::gil_scoped_release nogil;
+    ops.pack(d, w, dst, pool);
+  }, nb::arg("backend"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("out"), nb::arg("pool"));
+
+  m.def("packed_dims", [](const std::string& backend, const AnyArray& packed) {
+    MoeDims d = packed_dims(packed, backend_ops(backend, false));
+    return std::make_tuple(d.E, d.H, d.I);
+  }, nb::arg("backend"), nb::arg("packed"));
+
+  m.def("unpack", [](const std::string& backend, const AnyArray& packed, int64_t expert) {
+    const BackendOps& ops = backend_ops(backend, false);
+    MoeDims d = packed_dims(packed, ops);
+    if (expert < 0 || expert >= d.E) throw nb::value_error(("expert: " + std::to_string(expert) + " out of range").c_str());
+    auto make = [](size_t r, size_t c) {
+      float* p = new float[r * c];
+      nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<float*>(q); });
+      size_t shape[2] = {r, c};
+      return nb::ndarray<nb::numpy, float>(p, 2, shape, owner);
+    };
+    auto g = make(d.I, d.H), u = make(d.I, d.H), dn = make(d.H, d.I);
+    ops.unpack(static_cast<const uint8_t*>(packed.data()), expert, g.data(), u.data(), dn.data());
+    return std::make_tuple(g, u, dn);
+  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert"));
+
+  m.def("forward", [](const std::string& backend, const AnyArray& packed, const AnyArray& ids, const AnyArray& weights,
+                      const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+    ForwardArgs a = check_forward(backend, packed, ids, weights, x, out);
+    nb::gil_scoped_release nogil;
+    a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, pool);
+  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"),
+     nb::arg("pool"), "out[t] = sum_j weights[t,j] * expert_{expert_ids[t,j]}(x[t]); ids < 0 are skipped.");
+
+  m.def("forward_submit", [](const std::string& backend, const AnyArray& packed, const AnyArray& ids,
+                             const AnyArray& weights, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+    ForwardArgs a = check_forward(backend, packed, ids, weights, x, out);
+    ThreadPool* p = &pool;
+    pool.submit([a, p] { a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, *p); });
+  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"),
+     nb::arg("pool"), "As forward, but returns at once; pool.sync() waits. The caller keeps the arrays alive until then.");
+
+  m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
+    nb::gil_scoped_release nogil;
+    return read_bandwidth_gbs(pool, buffer_mib, seconds);
+  }, nb::arg("pool"), nb::arg("buffer_mib") = 1024.0, nb::arg("seconds") = 1.0);
+  m.def("peak_gflops", [](ThreadPool& pool, const std::string& what, double seconds) {
+    nb::gil_scoped_release nogil;
+    return peak_gflops(pool, what.c_str(), seconds);
+  }, nb::arg("pool"), nb::arg("what"), nb::arg("seconds") = 0.5);
 }

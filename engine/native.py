@@ -1,0 +1,284 @@
+"""The sole importer of the native extension (`engine._native`): backend status, packing, the disk cache of packed
+weights, and the `ExpertBackend` that runs a model's routed experts through a native kernel.
+
+Letters: T tokens, H hidden size, I moe_intermediate_size, E experts in the layer, k experts per token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from engine.errors import BackendUnavailableError, TesseraError
+from engine.events import ProgressEvent
+from engine.experts import LayerExperts, TorchExperts
+
+try:
+    from engine import _native
+except ImportError as e:  # a source checkout that was never built: everything but Torch is unavailable
+    _native = None
+    _IMPORT_ERROR = str(e)
+else:
+    _IMPORT_ERROR = ""
+
+BACKEND_NAMES = ("Auto", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _require_native() -> None:
+    if _native is None:
+        raise BackendUnavailableError("native module", f"engine._native is not built ({_IMPORT_ERROR}); reinstall Tessera")
+
+
+def layout_version() -> int:
+    _require_native()
+    return int(_native.LAYOUT_VERSION)
+
+
+def cpu_features() -> dict:
+    """CPUID flags, XCR0 (and its AMX bits 17/18), the AMX permission request (rc, errno, reason), core counts."""
+    _require_native()
+    return _native.cpu_features()
+
+
+def physical_cores() -> int:
+    if _native is None:
+        return max(1, (os.cpu_count() or 1))
+    return max(1, int(_native.cpu_features()["physical_cores"]))
+
+
+def backends() -> list[dict]:
+    """Every compiled backend: name, available, reason, emulated, isa_level, priority (highest priority first)."""
+    if _native is None:
+        return []
+    return list(_native.backends())
+
+
+def available_backends(include_emulated: bool = True) -> list[str]:
+    return [b["name"] for b in backends() if b["available"] and (include_emulated or not b["emulated"])]
+
+
+def backend_status() -> dict[str, tuple[bool, str]]:
+    """{name: (available, reason)} for every backend name the app lists (non-compiled ones marked unavailable)."""
+    status = {b["name"]: (bool(b["available"]), str(b["reason"])) for b in backends() if not b["emulated"]}
+    for name in BACKEND_NAMES[1:]:
+        status.setdefault(name, (False, "not compiled into this build" if _native else f"native module missing: {_IMPORT_ERROR}"))
+    auto = auto_backend()
+    status = {"Auto": (True, f"{auto[0]}: {auto[1]}"), **status}
+    return status
+
+
+def auto_backend() -> tuple[str, str]:
+    """(name, reason) of the best available non-emulated backend; Torch when the native module is missing."""
+    if _native is None:
+        return "Torch", f"native module missing: {_IMPORT_ERROR}"
+    picked = _native.auto_backend()
+    if picked is None:
+        return "Torch", "no native backend available"
+    return str(picked[0]), str(picked[1])
+
+
+def resolve_backend(name: str) -> tuple[str, str]:
+    """Name -> (concrete backend, reason). Raises BackendUnavailableError naming the backend, never substitutes."""
+    if name == "Auto":
+        return auto_backend()
+    if name == "Torch":
+        return "Torch", "pure-torch experts"
+    known = {b["name"]: b for b in backends()}
+    if name not in known:
+        if name in BACKEND_NAMES:
+            raise BackendUnavailableError(f"backend {name}", backend_status()[name][1])
+        raise TesseraError(f"backend {name}", f"unknown backend; choose one of {', '.join(BACKEND_NAMES + ('Torch',))}")
+    b = known[name]
+    if not b["available"]:
+        raise BackendUnavailableError(f"backend {name}", str(b["reason"]))
+    return name, str(b["reason"])
+
+
+def read_bandwidth(threads: int | None = None, seconds: float = 1.0, buffer_mib: float = 1024.0) -> float:
+    """Native multi-threaded streaming-read probe: best pass in GB/s (1e9 B/s) over about `seconds`."""
+    _require_native()
+    pool = _native.Pool(threads or physical_cores())
+    return float(_native.read_bandwidth(pool, buffer_mib, seconds))
+
+
+def peak_gflops(what: str, threads: int | None = None, seconds: float = 0.5) -> float:
+    """Register-only peak of `bf16_dot` (vdpbf16ps) or `fp32_fma` on `threads` cores; < 0 if the CPU lacks it."""
+    _require_native()
+    return float(_native.peak_gflops(_native.Pool(threads or physical_cores()), what, seconds))
+
+
+def make_pool(threads: int | None = None):
+    _require_native()
+    return _native.Pool(int(threads or physical_cores()))
+
+
+# ----------------------------------------------------------------------------------------------------------------- packing
+
+
+def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype not in _DTYPES:
+        raise TesseraError(f"tensor {name}", f"dtype {t.dtype} cannot be packed (expected float32, float16 or bfloat16)")
+    return t.detach().to("cpu").contiguous()
+
+
+def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
+    """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`."""
+    _require_native()
+    gate = _as_native(experts.gate_proj, "gate_proj")  # [E, I, H]
+    up = _as_native(experts.up_proj, "up_proj")  # [E, I, H]
+    down = _as_native(experts.down_proj, "down_proj")  # [E, H, I]
+    E, I, H = gate.shape
+    nbytes = _native.packed_bytes(backend, E, H, I, _DTYPES[gate.dtype])
+    blob = _native.aligned_empty(nbytes)
+    _native.pack(backend, gate, up, down, blob, pool)
+    return blob
+
+
+def _cache_key(model_id: str, backend: str, layer: int, experts: LayerExperts) -> str:
+    E, I, H = experts.gate_proj.shape
+    ident = f"{model_id}|{backend}|v{layout_version()}|L{layer}|{E}x{H}x{I}|{experts.gate_proj.dtype}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _cache_path(cache_dir: Path, model_id: str, backend: str, layer: int, experts: LayerExperts) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_id).name)[:40] or "model"
+    return cache_dir / f"{safe}-{backend}-v{layout_version()}" / f"layer{layer:03d}-{_cache_key(model_id, backend, layer, experts)}.pack"
+
+
+def _load_cached(path: Path, backend: str, experts: LayerExperts) -> np.ndarray | None:
+    try:
+        blob = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write private map: shared pages, never written back
+        E, I, H = experts.gate_proj.shape
+        if _native.packed_dims(backend, blob) != (E, H, I):
+            return None
+        return blob
+    except (OSError, ValueError):
+        return None
+
+
+def _store(path: Path, blob: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            blob.tofile(f)
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+    except OSError:
+        tmp.unlink(missing_ok=True)  # the cache is an optimisation: a full disk only costs the next start
+
+
+@dataclass
+class LoadStats:
+    seconds: float = 0.0
+    packed_layers: int = 0  # packed now (cold)
+    cached_layers: int = 0  # memory-mapped from the disk cache (warm)
+    packed_bytes: int = 0
+    cache_dir: str = ""
+    per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached"
+
+
+# ----------------------------------------------------------------------------------------------------------- the backend
+
+
+class NativeExperts:
+    """An `ExpertBackend` running every MoE layer through one native backend on its own thread pool."""
+
+    def __init__(self, name: str, reason: str, packed: dict[int, np.ndarray], pool, stats: LoadStats):
+        self.name = name
+        self.reason = reason
+        self.packed = packed
+        self.pool = pool
+        self.threads = pool.size
+        self.load_stats = stats
+        self._pending: tuple | None = None
+
+    def _args(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        if layer not in self.packed:
+            raise KeyError(f"layer {layer} has no packed experts in backend {self.name}")
+        x = x.detach().to(torch.float32).contiguous()  # [T, H]
+        ids = topk_ids.detach().to(torch.int64).contiguous()  # [T, k]
+        w = topk_weights.detach().to(torch.float32).contiguous()  # [T, k]
+        out = torch.empty_like(x)  # [T, H]
+        return x, ids, w, out
+
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        x, ids, w, out = self._args(layer, x, topk_ids, topk_weights)
+        _native.forward(self.name, self.packed[layer], ids, w, x, out, self.pool)
+        return out
+
+    def submit(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """Starts forward on the pool and returns at once (overlap with GPU work); `sync()` returns the output."""
+        if self._pending is not None:
+            raise RuntimeError("NativeExperts.submit: call sync() before the next submit")
+        args = self._args(layer, x, topk_ids, topk_weights)
+        x, ids, w, out = args
+        _native.forward_submit(self.name, self.packed[layer], ids, w, x, out, self.pool)
+        self._pending = args  # keeps the tensors alive until sync
+
+    def sync(self) -> torch.Tensor:
+        if self._pending is None:
+            raise RuntimeError("NativeExperts.sync: nothing submitted")
+        out = self._pending[3]
+        try:
+            self.pool.sync()
+        finally:
+            self._pending = None
+        return out
+
+
+def make_backend(
+    name: str,
+    layers: dict[int, LayerExperts],
+    *,
+    threads: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    model_id: str | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
+):
+    """Packs `layers` for backend `name` ("Auto" resolves; "Torch" gives TorchExperts) and returns an ExpertBackend.
+
+    With `cache_dir` and `model_id` (a string identifying the model file: path, size, mtime), packed layers are stored
+    as memory-mappable files keyed by model identity + backend + layout version, and reused on the next load.
+    Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
+    """
+    concrete, reason = resolve_backend(name)
+    if concrete == "Torch":
+        backend = TorchExperts(layers)
+        backend.reason = reason
+        return backend
+    pool = make_pool(threads)
+    stats = LoadStats(cache_dir=str(cache_dir or ""))
+    use_cache = cache_dir is not None and model_id is not None
+    t0 = time.perf_counter()
+    packed: dict[int, np.ndarray] = {}
+    order = sorted(layers)
+    for n, layer in enumerate(order):
+        experts = layers[layer]
+        blob = None
+        path = _cache_path(Path(cache_dir), model_id, concrete, layer, experts) if use_cache else None
+        if path is not None and path.exists():
+            blob = _load_cached(path, concrete, experts)
+        if blob is not None:
+            stats.cached_layers += 1
+            stats.per_layer[layer] = "cached"
+        else:
+            blob = pack_layer(concrete, experts, pool)
+            if path is not None:
+                _store(path, blob)
+            stats.packed_layers += 1
+            stats.per_layer[layer] = "packed"
+        packed[layer] = blob
+        stats.packed_bytes += int(blob.nbytes)
+        if progress is not None:
+            progress(ProgressEvent("pack", n + 1, len(order), f"{concrete}: layer {layer} {stats.per_layer[layer]}"))
+    stats.seconds = time.perf_counter() - t0
+    return NativeExperts(concrete, reason, packed, pool, stats)

@@ -1,0 +1,13 @@
+// Machine probes used by the benchmark and the hardware wizard: memory read bandwidth and register-only FLOP peaks.
+#pragma once
+#include "tessera/pool.h"
+
+namespace tessera {
+
+// Multi-threaded streaming read of a buffer much larger than the last-level cache, `nth` participants of `pool`;
+// returns the best pass in GB/s (1e9 bytes/s) over about `seconds`. Uses the widest vector loads the CPU allows.
+double read_bandwidth_gbs(ThreadPool& pool, double buffer_mib, double seconds);
+// Register-only peak of one instruction on all pool threads, GFLOP/s; < 0 when the CPU lacks the instruction.
+double peak_gflops(ThreadPool& pool, const char* what, double seconds);  // what: "bf16_dot" | "fp32_fma"
+
+}  // namespace tessera

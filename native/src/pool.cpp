@@ -1,0 +1,163 @@
+// ThreadPool: the only place threads are created. Workers spin a few tens of microseconds after a job (cheap hand-off
+// between the back-to-back phases of a MoE layer), then sleep on a condition variable so they never compete with the
+// caller's own work (torch attention between layers) on a small machine.
+#include "tessera/pool.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TESSERA_PAUSE() _mm_pause()
+#else
+#define TESSERA_PAUSE() ((void)0)
+#endif
+
+namespace tessera {
+namespace {
+
+int spin_microseconds() {
+  static const int us = [] {
+    const char* v = std::getenv("TESSERA_SPIN_US");
+    return v ? std::atoi(v) : 50;
+  }();
+  return us;
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
+  for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(lead_mu_);
+    lead_stop_ = true;
+  }
+  lead_cv_.notify_all();
+  if (lead_.joinable()) lead_.join();
+  stop_.store(true);
+  generation_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
+  }
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop(int ith) {
+  uint64_t seen = 0;
+  for (;;) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_microseconds());
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen) {
+      TESSERA_PAUSE();
+      if (++spins % 64 == 0 && std::chrono::steady_clock::now() > deadline) {
+        sleepers_.fetch_add(1);
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return generation_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        break;
+      }
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load()) return;
+    try {
+      (*job_)(ith, nthreads_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(error_mu_);
+      if (!run_error_) run_error_ = std::current_exception();
+    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  if (nthreads_ == 1) {
+    fn(0, 1);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  job_ = &fn;
+  run_error_ = nullptr;
+  pending_.store(nthreads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1);  // seq_cst: pairs with sleepers_ below (no lost wake-up)
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
+  }
+  std::exception_ptr mine;
+  try {
+    fn(0, nthreads_);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  int spins = 0;
+  while (pending_.load(std::memory_order_acquire) != 0) {
+    TESSERA_PAUSE();
+    if (++spins > 4096) std::this_thread::yield();
+  }
+  job_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (run_error_) std::rethrow_exception(run_error_);
+}
+
+void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
+  if (n_tasks <= 0) return;
+  std::atomic<int64_t> next{0};
+  run([&](int ith, int) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_tasks;
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      fn(t, ith);
+  });
+}
+
+void ThreadPool::lead_loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lk(lead_mu_);
+      lead_cv_.wait(lk, [&] { return lead_has_job_ || lead_stop_; });
+      if (lead_stop_ && !lead_has_job_) return;
+      job = std::move(lead_job_);
+      lead_has_job_ = false;
+    }
+    std::exception_ptr err;
+    try {
+      job();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(lead_mu_);
+      lead_error_ = err;
+      lead_busy_ = false;
+    }
+    lead_cv_.notify_all();
+  }
+}
+
+void ThreadPool::submit(std::function<void()> job) {
+  std::unique_lock<std::mutex> lk(lead_mu_);
+  if (lead_busy_) throw std::logic_error("ThreadPool::submit: a submitted job is still running; call sync() first");
+  if (!lead_.joinable()) lead_ = std::thread([this] { lead_loop(); });
+  lead_job_ = std::move(job);
+  lead_has_job_ = true;
+  lead_busy_ = true;
+  lead_error_ = nullptr;
+  lk.unlock();
+  lead_cv_.notify_all();
+}
+
+void ThreadPool::sync() {
+  std::unique_lock<std::mutex> lk(lead_mu_);
+  lead_cv_.wait(lk, [&] { return !lead_busy_; });
+  std::exception_ptr err = lead_error_;
+  lead_error_ = nullptr;
+  lk.unlock();
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace tessera

@@ -1,0 +1,12 @@
+// Per-ISA probe kernels (defined in probe_<isa>.cpp, compiled with that ISA's flags). Internal to native/src.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera {
+uint64_t read_sum_avx512(const uint8_t* p, size_t bytes);  // bytes: multiple of 512
+uint64_t read_sum_avx2(const uint8_t* p, size_t bytes);    // bytes: multiple of 256
+double fma_loop_avx512(int64_t iters);                     // returns FLOPs executed
+double fma_loop_avx2(int64_t iters);
+double bf16_dot_loop_avx512(int64_t iters);
+}  // namespace tessera
