@@ -49,6 +49,22 @@ class StopStrings:
         return text
 
 
+def check_prompt(config, prompt_ids: list[int], context_length: int) -> None:
+    """Named errors for a prompt that cannot be run: empty, too long for the context, ids outside the vocabulary."""
+    if not prompt_ids:
+        raise TesseraError("prompt", "is empty: give at least one token")
+    if len(prompt_ids) >= context_length:
+        raise ContextOverflowError(
+            "prompt",
+            f"{len(prompt_ids)} tokens do not fit in the context of {context_length} tokens with room for an answer "
+            f"(shorten the prompt or load the model with a longer context)",
+        )
+    vocab = config.vocab_size
+    bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise TesseraError("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+
+
 def generate(
     model: Qwen3MoeModel,
     cache: KVCache,  # holds the K/V of prompt_ids[:cache.length] (reused from the prefix cache), nothing else
@@ -63,18 +79,7 @@ def generate(
     backend_name: str = "",
     bytes_per_expert: int = 0,
 ) -> Iterator[TokenEvent | DoneEvent]:
-    if not prompt_ids:
-        raise TesseraError("prompt", "is empty: give at least one token")
-    if len(prompt_ids) >= context_length:
-        raise ContextOverflowError(
-            "prompt",
-            f"{len(prompt_ids)} tokens do not fit in the context of {context_length} tokens with room for an answer "
-            f"(shorten the prompt or load the model with a longer context)",
-        )
-    vocab = model.config.vocab_size
-    if any(not 0 <= t < vocab for t in prompt_ids):
-        bad = next(t for t in prompt_ids if not 0 <= t < vocab)
-        raise TesseraError("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+    check_prompt(model.config, prompt_ids, context_length)
     reused = cache.length
     assert cache.tokens == prompt_ids[:reused] and reused < len(prompt_ids)
     return _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_length, cancel, on_step,

@@ -1,0 +1,201 @@
+"""A loaded model ready to generate: weights, tokenizer, the expert backend and the prefix cache, behind one object.
+
+`load(path)` reads a GGUF file or a Hugging Face folder; `Session.generate` takes raw token ids, `Session.chat` renders the
+chat template first. Both reuse the K/V of the longest cached token prefix. One request at a time per session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from engine.errors import BackendUnavailableError, Cancelled, TesseraError
+from engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
+from engine.experts import ExpertBackend, LayerExperts, TorchExperts
+from engine.generate import check_prompt, generate
+from engine.kv_cache import KVCache, PrefixCache
+from engine.model import Qwen3MoeModel, layer_experts
+from engine.sampling import SamplingParams
+
+Progress = Callable[[ProgressEvent], None] | None
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    backend: str = "Auto",
+    threads: int | None = None,
+    context_length: int | None = None,
+    progress: Progress = None,
+    cancel: threading.Event | None = None,
+    prefix_cache_bytes: int | None = None,
+) -> Session:
+    """Load a Qwen3-MoE GGUF file or HF folder. Raises TesseraError subclasses for bad files or settings, Cancelled."""
+    from engine.model_info import inspect_model
+    from engine.tokenizer import Tokenizer
+    from engine.weights import load_weights
+
+    path = Path(path)
+    if threads is not None:
+        if threads < 1:
+            raise TesseraError("--threads", f"must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    info = inspect_model(path)
+    weights = load_weights(path, progress=progress, cancel=cancel)
+    _check_cancel(cancel)
+    tokenizer = Tokenizer.from_path(path)
+    _check_cancel(cancel)
+    return Session(path, weights, tokenizer, info, backend=backend, threads=threads, context_length=context_length,
+                   progress=progress, prefix_cache_bytes=prefix_cache_bytes)
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def _default_prefix_cache_bytes() -> int:
+    import psutil
+
+    return int(min(4 << 30, 0.15 * psutil.virtual_memory().total))
+
+
+def model_id(path: Path) -> str:
+    """Identity of a model file or folder for on-disk caches: path, sizes and modification times."""
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256(str(path.resolve()).encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def make_expert_backend(
+    name: str, layers: dict[int, LayerExperts], *, threads: int | None, model_key: str, progress: Progress
+) -> tuple[ExpertBackend, str, str]:
+    """(backend, its name, why it was chosen). "Torch" is the pure-torch engine; other names go to engine.native."""
+    if name == "Torch":
+        return TorchExperts(layers), "Torch", "pure-torch engine, as asked"
+    if importlib.util.find_spec("engine.native") is None:
+        if name == "Auto":
+            return TorchExperts(layers), "Torch", "native kernels are not part of this build"
+        raise BackendUnavailableError(f"backend {name}", "native kernels are not part of this build")
+    from engine import native
+
+    reason = "as asked"
+    if name == "Auto":
+        name, reason = native.auto_backend()
+        if name == "Torch":
+            return TorchExperts(layers), "Torch", reason
+    import platformdirs
+
+    cache_dir = Path(platformdirs.user_cache_dir("tessera")) / "packed"
+    backend = native.make_backend(name, layers, threads=threads, cache_dir=cache_dir, model_id=model_key,
+                                  progress=progress)
+    return backend, name, reason
+
+
+class Session:
+    """A loaded model. Attributes: config, info, tokenizer, backend_name, backend_reason, context_length."""
+
+    def __init__(self, path: Path, weights, tokenizer, info, *, backend: str = "Auto", threads: int | None = None,
+                 context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None):
+        self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
+        limit = self.config.max_position_embeddings
+        if context_length is not None and not 1 < context_length <= limit:
+            raise TesseraError("--context-length", f"must be in 2..{limit} for this model, got {context_length}")
+        self.context_length = context_length or limit
+        self._model_key = model_id(path)
+        self._layers = layer_experts(self.config, weights.tensors)
+        first = next(iter(self._layers.values()), None)
+        self.bytes_per_expert = 0 if first is None else sum(
+            t[0].numel() * t.element_size() for t in (first.gate_proj, first.up_proj, first.down_proj))
+        experts, self.backend_name, self.backend_reason = make_expert_backend(
+            backend, self._layers, threads=threads, model_key=self._model_key, progress=progress)
+        self.model = Qwen3MoeModel(weights, experts)
+        self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
+        self._busy = threading.Lock()
+
+    def _new_cache(self, capacity: int) -> KVCache:
+        return self.model.new_cache(capacity)
+
+    def set_backend(self, name: str, progress: Progress = None) -> None:
+        """Switch the expert backend (repacks the experts); the KV and prefix caches are kept. On error the old stays."""
+        if self.model is None:
+            raise TesseraError("session", "is closed")
+        if not self._busy.acquire(blocking=False):
+            raise TesseraError("session", "is generating; switch the backend when the answer is done")
+        try:
+            experts, name, reason = make_expert_backend(
+                name, self._layers, threads=self.threads, model_key=self._model_key, progress=progress)
+            old, self.model.experts = self.model.experts, experts
+            self.backend_name, self.backend_reason = name, reason
+            getattr(old, "close", lambda: None)()
+        finally:
+            self._busy.release()
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        cancel: threading.Event | None = None,
+        on_step: Callable[[StepMetrics], None] | None = None,
+    ) -> Iterator[TokenEvent | DoneEvent]:
+        """Stream the continuation of raw token ids. Errors in the request (empty prompt, too long) raise at once."""
+        if self.model is None:
+            raise TesseraError("session", "is closed")
+        prompt_ids = [int(t) for t in prompt_ids]
+        check_prompt(self.config, prompt_ids, self.context_length)
+        return self._stream(prompt_ids, params, cancel, on_step)
+
+    def _stream(self, prompt_ids, params, cancel, on_step) -> Iterator[TokenEvent | DoneEvent]:
+        if not self._busy.acquire(blocking=False):
+            raise TesseraError("session", "is already generating; one request at a time")
+        try:
+            cache, _ = self.prefix_cache.acquire(prompt_ids)
+            try:
+                yield from generate(
+                    self.model, cache, prompt_ids, params, decoder=self.tokenizer.stream_decoder(),
+                    eos_token_ids=tuple(self.tokenizer.eos_token_ids), context_length=self.context_length,
+                    cancel=cancel, on_step=on_step, backend_name=self.backend_name,
+                    bytes_per_expert=self.bytes_per_expert)
+            finally:
+                self.prefix_cache.release(cache)
+        finally:
+            self._busy.release()
+
+    def chat(self, messages: list[dict], params: SamplingParams, *, enable_thinking: bool = True,
+             cancel: threading.Event | None = None,
+             on_step: Callable[[StepMetrics], None] | None = None) -> Iterator[TokenEvent | DoneEvent]:
+        """Render the chat template for `messages` (role system|user|assistant, content) and stream the answer."""
+        prompt = self.render_chat(messages, enable_thinking=enable_thinking)
+        return self.generate(self.tokenizer.encode(prompt), params, cancel=cancel, on_step=on_step)
+
+    def render_chat(self, messages: list[dict], *, enable_thinking: bool = True) -> str:
+        from engine.chat_template import render
+
+        if not messages:
+            raise TesseraError("messages", "is empty: give at least one message")
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                raise TesseraError(f"messages[{i}]", "needs a role of system, user or assistant and a string content")
+        return render(self.tokenizer.chat_template, messages, add_generation_prompt=True,
+                      enable_thinking=enable_thinking)
+
+    def reset_cache(self) -> None:
+        """Forget every cached prefix (benchmarks use this to measure a cold prefill)."""
+        self.prefix_cache.clear()
+
+    def close(self) -> None:
+        if self.model is not None:
+            getattr(self.model.experts, "close", lambda: None)()
+        self.model = None
+        self.prefix_cache.clear()
+        self._layers = {}
