@@ -5,13 +5,12 @@ The model either writes `<think>` itself, or the chat template already opened th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
-@dataclass(frozen=True)
-class Split:
+class Split(NamedTuple):
     thinking: str
     answer: str
     open: bool  # the thinking block has started and not yet ended

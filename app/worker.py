@@ -63,8 +63,7 @@ class EngineApi:
     def make_test_model(self, out_path: str, progress) -> str:
         from engine.make_model import make_model
 
-        make_model(out_path, preset="tiny", seed=0)
-        return out_path
+        return str(make_model(out_path, preset="tiny", fmt="gguf", dtype="f32", seed=0, progress=progress))
 
 
 def _as_dict(obj: Any) -> dict:
@@ -221,6 +220,7 @@ class EngineWorker(QObject):
         try:
             if cancel.is_set():
                 raise _LoadCancelled()
+            context_length = self._clamp_context(path, context_length)
             self._threads, self._context_length = threads, context_length
             self._session = self._api.load(path, backend=backend, threads=threads or None,
                                            context_length=context_length or None,
@@ -235,6 +235,17 @@ class EngineWorker(QObject):
             self.state_changed.emit(ModelState(False))
             return
         self.state_changed.emit(self._state())
+
+    def _clamp_context(self, path: str, wanted: int) -> int:
+        """The setting is a wish: a model with a shorter trained context gets its own limit."""
+        if wanted <= 0:
+            return 0
+        try:
+            info = self._api.inspect(path)
+        except Exception:  # noqa: BLE001 - the load itself will report what is wrong with the file
+            return wanted
+        limit = int(info.get("context_length") or info.get("max_position_embeddings") or 0)
+        return min(wanted, limit) if limit > 0 else wanted
 
     @Slot(str, str, int, int, object)
     def _do_make(self, out_path: str, backend: str, threads: int, context_length: int,

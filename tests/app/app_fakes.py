@@ -1,0 +1,141 @@
+"""A test double of the engine calls EngineWorker makes (app/worker.py EngineApi), for the worker's own logic and the
+window's wiring. Its events are the engine's real dataclasses (engine/events.py), so payload conversion is exercised.
+The tests against a real tiny model live in test_real_engine.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from engine.errors import BackendUnavailableError, Cancelled, ModelFormatError
+from engine.events import DoneEvent, ProgressEvent, RequestMetrics, StepMetrics, TokenEvent
+
+from app.payloads import BackendList
+
+BACKENDS = {"Auto": (True, ""), "Torch": (True, "pure torch"), "AVX512": (True, "CPU has avx512f/bw/vl"),
+            "AVX2": (True, "CPU has avx2+fma"), "Reference": (True, "scalar C++"),
+            "AMXInt8": (False, "CPU lacks amx_int8"), "AMXBF16": (False, "CPU lacks amx_bf16"),
+            "AVX512Int8": (True, "CPU has avx512_vnni")}
+
+
+class FakeSession:
+    def __init__(self, path: str, backend: str, threads, context_length, token_delay: float):
+        self.path = path
+        self.backend_name = "AVX512" if backend == "Auto" else backend
+        self.backend_reason = "best available on this CPU" if backend == "Auto" else "as asked"
+        self.threads = threads or 2
+        self.context_length = context_length or 2048
+        self.info = {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8}
+        self.token_delay = token_delay
+        self.calls: list[dict] = []  # every chat request: messages, params, enable_thinking, backend
+        self.closed = False
+        self.reply_words = ["<think>", "\nlet", " me", " think", "\n</think>", "\n\nHello", " there", "!"]
+        self.fail_next = False
+
+    def chat(self, messages, params, *, enable_thinking=True, cancel=None, on_step=None):
+        self.calls.append({"messages": [dict(m) for m in messages], "params": params,
+                           "enable_thinking": enable_thinking, "backend": self.backend_name})
+        if self.fail_next:
+            self.fail_next = False
+            raise ModelFormatError("tensor blk.0.ffn_up_exps", "NaN in the weights")
+        prompt_tokens = sum(len(m["content"].split()) + 4 for m in messages)
+        reused = max(0, prompt_tokens - 8) if len(self.calls) > 1 else 0
+        t0 = time.perf_counter()
+        if on_step:
+            on_step(StepMetrics("prefill", prompt_tokens - reused, 0.01, expert_pairs=10, expert_bytes=1_000_000))
+        words = list(self.reply_words) if enable_thinking else self.reply_words[5:]
+        n_max = params["max_tokens"]
+        words = words[:n_max]
+        out, stop = [], "eos"
+        for i, w in enumerate(words):
+            if cancel is not None and cancel.is_set():
+                stop = "cancelled"
+                break
+            time.sleep(self.token_delay)
+            if on_step:
+                on_step(StepMetrics("decode", 1, max(self.token_delay, 1e-4), expert_pairs=4, expert_bytes=500_000))
+            out.append(w)
+            yield TokenEvent(i, w, i, time.perf_counter() - t0)
+        else:
+            stop = "max_tokens" if len(words) == n_max and n_max < len(self.reply_words) else "eos"
+        m = RequestMetrics(prompt_tokens=prompt_tokens, reused_tokens=reused, generated_tokens=len(out), ttft_s=0.02,
+                           prefill_s=0.01, decode_s=0.05, prefill_tok_s=1000.0, decode_tok_s=25.0,
+                           prefix_hit_rate=reused / prompt_tokens, expert_cache_hit_rate=None, stop_reason=stop,
+                           backend=self.backend_name)
+        yield DoneEvent("".join(out), list(range(len(out))), m)
+
+    def set_backend(self, name, progress=None):
+        ok, reason = BACKENDS.get(name, (False, "unknown backend"))
+        if not ok:
+            raise BackendUnavailableError(f"backend {name}", reason)
+        for i in range(3):
+            if progress:
+                progress(ProgressEvent("repack", i + 1, 3, f"layer {i}"))
+        self.backend_name, self.backend_reason = name, "as asked"
+
+    def close(self):
+        self.closed = True
+
+
+class FakeApi:
+    def __init__(self, token_delay: float = 0.002, load_delay: float = 0.0):
+        self.token_delay = token_delay
+        self.load_delay = load_delay
+        self.sessions: list[FakeSession] = []
+        self.threads_seen: list[str] = []
+
+    def load(self, path, *, backend, threads, context_length, progress, cancel):
+        self.threads_seen.append(threading.current_thread().name)
+        if "bad" in str(path):
+            raise ModelFormatError(str(path), "not a GGUF file (bad magic)")
+        for i in range(5):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            time.sleep(self.load_delay / 5)
+            if progress:
+                progress(ProgressEvent("tensors", i + 1, 5, f"tensor {i}"))
+        s = FakeSession(str(path), backend, threads, context_length, self.token_delay)
+        self.sessions.append(s)
+        return s
+
+    def inspect(self, path):
+        if "bad" in str(path):
+            raise ModelFormatError(str(path), "not a GGUF file (bad magic)")
+        return {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+                "total_bytes": 5_000_000, "context_length": 2048}
+
+    def sampling_params(self, params):
+        return dict(params)
+
+    def backend_status(self):
+        return BackendList(dict(BACKENDS), "AVX512", "best available on this CPU")
+
+    def make_test_model(self, out_path, progress):
+        return out_path
+
+
+# ---- fixtures shared by the app tests (import them into a test module to use them)
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A fresh app data dir (database, settings) per test."""
+    d = tmp_path / "data"
+    monkeypatch.setenv("TESSERA_DATA_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def fake_api():
+    return FakeApi()
+
+
+@pytest.fixture
+def worker(qtbot, fake_api):
+    from app.worker import EngineWorker
+
+    w = EngineWorker(fake_api)
+    w.start()
+    yield w
+    w.shutdown()
