@@ -1,0 +1,329 @@
+"""HF -> GGUF conversion: llama.cpp qwen3moe names, keys and types; exact values; safe writing; named errors; CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import threading
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.cli import main
+from engine.convert import convert
+from engine.errors import Cancelled, ModelFormatError, TesseraError
+from engine.make_model import make_model
+
+Q = gguf.GGMLQuantizationType
+T = gguf.MODEL_TENSOR
+ARCH = gguf.MODEL_ARCH.QWEN3MOE
+CONFIGS = {
+    "moe": {},
+    "dense-tied-headdim": {"mlp_only_layers": [1], "tie_word_embeddings": True, "head_dim": 24},
+    "wide-kv": {"num_key_value_heads": 3, "num_hidden_layers": 2, "num_experts": 5, "num_experts_per_tok": 3},
+}
+
+
+def expected_names(cfg: dict) -> set[str]:
+    """What gguf.MODEL_TENSORS[QWEN3MOE] formats for these blocks (dense blocks: llama.cpp's dense FFN names)."""
+    moe_only = {T.FFN_GATE_INP, T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP}
+    names = set()
+    for t in gguf.MODEL_TENSORS[ARCH]:
+        fmt = gguf.TENSOR_NAMES[t]
+        if "{bid}" not in fmt:
+            if not (t == T.OUTPUT and cfg.get("tie_word_embeddings")):
+                names.add(fmt + ".weight")
+            continue
+        for i in range(cfg["num_hidden_layers"]):
+            dense = i in cfg.get("mlp_only_layers", [])
+            if t in moe_only and dense:
+                continue
+            names.add(fmt.format(bid=i) + ".weight")
+    for i in cfg.get("mlp_only_layers", []):
+        names |= {gguf.TENSOR_NAMES[t].format(bid=i) + ".weight" for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)}
+    return names
+
+
+def hf_tensors(folder) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def field(reader, key):
+    return reader.fields[key].contents()
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("convert-src")
+    return {name: make_model(root / name, config_overrides=over, seed=11) for name, over in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "f16", "f32"])
+def test_conversion_follows_llama_cpp_qwen3moe(tmp_path, sources, name, dtype):
+    src = sources[name]
+    cfg = json.loads((src / "config.json").read_text())
+    out = convert(src, tmp_path / "m.gguf", dtype=dtype)
+    reader = gguf.GGUFReader(out)
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) == expected_names(cfg)
+
+    requested = {"bf16": Q.BF16, "q8_0": Q.Q8_0, "f16": Q.F16, "f32": Q.F32}[dtype]
+    for t in reader.tensors:
+        want = Q.F32 if len(t.shape) == 1 or t.name.endswith("ffn_gate_inp.weight") else requested
+        if want == Q.Q8_0 and t.shape[0] % 32:  # llama.cpp falls back to F16 when rows do not split into blocks
+            want = Q.F16
+        assert t.tensor_type == want, t.name
+
+    arch = gguf.MODEL_ARCH_NAMES[ARCH]
+    K = gguf.Keys
+    dims = {
+        K.General.ARCHITECTURE: arch,
+        K.LLM.BLOCK_COUNT.format(arch=arch): cfg["num_hidden_layers"],
+        K.LLM.CONTEXT_LENGTH.format(arch=arch): cfg["max_position_embeddings"],
+        K.LLM.EMBEDDING_LENGTH.format(arch=arch): cfg["hidden_size"],
+        K.LLM.FEED_FORWARD_LENGTH.format(arch=arch): cfg["intermediate_size"],
+        K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch): cfg["moe_intermediate_size"],
+        K.LLM.EXPERT_COUNT.format(arch=arch): cfg["num_experts"],
+        K.LLM.EXPERT_USED_COUNT.format(arch=arch): cfg["num_experts_per_tok"],
+        K.Attention.HEAD_COUNT.format(arch=arch): cfg["num_attention_heads"],
+        K.Attention.HEAD_COUNT_KV.format(arch=arch): cfg["num_key_value_heads"],
+        K.Attention.KEY_LENGTH.format(arch=arch): cfg["head_dim"],
+        K.Attention.VALUE_LENGTH.format(arch=arch): cfg["head_dim"],
+        K.Rope.FREQ_BASE.format(arch=arch): cfg["rope_theta"],
+        K.General.FILE_TYPE: int({"bf16": 32, "q8_0": 7, "f16": 1, "f32": 0}[dtype]),
+        K.General.QUANTIZATION_VERSION: gguf.GGML_QUANT_VERSION,
+        K.Tokenizer.MODEL: "gpt2",
+        K.Tokenizer.PRE: "qwen2",
+        K.Tokenizer.ADD_BOS: False,
+        K.Tokenizer.BOS_ID: cfg["bos_token_id"],
+        K.Tokenizer.EOS_ID: cfg["eos_token_id"],
+        K.Tokenizer.PAD_ID: cfg["bos_token_id"],
+    }
+    for key, value in dims.items():
+        got = field(reader, key)
+        assert (got == pytest.approx(value)) if isinstance(value, float) else got == value, key
+    eps = field(reader, K.Attention.LAYERNORM_RMS_EPS.format(arch=arch))
+    assert eps == pytest.approx(cfg["rms_norm_eps"], rel=1e-6)
+
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tokens, types = field(reader, K.Tokenizer.LIST), field(reader, K.Tokenizer.TOKEN_TYPE)
+    assert len(tokens) == len(types) == cfg["vocab_size"]
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    assert tokens[ids["<|im_end|>"]] == "<|im_end|>" and types[ids["<|im_end|>"]] == gguf.TokenType.CONTROL
+    assert types[ids["<think>"]] == gguf.TokenType.USER_DEFINED
+    assert tokens[-1] == f"[PAD{cfg['vocab_size'] - 1}]" and types[-1] == gguf.TokenType.UNUSED
+    assert all(tokens[i] == t for t, i in tok["model"]["vocab"].items())
+    assert field(reader, K.Tokenizer.MERGES) == [" ".join(m) for m in tok["model"]["merges"]]
+    template = json.loads((src / "tokenizer_config.json").read_text())["chat_template"]
+    assert field(reader, K.Tokenizer.CHAT_TEMPLATE) == template
+    norm_key = K.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch)
+    assert norm_key not in reader.fields  # norm_topk_prob true: llama.cpp's default, not written
+
+
+def _dequant(t) -> np.ndarray:
+    data = np.asarray(t.data)
+    if t.tensor_type == Q.BF16:  # the reader hands BF16 out as raw bytes
+        return (data.reshape(-1).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return gguf.quants.dequantize(data, t.tensor_type)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "q8_0"])
+def test_values_and_expert_stacking(tmp_path, sources, dtype):
+    src = sources["dense-tied-headdim"]
+    hf = hf_tensors(src)
+    reader = gguf.GGUFReader(convert(src, tmp_path / "m.gguf", dtype=dtype))
+    tensors = {t.name: t for t in reader.tensors}
+    cast = (lambda x: x.to(torch.bfloat16).float()) if dtype == "bf16" else (lambda x: x)
+    pairs = {
+        "token_embd.weight": hf["model.embed_tokens.weight"],
+        "blk.0.attn_k.weight": hf["model.layers.0.self_attn.k_proj.weight"],
+        "blk.1.ffn_down.weight": hf["model.layers.1.mlp.down_proj.weight"],
+        "blk.2.ffn_down_exps.weight": torch.stack([hf[f"model.layers.2.mlp.experts.{e}.down_proj.weight"] for e in range(6)]),
+        "blk.0.ffn_gate_exps.weight": torch.stack([hf[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"] for e in range(6)]),
+    }
+    for name, want in pairs.items():
+        got = torch.from_numpy(_dequant(tensors[name]).copy()).reshape(want.shape)
+        if dtype == "q8_0":  # per 32-block absmax / 127 scale, f16: error below half a step
+            assert (got - want).abs().max() <= want.abs().max() / 127 * 0.51 + 1e-6, name
+        else:
+            assert torch.equal(got, cast(want)), name
+    for name in ("blk.2.ffn_gate_inp.weight", "blk.0.attn_q_norm.weight", "output_norm.weight"):
+        hf_name = {"blk.2.ffn_gate_inp.weight": "model.layers.2.mlp.gate.weight",
+                   "blk.0.attn_q_norm.weight": "model.layers.0.self_attn.q_norm.weight",
+                   "output_norm.weight": "model.norm.weight"}[name]
+        assert torch.equal(torch.from_numpy(np.asarray(tensors[name].data).copy()).reshape(hf[hf_name].shape), hf[hf_name])
+
+
+def test_bf16_source_copies_bits(tmp_path):
+    src = make_model(tmp_path / "bf", dtype="bf16", seed=4)
+    hf = hf_tensors(src)
+    reader = gguf.GGUFReader(convert(src, tmp_path / "m.gguf", dtype="bf16"))
+    t = {t.name: t for t in reader.tensors}["blk.1.ffn_up_exps.weight"]
+    want = torch.stack([hf[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] for e in range(6)])
+    assert np.array_equal(np.asarray(t.data).reshape(-1).view(np.uint16), want.view(torch.int16).numpy().view(np.uint16).reshape(-1))
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".partial"))
+
+
+def test_cancel_leaves_no_output(tmp_path, sources):
+    cancel = threading.Event()
+    seen = []
+
+    def progress(e):
+        seen.append(e)
+        if e.done == 5:
+            cancel.set()
+
+    out = tmp_path / "m.gguf"
+    with pytest.raises(Cancelled):
+        convert(sources["moe"], out, progress=progress, cancel=cancel)
+    assert not out.exists() and _leftovers(tmp_path) == []
+    assert seen[0].total == len(expected_names(json.loads((sources["moe"] / "config.json").read_text())))
+    assert max(e.done for e in seen) == 5
+
+
+def test_interruption_and_errors_leave_existing_output_untouched(tmp_path, sources, monkeypatch):
+    from engine import convert as convert_mod
+
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"previous file")
+    calls = {"n": 0}
+    real_get = convert_mod.SourceReader.get
+
+    def flaky(self, name):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise KeyboardInterrupt
+        return real_get(self, name)
+
+    monkeypatch.setattr(convert_mod.SourceReader, "get", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        convert(sources["moe"], out)
+    assert out.read_bytes() == b"previous file" and _leftovers(tmp_path) == []
+
+
+def test_disk_full_is_named_and_cleaned_up(tmp_path, sources, monkeypatch):
+    real = gguf.GGUFWriter.write_tensor_data
+    count = {"n": 0}
+
+    def full(self, tensor, *a, **k):
+        count["n"] += 1
+        if count["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, tensor, *a, **k)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full)
+    with pytest.raises(TesseraError, match="disk full") as e:
+        convert(sources["moe"], tmp_path / "m.gguf")
+    assert e.value.subject == str(tmp_path)
+    assert not (tmp_path / "m.gguf").exists() and _leftovers(tmp_path) == []
+
+
+def test_free_space_checked_first(tmp_path, sources, monkeypatch):
+    from engine import gguf_writer
+
+    monkeypatch.setattr(gguf_writer.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 1000))
+    with pytest.raises(TesseraError, match="not enough free space"):
+        convert(sources["moe"], tmp_path / "m.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_sources_are_named(tmp_path, sources):
+    src = sources["moe"]
+    out = tmp_path / "o.gguf"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelFormatError, match="not a Qwen3-MoE folder: config.json is missing"):
+        convert(empty, out)
+
+    other = _copy(src, tmp_path / "llama")
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    with pytest.raises(ModelFormatError, match="not a Qwen3-MoE model.*LlamaForCausalLM"):
+        convert(other, out)
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(src / "config.json", pickled / "config.json")
+    shutil.copy(src / "tokenizer.json", pickled / "tokenizer.json")
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(ModelFormatError, match="pickle checkpoints are refused") as e:
+        convert(pickled, out)
+    assert e.value.subject.endswith("pytorch_model.bin")
+
+    sharded = make_model(tmp_path / "sharded", max_shard_bytes=1_000_000)
+    shard = sorted(sharded.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(ModelFormatError, match="missing shard") as e:
+        convert(sharded, out)
+    assert e.value.subject == str(shard)
+
+    mismatch = _copy(src, tmp_path / "mismatch")
+    (mismatch / "config.json").write_text(json.dumps({**cfg, "moe_intermediate_size": 128}))
+    with pytest.raises(ModelFormatError, match="shape mismatch") as e:
+        convert(mismatch, out)
+    assert e.value.subject.startswith("tensor model.layers.0.mlp.experts.0.")
+
+    missing = _copy(src, tmp_path / "missing")
+    (missing / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 4}))
+    with pytest.raises(ModelFormatError, match="missing from the checkpoint") as e:
+        convert(missing, out)
+    assert e.value.subject.startswith("tensor model.layers.3.")
+
+    extra = _copy(src, tmp_path / "extra")
+    from safetensors.torch import save_file
+
+    save_file({"model.layers.0.mlp.shared_expert.up_proj.weight": torch.zeros(4, 96)}, str(extra / "z.safetensors"))
+    with pytest.raises(ModelFormatError, match="not part of a Qwen3-MoE checkpoint") as e:
+        convert(extra, out)
+    assert e.value.subject == "tensor model.layers.0.mlp.shared_expert.up_proj.weight"
+
+    truncated = _copy(src, tmp_path / "truncated")
+    shard = truncated / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    with pytest.raises(ModelFormatError, match="beyond the end of the file"):
+        convert(truncated, out)
+
+    no_tok = _copy(src, tmp_path / "notok")
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(ModelFormatError, match="tokenizer"):
+        convert(no_tok, out)
+    assert not out.exists()
+
+
+def test_transformers_rope_parameters_form_is_accepted(tmp_path, sources):
+    src = _copy(sources["moe"], tmp_path / "v5")
+    cfg = json.loads((src / "config.json").read_text())
+    theta = cfg.pop("rope_theta")
+    cfg["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    reader = gguf.GGUFReader(convert(src, tmp_path / "m.gguf"))
+    assert field(reader, "qwen3moe.rope.freq_base") == theta
+
+
+def test_cli_convert(tmp_path, sources, capsys):
+    out = tmp_path / "m.gguf"
+    assert main(["convert", str(sources["moe"]), str(out), "--dtype", "q8_0"]) == 0
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == 7
+    assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"error: {tmp_path / 'nowhere'}: is not a folder (expected a Hugging Face model folder)"
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(sources["moe"]), str(out), "--dtype", "q4_k"])
+    assert e.value.code == 2
