@@ -1,0 +1,183 @@
+// Packing and activation conversion for the AMX backends (portable C++; runs once per load, not per token).
+#include "amx_pack.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tessera/bf16.h"
+
+namespace tessera::amx {
+
+namespace {
+
+// One source row [K] of any loaded weight type to f32.
+void row_to_f32(WeightType type, const void* base, int64_t row, int64_t K, float* out) {
+  const size_t off = static_cast<size_t>(row) * K;
+  switch (type) {
+    case WeightType::F32:
+      std::memcpy(out, static_cast<const float*>(base) + off, K * sizeof(float));
+      break;
+    case WeightType::BF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(p[k]);
+      break;
+    }
+    case WeightType::F16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(p[k]);
+      break;
+    }
+  }
+}
+
+inline int8_t quantize_value(float v, float scale) {
+  if (scale == 0.0f) return 0;
+  const float q = std::nearbyint(v / scale);  // round to nearest even (default rounding mode)
+  return static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+}
+
+// amax / 127 over x[k0, k1) of the real (unpadded) columns.
+inline float group_scale(const float* x, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
+  return amax / 127.0f;
+}
+
+}  // namespace
+
+void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst) {
+  std::memset(dst, 0, L.bytes);
+  std::vector<float> row(L.K);
+  for (int64_t n = 0; n < L.N; ++n) {
+    row_to_f32(type, w, n, L.K, row.data());
+    const int64_t nb = n / kTileN, lane = n % kTileN;
+    if (L.fmt == WeightFormat::Int8) {
+      float* scales = reinterpret_cast<float*>(dst + L.scale_offset) + nb * L.ngroups * kTileN;
+      int32_t* colsums = reinterpret_cast<int32_t*>(dst + L.colsum_offset) + nb * L.ngroups * kTileN;
+      for (int64_t g = 0; g < L.ngroups; ++g) {
+        const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+        const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
+        scales[g * kTileN + lane] = s;
+        int32_t sum = 0;
+        for (int64_t k = k0; k < k1; ++k) {
+          const int8_t q = quantize_value(row[k], s);
+          sum += q;
+          uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKInt8) * kBTileBytes;
+          const int64_t kk = k % kTileKInt8;
+          t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q);
+        }
+        colsums[g * kTileN + lane] = sum;
+      }
+    } else {
+      for (int64_t k = 0; k < L.K; ++k) {
+        uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKBF16) * kBTileBytes;
+        const int64_t kk = k % kTileKBF16;
+        const uint16_t b = f32_to_bf16(row[k]);
+        std::memcpy(t + (kk / 2) * 64 + lane * 4 + (kk % 2) * 2, &b, 2);
+      }
+    }
+  }
+}
+
+void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w) {
+  for (int64_t n = 0; n < L.N; ++n) {
+    const int64_t nb = n / kTileN, lane = n % kTileN;
+    for (int64_t k = 0; k < L.K; ++k) {
+      float v;
+      if (L.fmt == WeightFormat::Int8) {
+        const uint8_t* t = L.tile(mat, nb, k / kTileKInt8);
+        const int64_t kk = k % kTileKInt8;
+        const int8_t q = static_cast<int8_t>(t[(kk / 4) * 64 + lane * 4 + kk % 4]);
+        v = static_cast<float>(q) * L.scales(mat, nb)[(k / L.group) * kTileN + lane];
+      } else {
+        const uint8_t* t = L.tile(mat, nb, k / kTileKBF16);
+        const int64_t kk = k % kTileKBF16;
+        uint16_t b;
+        std::memcpy(&b, t + (kk / 2) * 64 + lane * 4 + (kk % 2) * 2, 2);
+        v = bf16_to_f32(b);
+      }
+      w[n * L.K + k] = v;
+    }
+  }
+}
+
+void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales) {
+  for (int64_t g = 0; g < L.ngroups; ++g) {
+    const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+    const float s = k0 < k1 ? group_scale(x, k0, k1) : 0.0f;
+    scales[g] = s;
+    for (int64_t k = k0; k < k1; ++k) q[k] = quantize_value(x[k], s);
+  }
+  if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);
+}
+
+void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q) {
+  for (int64_t k = 0; k < L.K; ++k) q[k] = f32_to_bf16(x[k]);
+  for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
+}
+
+LayerLayout layer_layout(WeightFormat fmt, const MoeDims& d) {
+  return LayerLayout::make(fmt, d.E, d.H, d.I, fmt == WeightFormat::Int8 ? kInt8Group : 0);
+}
+
+size_t packed_bytes(WeightFormat fmt, const MoeDims& dims) { return layer_layout(fmt, dims).bytes; }
+
+void pack_layer(WeightFormat fmt, const char* backend, const MoeDims& dims, const WeightsIn& w, uint8_t* dst,
+                ThreadPool& pool) {
+  const LayerLayout L = layer_layout(fmt, dims);
+  write_header(dst, backend, dims, w.type);
+  AmxHeader h{};
+  std::memcpy(h.magic, "TESSAMX", 8);
+  h.format = static_cast<int32_t>(fmt);
+  h.group = static_cast<int32_t>(fmt == WeightFormat::Int8 ? kInt8Group : 0);
+  h.E = L.E;
+  h.H = L.H;
+  h.I = L.I;
+  h.gate_offset = L.gate_offset;
+  h.up_offset = L.up_offset;
+  h.down_offset = L.down_offset;
+  std::memcpy(dst + 64, &h, sizeof h);
+  const size_t esize = w.type == WeightType::F32 ? 4 : 2;
+  const size_t in_gate = static_cast<size_t>(dims.I * dims.H) * esize;
+  pool.parallel_for(3 * dims.E, [&](int64_t task, int) {
+    const int64_t e = task / 3, which = task % 3;
+    if (which == 0)
+      pack_matrix(L.gate_up, w.type, static_cast<const uint8_t*>(w.gate) + e * in_gate,
+                  const_cast<uint8_t*>(L.gate(dst, e)));
+    else if (which == 1)
+      pack_matrix(L.gate_up, w.type, static_cast<const uint8_t*>(w.up) + e * in_gate,
+                  const_cast<uint8_t*>(L.up(dst, e)));
+    else
+      pack_matrix(L.down, w.type, static_cast<const uint8_t*>(w.down) + e * in_gate,
+                  const_cast<uint8_t*>(L.down_mat(dst, e)));
+  });
+}
+
+LayerLayout read_layer(const uint8_t* blob, const char* backend, WeightFormat fmt) {
+  const MoeDims dims = read_header(blob, backend);
+  AmxHeader h;
+  std::memcpy(&h, blob + 64, sizeof h);
+  if (std::memcmp(h.magic, "TESSAMX", 8) != 0) throw std::invalid_argument(std::string(backend) + ": no AMX header");
+  if (h.format != static_cast<int32_t>(fmt))
+    throw std::invalid_argument(std::string(backend) + ": packed for another weight format");
+  const LayerLayout L = LayerLayout::make(fmt, dims.E, dims.H, dims.I, h.group);
+  if (h.E != L.E || h.H != L.H || h.I != L.I || h.gate_offset != L.gate_offset || h.up_offset != L.up_offset ||
+      h.down_offset != L.down_offset)
+    throw std::invalid_argument(std::string(backend) + ": AMX header does not match the layer dimensions");
+  return L;
+}
+
+void unpack_expert(const uint8_t* blob, const char* backend, WeightFormat fmt, int64_t e, float* gate, float* up,
+                   float* down) {
+  const LayerLayout L = read_layer(blob, backend, fmt);
+  if (e < 0 || e >= L.E) throw std::invalid_argument(std::string(backend) + ": expert index out of range");
+  unpack_matrix(L.gate_up, L.gate(blob, e), gate);
+  unpack_matrix(L.gate_up, L.up(blob, e), up);
+  unpack_matrix(L.down, L.down_mat(blob, e), down);
+}
+
+}  // namespace tessera::amx

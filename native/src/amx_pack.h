@@ -1,0 +1,38 @@
+// Packing for the AMX backends (layout in amx_layout.h): weight matrices to int8 tiles + scales or bf16 tiles, back
+// to f32 for the round-trip tests, and the per-token activation conversions the kernels share (one implementation,
+// so the tile path, the vector path and their tests round identically).
+#pragma once
+
+#include <cstdint>
+
+#include "amx_layout.h"
+#include "tessera/backend.h"
+
+namespace tessera::amx {
+
+// int8 group size used by AMXInt8 (a multiple of 64; 0 = one scale per output channel). Weights and activations
+// are both quantized symmetrically per (row, group); see native/README.md for the measurement behind the choice.
+constexpr int64_t kInt8Group = 128;
+
+// W [N, K] of `type` -> one packed matrix at dst (L.bytes, 64-byte aligned). int8: scale = amax / 127 per (n, group),
+// q = round-to-nearest-even(w / scale) clamped to [-127, 127].
+void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst);
+// Packed matrix -> W [N, K] f32 (int8: q * scale).
+void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w);
+
+// x [K] -> q [Kp] int8 (zero beyond K) and one scale per group (amax / 127; q = rne(x / scale)).
+void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales);
+// x [K] -> [Kp] bf16 (round to nearest even, zero beyond K).
+void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q);
+
+// The whole layer (BackendOps pack / unpack / packed_bytes for AMXInt8 and AMXBF16).
+LayerLayout layer_layout(WeightFormat fmt, const MoeDims& dims);
+size_t packed_bytes(WeightFormat fmt, const MoeDims& dims);
+void pack_layer(WeightFormat fmt, const char* backend, const MoeDims& dims, const WeightsIn& w, uint8_t* dst,
+                ThreadPool& pool);
+// Reads and checks both headers; throws std::invalid_argument naming the mismatch.
+LayerLayout read_layer(const uint8_t* blob, const char* backend, WeightFormat fmt);
+void unpack_expert(const uint8_t* blob, const char* backend, WeightFormat fmt, int64_t e, float* gate, float* up,
+                   float* down);
+
+}  // namespace tessera::amx

@@ -1,0 +1,37 @@
+// The vector half of the AMX backends: the same packed tiles read as 512-bit rows (one row = 16 output lanes), used
+// for experts with few tokens (decode) where tiles would sit mostly empty. Two implementations with one contract:
+// AVX-512 VNNI/BF16 (amx_vec_avx512.cpp, its own translation unit) and a portable scalar twin (amx_vec_scalar.cpp).
+//
+// Contract (both formats): for rows m < M and outputs n in [nb0*16, min(nb1*16, N)),
+//   int8: C[m*ldc + n] = sum_g ((float)acc_g[m][n] * wscale[g][n]) * ascale[m*ngroups + g]   (sum in g order from 0)
+//         where acc_g is the exact int32 dot product of A row m and W row n over group g;
+//   bf16: C[m*ldc + n] = the VDPBF16PS accumulation (odd element of each pair, then even; DAZ/FTZ, RNE) from 0.
+// A rows hold Kp elements at stride lda (elements); C is the row base (column n at C[m*ldc + n]).
+#pragma once
+
+#include <cstdint>
+
+#include "amx_layout.h"
+
+namespace tessera::amx {
+
+struct VecKernels {
+  const char* name;
+  void (*gemm_i8)(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
+                  int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
+  void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+                    int64_t nb1, float* C, int64_t ldc);
+};
+
+const VecKernels& vec_scalar();
+// nullptr when the AVX-512 translation unit was not compiled (non-x86 builds).
+const VecKernels* vec_avx512();
+// AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni + avx512_bf16, else the scalar twin.
+const VecKernels& vec_best();
+
+// The int8 epilogue of one group for 16 lanes, shared by every path (tiles included) so all round identically.
+inline void i8_group_epilogue(const int32_t* acc, const float* wscale, float ascale, float* facc) {
+  for (int n = 0; n < 16; ++n) facc[n] += (static_cast<float>(acc[n]) * wscale[n]) * ascale;
+}
+
+}  // namespace tessera::amx

@@ -1,0 +1,126 @@
+// AVX-512 VNNI / BF16 vector kernels of the AMX backends on the tile packing (contract in amx_vec.h). Compiled with
+// -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -ffp-contract=off; called only when vec_best() saw the
+// CPU and OS support all of them.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "amx_vec.h"
+
+namespace tessera::amx {
+
+namespace {
+
+constexpr int kRowsPerPass = 4;  // token rows sharing each loaded weight row
+
+inline __m512i bcast_u8_quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v ^ static_cast<int32_t>(0x80808080u));  // s8 -> u8 (+128); corrected by the column sums
+}
+
+inline __mmask16 lane_mask(const MatLayout& L, int64_t nb) {
+  const int64_t left = L.N - nb * kTileN;
+  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+}
+
+template <int MR>
+void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t nb,
+             float* C, int64_t ldc) {
+  const int64_t kpg = L.kblocks_per_group();
+  __m512 facc[MR];
+  for (int i = 0; i < MR; ++i) facc[i] = _mm512_setzero_ps();
+  const float* ws = L.scales(W, nb);
+  const int32_t* cs = L.colsums(W, nb);
+  for (int64_t g = 0; g < L.ngroups; ++g) {
+    __m512i acc0[MR], acc1[MR];
+    for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_si512();
+    for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
+      const uint8_t* t = L.tile(W, nb, kb);
+      const int64_t k0 = kb * kTileKInt8;
+      for (int r = 0; r < 16; r += 2) {
+        const __m512i b0 = _mm512_load_si512(t + r * 64);
+        const __m512i b1 = _mm512_load_si512(t + (r + 1) * 64);
+        for (int i = 0; i < MR; ++i) {
+          acc0[i] = _mm512_dpbusd_epi32(acc0[i], bcast_u8_quad(A + i * lda + k0 + 4 * r), b0);
+          acc1[i] = _mm512_dpbusd_epi32(acc1[i], bcast_u8_quad(A + i * lda + k0 + 4 * r + 4), b1);
+        }
+      }
+    }
+    const __m512i corr = _mm512_slli_epi32(_mm512_load_si512(cs + g * kTileN), 7);  // 128 * sum_k w
+    const __m512 wsv = _mm512_load_ps(ws + g * kTileN);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(acc0[i], acc1[i]), corr);
+      const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), wsv),
+                                     _mm512_set1_ps(ascale[i * L.ngroups + g]));
+      facc[i] = _mm512_add_ps(facc[i], p);
+    }
+  }
+  const __mmask16 mask = lane_mask(L, nb);
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, facc[i]);
+}
+
+void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t M,
+             int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; m += kRowsPerPass) {
+    const int64_t mr = M - m < kRowsPerPass ? M - m : kRowsPerPass;
+    const int8_t* a = A + m * lda;
+    const float* as = ascale + m * L.ngroups;
+    float* c = C + m * ldc;
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
+      switch (mr) {
+        case 4: i8_rows<4>(L, W, a, lda, as, nb, c, ldc); break;
+        case 3: i8_rows<3>(L, W, a, lda, as, nb, c, ldc); break;
+        case 2: i8_rows<2>(L, W, a, lda, as, nb, c, ldc); break;
+        default: i8_rows<1>(L, W, a, lda, as, nb, c, ldc); break;
+      }
+    }
+  }
+}
+
+template <int MR>
+void bf16_rows(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t nb, float* C,
+               int64_t ldc) {
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+    const uint8_t* t = L.tile(W, nb, kb);
+    const int64_t k0 = kb * kTileKBF16;
+    for (int r = 0; r < 16; ++r) {
+      const __m512bh b = (__m512bh)_mm512_load_si512(t + r * 64);
+      for (int i = 0; i < MR; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, A + i * lda + k0 + 2 * r, 4);
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(pair), b);
+      }
+    }
+  }
+  const __mmask16 mask = lane_mask(L, nb);
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, acc[i]);
+}
+
+void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+               int64_t nb1, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; m += kRowsPerPass) {
+    const int64_t mr = M - m < kRowsPerPass ? M - m : kRowsPerPass;
+    const uint16_t* a = A + m * lda;
+    float* c = C + m * ldc;
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
+      switch (mr) {
+        case 4: bf16_rows<4>(L, W, a, lda, nb, c, ldc); break;
+        case 3: bf16_rows<3>(L, W, a, lda, nb, c, ldc); break;
+        case 2: bf16_rows<2>(L, W, a, lda, nb, c, ldc); break;
+        default: bf16_rows<1>(L, W, a, lda, nb, c, ldc); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const VecKernels* vec_avx512() {
+  static const VecKernels k{"avx512", gemm_i8, gemm_bf16};
+  return &k;
+}
+
+}  // namespace tessera::amx

@@ -1,0 +1,73 @@
+// Portable scalar twin of the AMX backends' vector kernels (contract in amx_vec.h).
+#include <cstring>
+
+#include "amx_tile_emu.h"
+#include "amx_vec.h"
+#include "tessera/cpu.h"
+
+namespace tessera::amx {
+
+namespace {
+
+void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t M,
+             int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+  const int64_t kpg = L.kblocks_per_group();
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* a = A + m * lda;
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
+      float facc[16] = {};
+      for (int64_t g = 0; g < L.ngroups; ++g) {
+        int32_t acc[16] = {};
+        for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
+          const int8_t* t = reinterpret_cast<const int8_t*>(L.tile(W, nb, kb));
+          const int8_t* ak = a + kb * kTileKInt8;
+          for (int r = 0; r < 16; ++r)
+            for (int n = 0; n < 16; ++n)
+              for (int q = 0; q < 4; ++q) acc[n] += int32_t(ak[4 * r + q]) * int32_t(t[r * 64 + 4 * n + q]);
+        }
+        i8_group_epilogue(acc, L.scales(W, nb) + g * kTileN, ascale[m * L.ngroups + g], facc);
+      }
+      for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = facc[n];
+    }
+  }
+}
+
+void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+               int64_t nb1, float* C, int64_t ldc) {
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* a = A + m * lda;
+    for (int64_t nb = nb0; nb < nb1; ++nb) {
+      float acc[16] = {};
+      for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+        const uint8_t* t = L.tile(W, nb, kb);
+        for (int r = 0; r < 16; ++r) {
+          const float a0 = emu::bf16_to_fp32_daz(a[kb * kTileKBF16 + 2 * r]);
+          const float a1 = emu::bf16_to_fp32_daz(a[kb * kTileKBF16 + 2 * r + 1]);
+          for (int n = 0; n < 16; ++n) {
+            uint16_t b[2];
+            std::memcpy(b, t + r * 64 + 4 * n, 4);
+            acc[n] = emu::fma_daz_ftz(a1, emu::bf16_to_fp32_daz(b[1]), acc[n]);
+            acc[n] = emu::fma_daz_ftz(a0, emu::bf16_to_fp32_daz(b[0]), acc[n]);
+          }
+        }
+      }
+      for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = acc[n];
+    }
+  }
+}
+
+}  // namespace
+
+const VecKernels& vec_scalar() {
+  static const VecKernels k{"scalar", gemm_i8, gemm_bf16};
+  return k;
+}
+
+const VecKernels& vec_best() {
+  const CpuFeatures& c = cpu_features();
+  const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni && c.avx512_bf16;
+  const VecKernels* v = vec_avx512();
+  return (avx512 && v) ? *v : vec_scalar();
+}
+
+}  // namespace tessera::amx
