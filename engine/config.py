@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable
 
+import numpy as np
+
 from engine.errors import ModelFormatError
 
 GGUF_ARCH = "qwen3moe"
@@ -394,5 +396,8 @@ def _gguf_scalar(v: Any, kind: type, key: str, source: str) -> Any:
             return v
     elif kind is float:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+            # GGUF stores these as float32: give back the shortest decimal that rounds to it (1e-06, not 9.99e-07),
+            # so a GGUF and the config.json it came from describe the same model.
+            f32 = np.float32(v)
+            return float(np.format_float_positional(f32, unique=True)) if float(f32) == v else float(v)
     raise ModelFormatError(source, f"key {key}: expected {kind.__name__}, got {v!r}")
