@@ -29,4 +29,4 @@ def split_thinking(raw: str) -> Split:
         return Split(raw[:end].strip("\n"), raw[end + len(CLOSE):].lstrip("\n"), False)
     if OPEN.startswith(stripped) and stripped:  # a partial "<thi" at the very start: wait for more
         return Split("", "", True)
-    return Split("", raw, False)
+    return Split("", raw.lstrip("\n"), False)
