@@ -47,8 +47,9 @@ inline TileConfig gemm_tile_config(int ra0, int ra1) {
 template <class Tiles>
 struct TileGemm {
   // Same contract as VecKernels::gemm_i8 (amx_vec.h).
-  static void i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t M,
-                 int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+  // The group epilogue runs through vec (vectorized where the CPU allows; it rounds like every other path).
+  static void i8(const VecKernels& vec, const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
+                 const float* ascale, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
     const int64_t kpg = L.kblocks_per_group();
     alignas(64) int32_t cbuf[4][16 * 16];
     alignas(64) float facc[32][32];
@@ -92,12 +93,10 @@ struct TileGemm {
             if (two) Tiles::template store<7>(cbuf[3], 64);
           }
           for (int i = 0; i < (ra1 ? 2 : 1); ++i)
-            for (int j = 0; j < (two ? 2 : 1); ++j) {
-              const float* ws = L.scales(W, nb + j) + g * kTileN;
-              for (int r = 0; r < (i ? ra1 : ra0); ++r)
-                i8_group_epilogue(&cbuf[2 * i + j][r * 16], ws, ascale[(m0 + 16 * i + r) * L.ngroups + g],
-                                  &facc[16 * i + r][16 * j]);
-            }
+            for (int j = 0; j < (two ? 2 : 1); ++j)
+              vec.i8_epilogue(cbuf[2 * i + j], L.scales(W, nb + j) + g * kTileN,
+                              ascale + (m0 + 16 * i) * L.ngroups + g, L.ngroups, i ? ra1 : ra0, &facc[16 * i][16 * j],
+                              32);
         }
         const int64_t ncols = std::min<int64_t>((two ? 32 : 16), L.N - nb * kTileN);
         for (int r = 0; r < ra0 + ra1; ++r) std::memcpy(C + (m0 + r) * ldc + nb * kTileN, facc[r], ncols * 4);
@@ -243,7 +242,7 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     if constexpr (kInt8) {
       const int8_t* a = reinterpret_cast<const int8_t*>(Ain);
       if (M >= min_rows)
-        TileGemm<Tiles>::i8(ML, W, a, ML.Kp, sc, M, nb0, nb1, C, ldc);
+        TileGemm<Tiles>::i8(vec, ML, W, a, ML.Kp, sc, M, nb0, nb1, C, ldc);
       else
         vec.gemm_i8(ML, W, a, ML.Kp, sc, M, nb0, nb1, C, ldc);
     } else {

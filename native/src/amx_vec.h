@@ -21,6 +21,10 @@ struct VecKernels {
                   int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
   void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
                     int64_t nb1, float* C, int64_t ldc);
+  // The tile path's int8 group epilogue over a stored C tile: for r < rows, n < 16:
+  //   facc[r*ldf + n] += ((float)acc[r*16 + n] * wscale[n]) * ascale[r*as_stride]   (as i8_group_epilogue)
+  void (*i8_epilogue)(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
+                      float* facc, int64_t ldf);
 };
 
 const VecKernels& vec_scalar();

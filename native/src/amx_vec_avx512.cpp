@@ -116,10 +116,20 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t 
   }
 }
 
+void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
+                 float* facc, int64_t ldf) {
+  const __m512 ws = _mm512_loadu_ps(wscale);
+  for (int r = 0; r < rows; ++r) {
+    const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + r * 16)), ws),
+                                   _mm512_set1_ps(ascale[r * as_stride]));
+    _mm512_storeu_ps(facc + r * ldf, _mm512_add_ps(_mm512_loadu_ps(facc + r * ldf), p));
+  }
+}
+
 }  // namespace
 
 const VecKernels* vec_avx512() {
-  static const VecKernels k{"avx512", gemm_i8, gemm_bf16};
+  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue};
   return &k;
 }
 

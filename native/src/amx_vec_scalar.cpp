@@ -56,10 +56,15 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t 
   }
 }
 
+void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
+                 float* facc, int64_t ldf) {
+  for (int r = 0; r < rows; ++r) i8_group_epilogue(acc + r * 16, wscale, ascale[r * as_stride], facc + r * ldf);
+}
+
 }  // namespace
 
 const VecKernels& vec_scalar() {
-  static const VecKernels k{"scalar", gemm_i8, gemm_bf16};
+  static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue};
   return k;
 }
 
@@ -67,7 +72,7 @@ const VecKernels& vec_best() {
   const CpuFeatures& c = cpu_features();
   const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni && c.avx512_bf16;
   const VecKernels* v = vec_avx512();
-  return (avx512 && v) ? *v : vec_scalar();
+  return (avx512 && v && int(max_isa_cap()) >= int(IsaLevel::AVX512)) ? *v : vec_scalar();
 }
 
 }  // namespace tessera::amx
