@@ -55,9 +55,13 @@ def hugepages(meminfo_text: str | None = None, thp_root: str = "/sys/kernel/mm/t
 
 
 def _native_probe() -> Callable[[int, float], float] | None:
+    from engine.errors import TesseraError  # noqa: PLC0415
+
     try:
         from engine import native  # noqa: PLC0415 - optional until the native module is built
-    except ImportError:
+
+        native.layout_version()  # raises BackendUnavailableError when engine._native is not built
+    except (ImportError, AttributeError, TesseraError):
         return None
     return getattr(native, "read_bandwidth", None)
 
@@ -87,30 +91,64 @@ def _numpy_probe(threads: int, seconds: float, buffers: list) -> float:
     return sum(counts) / (time.perf_counter() - t0) / GB
 
 
+def _native_with_ticks(native: Callable[[int, float], float], threads: int, seconds: float, stage: str,
+                       progress: Callable[[ProgressEvent], None] | None) -> float:
+    """One native measurement (it cannot report progress itself): a helper thread ticks progress by elapsed time."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        for i in range(1, SLICES_PER_RUN):
+            if stop.wait(seconds / SLICES_PER_RUN):
+                return
+            progress(ProgressEvent(stage, i, SLICES_PER_RUN, f"{threads} thread(s): measuring"))
+
+    ticker = threading.Thread(target=tick, daemon=True) if progress is not None else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        gbs = float(native(threads, seconds))
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join()
+    if progress is not None:
+        progress(ProgressEvent(stage, SLICES_PER_RUN, SLICES_PER_RUN, f"{threads} thread(s): {gbs:.1f} GB/s"))
+    return gbs
+
+
 def measure_read_bandwidth(threads: int, seconds: float, *, stage: str = "bandwidth",
                            progress: Callable[[ProgressEvent], None] | None = None,
                            cancel: threading.Event | None = None) -> tuple[float, str]:
-    """(GB/s, source) of a sustained multi-threaded read, measured for about `seconds` in SLICES_PER_RUN slices.
+    """(GB/s, source) of a sustained multi-threaded read, measured for about `seconds`.
 
-    `progress` gets one ProgressEvent per slice; `cancel` is checked between slices (raises Cancelled).
+    `progress` gets SLICES_PER_RUN ProgressEvents (done 1..SLICES_PER_RUN); `cancel` is checked between slices of the
+    numpy fallback and before the native call (which runs to its end once started) and raises Cancelled.
     """
     threads = max(1, int(threads))
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
     native = _native_probe()
-    buffers = None
-    if native is None:
-        import numpy as np  # noqa: PLC0415
+    if native is not None:
+        # Short runs use a smaller buffer (still far beyond a desktop L3) so setting it up does not dominate.
+        mib = 256.0 if seconds < 1.0 else 1024.0
+        probe = lambda n, s: native(n, s, mib)  # noqa: E731
+        gbs = _native_with_ticks(probe, threads, seconds, stage, progress)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        return gbs, "native"
+    import numpy as np  # noqa: PLC0415
 
-        buffers = [np.ones(FALLBACK_BUFFER_BYTES // 8, dtype=np.uint64) for _ in range(threads)]  # [N] per thread
+    buffers = [np.ones(FALLBACK_BUFFER_BYTES // 8, dtype=np.uint64) for _ in range(threads)]  # [N] per thread
     slice_s = max(0.02, seconds / SLICES_PER_RUN)
     rates = []
     for i in range(SLICES_PER_RUN):
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        rates.append(float(native(threads, slice_s)) if native else _numpy_probe(threads, slice_s, buffers))
+        rates.append(_numpy_probe(threads, slice_s, buffers))
         if progress is not None:
             progress(ProgressEvent(stage, i + 1, SLICES_PER_RUN, f"{threads} thread(s): {max(rates):.1f} GB/s"))
     # The best slice is the sustained figure the machine can give; slower slices are other processes' noise.
-    return max(rates), ("native" if native else "numpy-fallback")
+    return max(rates), "numpy-fallback"
 
 
 def probe_memory(threads: int, seconds: float, *, progress=None, cancel=None) -> dict:

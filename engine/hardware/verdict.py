@@ -48,7 +48,8 @@ def backends(cpu: dict) -> tuple[dict[str, dict], str, str, str]:
                          "reason": f"{why}; this CPU would {'support it' if ok else 'not support it: ' + reason}"}
         out["Torch"] = {"available": True, "reason": "pure-torch experts: always available, slowest"}
         return out, "Torch", "no native backend is built, so Auto falls back to the pure-torch experts", "predicted"
-    out = {name: {"available": bool(ok), "reason": str(reason)} for name, (ok, reason) in status_fn().items()}
+    out = {name: {"available": bool(ok), "reason": str(reason)} for name, (ok, reason) in status_fn().items()
+           if name != "Auto"}
     out.setdefault("Torch", {"available": True, "reason": "pure-torch experts: always available, slowest"})
     auto, auto_reason = auto_fn()
     return out, str(auto), str(auto_reason), "native"
