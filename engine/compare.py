@@ -5,10 +5,12 @@ KL(A || B) of the next-token distributions over all positions. `convert --verify
 user can judge a quantization.
 
 Tolerances (`verdict`), for a conversion whose source is A:
-- f32/f16/bf16 output from a source of the same or wider precision: max |dlogit| <= 1e-3 * logit range, top-1 agreement 1.0
-  (the converter copies the values; any difference is a bug).
-- q8_0: top-1 agreement >= 0.9 and mean KL <= 0.02 nats (8-bit blocks of 32 with an f16 scale; measured on make-model
-  models: top-1 agreement 1.0, mean KL ~1e-5).
+- lossless (the output type holds every source value: bf16 -> bf16/f32, f16 -> f16/f32, f32 -> f32): max |dlogit| <=
+  1e-3 x logit range and top-1 agreement 1.0. Measured on make-model models: max |dlogit| exactly 0 (same engine, same
+  values), f16 output from bf16 source 3e-7.
+- lossy (q8_0, or a narrower float type than the source): top-1 agreement >= 0.9 and mean KL <= 0.02 nats. Measured on
+  make-model tiny models (53 tokens): q8_0 mean KL 1-2e-5, top-1 agreement 0.98-1.0; f32 -> bf16 mean KL 2.5e-6.
+  Random-weight models have nearly flat logits, so top-1 flips there are cheap; real models agree more.
 """
 
 from __future__ import annotations
@@ -50,13 +52,27 @@ def compare_logits(a: torch.Tensor, b: torch.Tensor) -> CompareReport:
     return CompareReport(a.shape[0], diff, rng, diff / rng, top1, kl)
 
 
-def verdict(report: CompareReport, dtype: str) -> tuple[bool, str]:
-    """Whether `report` is within the stated tolerance for an output of type `dtype` (see the module docstring)."""
-    if dtype.lower() in ("f32", "f16", "bf16"):
+LOSSLESS = {("BF16", "bf16"), ("BF16", "f32"), ("F16", "f16"), ("F16", "f32"), ("F32", "f32")}
+
+
+def verdict(report: CompareReport, *, lossless: bool) -> tuple[bool, str]:
+    """Whether `report` is within the stated tolerance (see the module docstring), and the rule applied."""
+    if lossless:
         ok = report.rel_max_diff <= 1e-3 and report.top1_agreement == 1.0
-        return ok, f"{dtype}: needs max|dlogit| <= 1e-3 x range and top-1 agreement 1.0"
+        return ok, "lossless conversion: needs max|dlogit| <= 1e-3 x logit range and top-1 agreement 1.0"
     ok = report.top1_agreement >= 0.9 and report.mean_kl <= 0.02
-    return ok, f"{dtype}: needs top-1 agreement >= 0.9 and mean KL <= 0.02"
+    return ok, "lossy conversion: needs top-1 agreement >= 0.9 and mean KL <= 0.02 nats"
+
+
+def verify_conversion(src: str | Path, out: str | Path, dtype: str, *, text: str | None = None) -> tuple[CompareReport, bool, str]:
+    """Compare a converted GGUF `out` with its HF source `src`; lossless when every source tensor's dtype fits `dtype`."""
+    from engine.convert import read_source
+
+    source_dtypes = set(read_source(src).dtypes.values())
+    lossless = all((d, dtype.lower()) in LOSSLESS for d in source_dtypes)
+    report = compare(src, out, text=text)
+    ok, why = verdict(report, lossless=lossless)
+    return report, ok, why
 
 
 def teacher_forced_logits(path: str | Path, token_ids: list[int]) -> torch.Tensor:
@@ -73,9 +89,9 @@ def teacher_forced_logits(path: str | Path, token_ids: list[int]) -> torch.Tenso
 
 def tokenize(path: str | Path, text: str) -> list[int]:
     """`text` as token ids with the tokenizer of the model at `path`."""
-    from engine.tokenizer import load_tokenizer
+    from engine.tokenizer import Tokenizer
 
-    ids = list(load_tokenizer(path).encode(text))
+    ids = list(Tokenizer.from_path(Path(path)).encode(text))
     if not ids:
         from engine.errors import TesseraError
 

@@ -279,3 +279,19 @@ def convert(
         return write_gguf(out, arch_name(), meta, tensors, progress=progress, cancel=cancel)
     finally:
         reader.close()
+
+
+def prepack(gguf_path: str | Path, backend: str, progress: Callable[[ProgressEvent], None] | None = None) -> str:
+    """Fill the packed-weight cache for `backend` by loading the converted model once, exactly as the app will load it
+    (same cache key), so the first real load is fast. Returns a line saying what happened."""
+    if backend == "Torch":
+        return "prepack: the Torch backend uses the weights as stored; nothing to pack"
+    import engine
+
+    session = engine.load(gguf_path, backend=backend, progress=progress)
+    try:
+        if session.backend_name == "Torch":
+            return f"prepack: nothing packed, backend {backend} resolved to Torch ({session.backend_reason})"
+        return f"prepack: experts packed for {session.backend_name} into the packed-weight cache"
+    finally:
+        session.close()

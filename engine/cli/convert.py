@@ -34,11 +34,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"\rwrote {out} in {time.perf_counter() - t0:.1f} s{' ' * 30}", file=sys.stderr)
     status = 0
     if args.verify:
-        from engine.compare import compare, format_report, verdict
+        from engine.compare import format_report, verify_conversion
 
-        report = compare(args.src, out, text=args.text)
+        report, ok, why = verify_conversion(args.src, out, args.dtype, text=args.text)
         print(format_report(report))
-        ok, why = verdict(report, args.dtype)
         print(f"verify: {'PASS' if ok else 'FAIL'} ({why})")
         status = 0 if ok else 1
     if args.prepack:

@@ -1,0 +1,56 @@
+"""compare / convert --verify: teacher-forced logits of a model pair, with the stated tolerances."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.cli import main
+from engine.compare import compare_logits, verdict
+
+
+
+@pytest.fixture
+def engine_io():
+    """compare needs engine I/O's loaders (engine.weights, engine.tokenizer)."""
+    pytest.importorskip("engine.weights")
+    pytest.importorskip("engine.tokenizer")
+
+
+def test_compare_logits_statistics():
+    a = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
+    same = compare_logits(a, a.clone())
+    assert same.max_abs_diff == 0 and same.top1_agreement == 1 and same.mean_kl == 0 and same.logit_range == 3
+    b = torch.tensor([[0.0, 2.5, 2.0], [3.0, 0.0, 0.5]])
+    r = compare_logits(a, b)
+    assert r.max_abs_diff == pytest.approx(1.5) and r.top1_agreement == 0.5 and r.rel_max_diff == pytest.approx(0.5)
+    pa, pb = torch.softmax(a.double(), -1), torch.softmax(b.double(), -1)
+    assert r.mean_kl == pytest.approx((pa * (pa / pb).log()).sum(-1).mean().item())
+    assert verdict(same, lossless=True)[0] and not verdict(r, lossless=True)[0] and not verdict(r, lossless=False)[0]
+
+
+def test_hf_and_gguf_fixtures_give_identical_logits(engine_io, tiny_hf_model, tiny_gguf_model, capsys):
+    assert main(["compare", str(tiny_hf_model), str(tiny_gguf_model), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens"] > 20 and report["max_abs_diff"] <= 1e-5 * report["logit_range"]
+    assert report["top1_agreement"] == 1.0
+
+
+@pytest.mark.parametrize(("src_dtype", "dtype", "lossless"), [("bf16", "bf16", True), ("f32", "q8_0", False)])
+def test_convert_verify(engine_io, tmp_path, capsys, src_dtype, dtype, lossless):
+    from engine.compare import verify_conversion
+    from engine.make_model import make_model
+
+    src = make_model(tmp_path / "src", dtype=src_dtype, seed=9, config_overrides={"mlp_only_layers": [2]})
+    out = tmp_path / "m.gguf"
+    assert main(["convert", str(src), str(out), "--dtype", dtype, "--verify", "--text", "Hello world, 你好 🙂"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("verify: PASS (" + ("lossless" if lossless else "lossy"))
+    report, ok, _ = verify_conversion(src, out, dtype)
+    assert ok
+    if lossless:  # same values, same engine: bit-identical logits
+        assert report.max_abs_diff == 0.0
+    else:
+        assert 0 < report.mean_kl <= 0.02 and report.max_abs_diff > 0
