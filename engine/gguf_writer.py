@@ -65,15 +65,25 @@ def quantizable(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> bool:
     return shape[-1] % block == 0
 
 
+QUANT_CHUNK_ELEMENTS = 1 << 24  # quantize this many values at a time, so a big expert tensor needs no f32 copy
+
+
 def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """`t` in GGUF's storage for `qtype`: float32/float16 arrays, bf16 as raw uint16, Q8_0 via gguf.quants (bytes)."""
+    t = t.detach()
     if qtype == Q.F32:
-        return t.detach().to(torch.float32).contiguous().numpy()
+        return t.to(torch.float32).contiguous().numpy()
     if qtype == Q.F16:
-        return t.detach().to(torch.float16).contiguous().numpy()
+        return t.to(torch.float16).contiguous().numpy()
     if qtype == Q.BF16:
-        return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
-    return gguf.quants.quantize(t.detach().to(torch.float32).contiguous().numpy(), qtype)
+        return t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    out = np.empty(stored_shape(t.shape, qtype), dtype=np.uint8)  # [..., row bytes]
+    rows_in = t.reshape(-1, t.shape[-1])  # [R, C]
+    rows_out = out.reshape(-1, out.shape[-1])  # [R, C / block * block bytes]
+    step = max(1, QUANT_CHUNK_ELEMENTS // t.shape[-1])
+    for r in range(0, rows_in.shape[0], step):
+        rows_out[r : r + step] = gguf.quants.quantize(rows_in[r : r + step].to(torch.float32).contiguous().numpy(), qtype)
+    return out
 
 
 def check_free_space(target: Path, needed: int) -> None:
