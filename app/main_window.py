@@ -95,7 +95,7 @@ class MainWindow(QMainWindow):
         self._memory_timer.start(2000)
         self._update_memory()
         self.resize(1280, 820)
-        self.resizeDocks([self.graphs_dock], [300], Qt.Orientation.Vertical)
+        self.resizeDocks([self.graphs_dock], [250], Qt.Orientation.Vertical)
         self.resizeDocks([self.sidebar_dock, self.model_dock], [230, 300], Qt.Orientation.Horizontal)
         geometry = settings.get("window/geometry")
         if geometry:

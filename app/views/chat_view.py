@@ -60,7 +60,7 @@ class ChatView(QWidget):
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Message (Ctrl+Enter to send, Esc to stop)")
         self.prompt.setAccessibleName("Message input")
-        self.prompt.setMaximumHeight(110)
+        self.prompt.setMaximumHeight(84)
         layout.addWidget(self.prompt)
 
         row = QHBoxLayout()
@@ -71,7 +71,8 @@ class ChatView(QWidget):
         row.addWidget(self.thinking_box)
         self.context_meter = QProgressBar()
         self.context_meter.setAccessibleName("Context used")
-        self.context_meter.setMaximumWidth(260)
+        self.context_meter.setMinimumWidth(220)
+        self.context_meter.setMaximumWidth(300)
         self.context_meter.setTextVisible(True)
         self.set_context(0, 0)
         row.addWidget(self.context_meter)

@@ -61,9 +61,12 @@ class GraphsPanel(QWidget):
                                                symbolBrush="#2a9d55", name="prefix KV")
         self.expert_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#c0392b", width=2), symbol="t", symbolSize=6,
                                                symbolBrush="#c0392b", name="expert cache")
-        grid.addWidget(self.speed_plot, 0, 0, 1, 2)
-        grid.addWidget(self.ttft_plot, 1, 0)
-        grid.addWidget(self.hit_plot, 1, 1)
+        grid.addWidget(self.speed_plot, 0, 0)
+        grid.addWidget(self.ttft_plot, 0, 1)
+        grid.addWidget(self.hit_plot, 0, 2)
+        grid.setColumnStretch(0, 2)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(2, 1)
 
         self.expert_label = QLabel(f"Expert cache: {NO_EXPERT_CACHE}")
         self.expert_label.setAccessibleName("Expert cache status")

@@ -78,18 +78,30 @@ def inspect_source(folder: str):
         size = sum(Path(p).stat().st_size for p in shards)
         dtypes = sorted(set(src.dtypes.values()))
         cfg = src.config
+        width = {"F32": 4, "F16": 2, "BF16": 2}.get(max(dtypes, key=list(src.dtypes.values()).count), 2)
         return {
             "folder": str(src.folder), "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts"),
             "experts_per_token": cfg.get("num_experts_per_tok"), "hidden_size": cfg.get("hidden_size"),
             "vocab_size": cfg.get("vocab_size"), "tensors": len(src.where), "shards": len(shards),
-            "bytes": size, "dtypes": dtypes,
+            "bytes": size, "dtypes": dtypes, "params": size // width, "backends": _backends(),
         }
 
     return fn
 
 
-def convert_model(*, src: str, out: str, dtype: str, verify: bool):
-    """A job function: convert, then (optionally) teacher-force the same text through source and output."""
+def _backends() -> dict[str, tuple[bool, str]]:
+    """Backends a converted model can be pre-packed for ({name: (available, reason)}; empty without engine.native)."""
+    try:
+        from engine import native  # noqa: PLC0415
+
+        return {k: v for k, v in native.backend_status().items() if k != "Auto"}
+    except Exception:  # noqa: BLE001 - pre-packing is optional; the page says why it is off
+        return {}
+
+
+def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None):
+    """A job function: convert, then (optionally) teacher-force the same text through source and output, then
+    (optionally) fill the packed-weight cache for one backend so the first load is fast."""
 
     def fn(progress, cancel) -> dict:
         from engine.convert import convert  # noqa: PLC0415
@@ -107,6 +119,10 @@ def convert_model(*, src: str, out: str, dtype: str, verify: bool):
             ok, rule = verdict(rep, dtype)
             result["verify"] = {**rep.as_dict(), "passed": ok, "rule": rule}
             progress(ProgressEvent("verify", 1, 1, "passed" if ok else "outside the tolerance"))
+        if prepack and not cancel.is_set():
+            from engine.convert import prepack as do_prepack  # noqa: PLC0415
+
+            result["prepack"] = do_prepack(path, prepack, progress)
         return result
 
     return fn
