@@ -129,3 +129,29 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def tokenizer_metadata(folder: str | Path, vocab_size: int | None = None) -> dict[str, Any]:
+    """`tokenizer.ggml.*` + chat template for the HF tokenizer in `folder`, as llama.cpp's converter writes them:
+    model gpt2, pre qwen2, tokens by id padded with [PAD{i}] (UNUSED) to `vocab_size`, added tokens CONTROL when
+    special else USER_DEFINED, merges as "a b", eos/padding ids from tokenizer_config.json."""
+    import json
+
+    folder = Path(folder)
+    tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tc = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    by_id = {i: (t, int(gguf.TokenType.NORMAL)) for t, i in tj["model"]["vocab"].items()}
+    for a in tj["added_tokens"]:
+        by_id[a["id"]] = (a["content"], int(gguf.TokenType.CONTROL if a["special"] else gguf.TokenType.USER_DEFINED))
+    n = vocab_size or max(by_id) + 1
+    tokens = [by_id.get(i, (f"[PAD{i}]", int(gguf.TokenType.UNUSED)))[0] for i in range(n)]
+    types = [by_id.get(i, (None, int(gguf.TokenType.UNUSED)))[1] for i in range(n)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    ids = {t: i for i, t in enumerate(tokens)}
+    return {
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": ids[tc["eos_token"]], "tokenizer.ggml.padding_token_id": ids[tc["pad_token"]],
+        "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"], "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": tc["chat_template"],
+    }  # fmt: skip
