@@ -335,14 +335,32 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Exported to {path}", 5000)
 
     # ---- misc
-    def open_wizard(self, kind: str) -> None:
+    def open_wizard(self, kind: str):
         cls, reason = find_wizard(kind)
         if cls is None:
             self.statusBar().showMessage(f"The {kind} wizard is {reason}", 5000)
-            return
-        wizard = cls(self)
+            return None
+        if kind == "hardware":
+            wizard = cls(self, model_path=self.state.path or None)
+            if hasattr(wizard, "report_ready"):
+                wizard.report_ready.connect(self.on_hardware_report)
+        else:
+            wizard = cls(self)
+            if hasattr(wizard, "converted"):
+                wizard.converted.connect(self.on_converted)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         wizard.open()
+        return wizard
+
+    def on_hardware_report(self, report: dict) -> None:
+        """Keep the measured read bandwidth: the graphs compare the achieved expert-weight bytes/s with it."""
+        gbs = (report.get("memory") or {}).get("read_bandwidth_gbs")
+        if gbs:
+            self.settings.set("hardware/bandwidth_gbs", round(float(gbs), 2))
+
+    def on_converted(self, path: str) -> None:
+        self.model_panel.choose(path)
+        self.statusBar().showMessage(f"Converted to {path}: press Load in the model panel to chat with it.", 10000)
 
     def _about(self) -> None:
         QMessageBox.about(self, "About Tessera", "Tessera: chat with Qwen3-MoE models locally, "

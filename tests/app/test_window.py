@@ -233,3 +233,20 @@ def test_shortcuts_and_accessible_names(harness):
     for widget in (w.chat.prompt, w.chat.send_button, w.chat.stop_button, w.chat.thinking_box, w.chat.context_meter,
                    w.sidebar.search, w.model_panel.load_button, w.model_panel.meta):
         assert widget.accessibleName()
+
+
+def test_wizards_open_from_the_window_and_report_back(harness):
+    from app.main_window import find_wizard
+
+    w = harness.window
+    cls, reason = find_wizard("hardware")
+    if cls is None:
+        pytest.skip(f"hardware wizard {reason}")
+    assert w.welcome.buttons["hardware"].isEnabled() and w.wizard_actions["hardware"].isEnabled()
+    wizard = w.open_wizard("hardware")
+    try:
+        wizard.report_ready.emit({"memory": {"read_bandwidth_gbs": 42.517}})
+        assert harness.settings.get("hardware/bandwidth_gbs") == 42.52
+        assert "42.5 GB/s" in w.graphs.bandwidth_label.text()
+    finally:
+        wizard.reject()
