@@ -1,0 +1,75 @@
+"""A `python -m app` process killed with SIGKILL while it streams a reply leaves the conversation and the partial reply
+in the database; the next start marks it interrupted and shows it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("engine.model_info", reason="engine.inspect_model has not landed yet")
+
+
+def app_env(data):
+    return dict(os.environ, QT_QPA_PLATFORM="offscreen", TESSERA_DATA_DIR=str(data))
+
+
+def streaming_reply(db) -> tuple[int, str] | None:
+    if not db.exists():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.1)
+        try:
+            row = con.execute("SELECT id, content || thinking FROM messages WHERE role='assistant' AND "
+                              "state='streaming' AND length(content || thinking) > 0").fetchone()
+        finally:
+            con.close()
+    except sqlite3.OperationalError:  # schema not created yet, or busy
+        return None
+    return row
+
+
+@pytest.mark.slow
+def test_sigkill_during_generation_keeps_the_partial_reply(tmp_path, tiny_gguf_model):
+    from app.settings import Settings
+    from app.store import ConversationStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    s = Settings(data / "settings.ini")
+    s.set("sampling/max_tokens", 100000)  # bounded by the model's context (1024)
+    s.set("sampling/temperature", 1.0)
+    s.set("sampling/seed", 3)
+    s.sync()
+    db = data / "conversations.sqlite3"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--model", str(tiny_gguf_model), "--prompt",
+                             "Tell me a long story"], cwd=tmp_path, env=app_env(data), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = None
+    try:
+        deadline = time.monotonic() + 120
+        while seen is None and time.monotonic() < deadline and proc.poll() is None:
+            seen = streaming_reply(db)
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    assert seen is not None, f"never saw a streaming reply in the database\n{err}"
+    assert proc.returncode == -signal.SIGKILL
+    store = ConversationStore(db)  # what the next start does first
+    assert store.recovered == 1
+    (conv,) = store.conversations()
+    user, reply = store.messages(conv.id)
+    assert user.content == "Tell me a long story"
+    assert reply.state == "interrupted" and (reply.content + reply.thinking).startswith(seen[1][:1])
+    assert len(reply.content + reply.thinking) >= len(seen[1])
+    store.close()
+    # and the app starts again on that database without a traceback
+    again = subprocess.run([sys.executable, "-m", "app", "--no-demo", "--quit-after", "300"], cwd=tmp_path,
+                           env=app_env(data), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
