@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         if e.done < e.total:
             print(f"\r[{e.done + 1}/{e.total}] {e.detail:<40}", end="", file=sys.stderr, flush=True)
 
+    _sigterm_as_interrupt()
     out = convert(args.src, args.out, dtype=args.dtype, progress=progress)
     print(f"\rwrote {out} in {time.perf_counter() - t0:.1f} s{' ' * 30}", file=sys.stderr)
     status = 0
@@ -45,3 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(prepack(out, args.prepack), file=sys.stderr)
     return status
+
+
+def _sigterm_as_interrupt() -> None:
+    """Let `kill` stop a conversion the way Ctrl-C does, so the temporary output is removed on the way out."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -327,3 +327,37 @@ def test_cli_convert(tmp_path, sources, capsys):
     with pytest.raises(SystemExit) as e:
         main(["convert", str(sources["moe"]), str(out), "--dtype", "q4_k"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
+    """A real signal in the middle of `tessera-cli convert` (slowed by a sleeping progress hook) leaves nothing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "m.gguf"
+    script = (
+        "import sys, time\n"
+        "import engine.convert as c\n"
+        "real = c.convert\n"
+        "def slow(*a, progress=None, **k):\n"
+        "    def p(e):\n"
+        "        if e.done == 3: print('started', flush=True); time.sleep(60)\n"
+        "    return real(*a, progress=p, **k)\n"
+        "c.convert = slow\n"
+        "from engine.cli import main\n"
+        f"sys.exit(main(['convert', {str(sources['moe'])!r}, {str(out)!r}]))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        assert any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted"
+    assert list(tmp_path.iterdir()) == []
