@@ -49,6 +49,8 @@ class HotExpertCache:
     experts_per_layer: the VRAM budget, as experts per MoE layer (0 disables the cache; all pairs go to the CPU).
     rebalance_every: re-pick the resident experts from routing statistics every this many forward steps (0 = never).
     decay: weight of past routing counts at each rebalance (recent use matters more).
+    prefill_threshold: batches of at least this many tokens run every routed expert of the layer on the accelerator,
+        streaming the non-resident experts' weights there (layerwise prefill); None keeps them on the CPU backend.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class HotExpertCache:
         rebalance_every: int = 64,
         decay: float = 0.5,
         dtype: torch.dtype | None = None,
+        prefill_threshold: int | None = None,
     ):
         self.cpu_backend = cpu_backend
         self.layers = layers
@@ -73,6 +76,7 @@ class HotExpertCache:
         self.experts_per_layer = experts_per_layer
         self.rebalance_every = rebalance_every
         self.decay = decay
+        self.prefill_threshold = prefill_threshold
         self.stats = CacheStats()
         self.counts = {i: torch.zeros(le.num_experts, dtype=torch.float64) for i, le in layers.items()}  # [E] per layer
         self.resident: dict[int, _Resident] = {}
@@ -88,6 +92,10 @@ class HotExpertCache:
 
     # ----------------------------------------------------------------------------------------------------- selection
     def _set_resident(self, layer: int, experts: list[int]) -> None:
+        self.resident[layer] = self._upload(layer, experts)
+
+    def _upload(self, layer: int, experts: list[int]) -> _Resident:
+        """Copy the given experts of a layer to the accelerator, fused gate|up."""
         le = self.layers[layer]
         experts = sorted(experts)
         slot_of = torch.full((le.num_experts,), -1, dtype=torch.int64)
@@ -95,7 +103,7 @@ class HotExpertCache:
         idx = torch.tensor(experts, dtype=torch.int64)
         gate_up = torch.cat([le.gate_proj[idx], le.up_proj[idx]], dim=1)  # [N, 2I, H]
         down = le.down_proj[idx]  # [N, H, I]
-        self.resident[layer] = _Resident(
+        return _Resident(
             slot_of=slot_of.to(self.device),
             gate_up=gate_up.to(self.device, self.dtype),
             down=down.to(self.device, self.dtype),
@@ -139,6 +147,9 @@ class HotExpertCache:
                 self.rebalance()
         res = self.resident[layer]
         self.observe(layer, topk_ids)
+        if self.prefill_threshold is not None and x.shape[0] >= self.prefill_threshold:
+            # Layerwise prefill: this batch's experts all go to the accelerator for this layer only.
+            res = self._upload(layer, torch.unique(topk_ids[topk_ids >= 0]).tolist())
         slots = res.slot_of[topk_ids.to(res.slot_of.device)]  # [T, k] slot or -1
         on_device = slots >= 0  # [T, k]
         n_pairs, n_dev = topk_ids.numel(), int(on_device.sum())

@@ -80,7 +80,7 @@ _KWARGS: dict[str, set[str]] = {
     "lm_head": {"generate_device", "prefill_device", "generate_op", "prefill_op"},
     "experts": {
         "backend", "generate_device", "prefill_device", "generate_op", "prefill_op", "out_device", "gpu_experts",
-        "gpu_experts_ratio",
+        "gpu_experts_ratio", "gpu_prefill_threshold",
     },
 }
 _RULE_KEYS = {"match", "replace", "recursive"}
@@ -114,6 +114,9 @@ class PlacementPlan:
     experts_backend: str = "Auto"
     gpu_experts_per_layer: int = 0
     gpu_experts_ratio: float | None = None
+    # Prefill batches of at least this many tokens run all of a layer's routed experts on the accelerator when the
+    # experts' prefill_device is the accelerator (KTransformers' layerwise prefill); smaller ones use the CPU backend.
+    gpu_prefill_threshold: int | None = None
     twin: bool = False
     source: str = "settings"
 
@@ -168,6 +171,8 @@ class PlacementPlan:
         where = "CPU twin" if self.twin else self.accelerator
         lines.append(f"  routed experts: CPU backend {self.experts_backend}; "
                      + (f"hot-expert cache: {gpu} experts per layer on {where}" if gpu else "no GPU expert cache"))
+        if self.gpu_prefill_threshold is not None:
+            lines.append(f"  prefill of {self.gpu_prefill_threshold}+ tokens: all routed experts of a layer on {where}")
         return "\n".join(lines)
 
 
@@ -323,6 +328,12 @@ def plan_from_rules(
         plan.parts[name] = placement
     if used_backend:
         plan.experts_backend = used_backend[0]
+    experts_parts = [p for n, p in plan.parts.items() if n.endswith(".mlp.experts")]
+    if any(p.prefill_device != "cpu" for p in experts_parts):
+        threshold = next((r.kwargs["gpu_prefill_threshold"] for r in rules if "gpu_prefill_threshold" in r.kwargs), 128)
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
+            raise TesseraError(source, "gpu_prefill_threshold must be a whole number of tokens, 1 or more")
+        plan.gpu_prefill_threshold = threshold
     if gpu_experts:
         (key, value), label = gpu_experts
         where = f"{source}: {label}"
@@ -368,6 +379,10 @@ def _apply_kwargs(rule: _Rule, kind: str, where: str) -> PartPlacement:
     if kind == "experts" and generate != "cpu":
         raise TesseraError(where, "routed experts are generated on the CPU backend (generate_device: cpu); put hot "
                            "experts on the GPU with gpu_experts instead")
+    if kind != "experts" and prefill != generate:
+        # Attention's KV cache lives where attention runs; moving it between phases would cost more than it saves.
+        raise TesseraError(where, f"prefill_device {prefill} differs from generate_device {generate}: only the routed "
+                           "experts may prefill on another device")
     return PartPlacement(prefill, generate, rule.label)
 
 

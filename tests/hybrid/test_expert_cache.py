@@ -95,3 +95,19 @@ def test_bf16_weights_on_twin_match_f32_reference():
     torch.testing.assert_close(cache.forward(0, x, ids, w), TorchExperts(layers).forward(0, x, ids, w),
                                rtol=1e-5, atol=1e-5)
     cache.close()
+
+
+def test_layerwise_prefill_serves_every_pair_on_the_accelerator_and_matches():
+    layers = make_layers()
+    cache = HotExpertCache(TorchExperts(layers), layers, device="cpu", experts_per_layer=1, rebalance_every=0,
+                           prefill_threshold=8)
+    x = torch.randn(T, H)
+    ids, w = routing(T, seed=5)
+    torch.testing.assert_close(cache.forward(1, x, ids, w), TorchExperts(layers).forward(1, x, ids, w),
+                               rtol=1e-5, atol=1e-5)
+    assert cache.take_step_stats() == (ids.numel(), ids.numel())  # T=11 >= 8: all on the accelerator
+    assert cache.resident_experts(1) == [0]  # the cache itself is unchanged by a layerwise prefill
+    ids1, w1 = routing(1, seed=6)
+    cache.forward(1, x[:1], ids1, w1)
+    assert cache.take_step_stats() == (K, int((ids1 == 0).sum()))  # decode uses the resident set only
+    cache.close()

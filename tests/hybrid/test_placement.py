@@ -126,3 +126,18 @@ def test_settings_plan():
     assert p.experts_backend == "AVX512" and p.resolve_gpu_experts(3) == 3
     with pytest.raises(TesseraError, match="unknown device"):
         plan_from_settings(2, [True, True], device="gpu")
+
+
+def test_experts_prefill_on_cuda_sets_layerwise_prefill_threshold():
+    assert plan(ORIGINAL_EXAMPLE).gpu_prefill_threshold == 128
+    text = ORIGINAL_EXAMPLE.replace('generate_device: "cpu"', 'generate_device: "cpu"\n      gpu_prefill_threshold: 32')
+    assert plan(text).gpu_prefill_threshold == 32
+    assert "prefill of 32+ tokens" in plan(text).explain(8)
+    cpu_only = ORIGINAL_EXAMPLE.replace('prefill_device: "cuda"', 'prefill_device: "cpu"')
+    assert plan(cpu_only).gpu_prefill_threshold is None
+
+
+def test_attention_cannot_switch_device_between_phases():
+    text = "- match: {name: 'self_attn$'}\n  replace: {class: default, kwargs: {prefill_device: cuda, generate_device: cpu}}\n"
+    with pytest.raises(TesseraError, match="only the routed experts may prefill on another device"):
+        plan(text)
