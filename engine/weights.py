@@ -137,24 +137,31 @@ def load_weights(
     return _load_gguf(p, progress, cancel)
 
 
+def check_gguf_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], source: str) -> list[TensorSpec]:
+    """Check a GGUF's tensor table (name -> numpy-order shape) against the table; returns the specs in load order."""
+    table = gguf_to_canonical(cfg)
+    for name in shapes:
+        if name not in table:
+            raise ModelFormatError(
+                source, f"tensor {name}: unknown tensor for a {cfg.num_hidden_layers}-layer qwen3moe model"
+            )
+    specs = tensor_specs(cfg)
+    for s in specs:
+        if s.gguf not in shapes:
+            raise ModelFormatError(source, f"tensor {s.gguf} is missing")
+        if shapes[s.gguf] != s.shape:
+            raise ModelFormatError(
+                source, f"tensor {s.gguf} has shape {_fmt(shapes[s.gguf])}, the metadata needs {_fmt(s.shape)}"
+            )
+    return specs
+
+
 def _load_gguf(path: Path, progress: Progress, cancel: threading.Event | None) -> ModelWeights:
     from engine.gguf_reader import open_gguf
 
     f = open_gguf(path)
     cfg = ModelConfig.from_gguf(f.metadata, str(path), f.tensors.keys())
-    table = gguf_to_canonical(cfg)
-    for name in f.tensors:
-        if name not in table:
-            raise ModelFormatError(str(path), f"tensor {name}: unknown tensor for a {cfg.num_hidden_layers}-layer qwen3moe model")
-    specs = tensor_specs(cfg)
-    for s in specs:
-        if s.gguf not in f.tensors:
-            raise ModelFormatError(str(path), f"tensor {s.gguf} is missing")
-        shape = f.tensors[s.gguf].shape
-        if shape != s.shape:
-            raise ModelFormatError(
-                str(path), f"tensor {s.gguf} has shape {_fmt(shape)}, the metadata needs {_fmt(s.shape)}"
-            )
+    specs = check_gguf_tensors(cfg, {n: t.shape for n, t in f.tensors.items()}, str(path))
     tensors: dict[str, torch.Tensor] = {}
     for n, s in enumerate(specs):
         _check_cancel(cancel)
@@ -166,14 +173,20 @@ def _load_gguf(path: Path, progress: Progress, cancel: threading.Event | None) -
     return ModelWeights(cfg, tensors, str(path))
 
 
-def _load_hf(folder: Path, progress: Progress, cancel: threading.Event | None) -> ModelWeights:
-    from engine.safetensors_reader import open_hf_folder
+@dataclass
+class HFPlan:
+    """Where each canonical tensor of an HF checkpoint comes from: one stored tensor, or one per expert (stacked)."""
 
-    ckpt = open_hf_folder(folder)
+    plain: dict[str, str]  # canonical -> stored name
+    experts: dict[str, list[str]]  # canonical stacked name -> stored name of each expert
+    shapes: dict[str, tuple[int, ...]]  # canonical -> shape
+
+
+def plan_hf(ckpt, source: str) -> HFPlan:
+    """Check an opened HF checkpoint's names and shapes against the table (headers only)."""
     cfg = ckpt.config
-    src = str(folder)
     want = canonical_shapes(cfg)
-    experts: dict[str, list[str | None]] = {}  # canonical stacked name -> checkpoint name of each expert
+    experts: dict[str, list[str | None]] = {}
     plain: dict[str, str] = {}
     for name in ckpt.names:
         m = HF_EXPERT.match(name)
@@ -181,12 +194,12 @@ def _load_hf(folder: Path, progress: Progress, cancel: threading.Event | None) -
             i, e, proj = int(m.group(1)), int(m.group(2)), m.group(3)
             stacked = f"model.layers.{i}.mlp.experts.{proj}"
             if stacked not in want or e >= cfg.num_experts:
-                raise ModelFormatError(src, f"tensor {name}: unknown tensor (the config has {cfg.num_experts} experts"
-                                       f" and MoE layers {cfg.moe_layers})")  # fmt: skip
+                raise ModelFormatError(source, f"tensor {name}: unknown tensor (the config has {cfg.num_experts}"
+                                       f" experts and MoE layers {cfg.moe_layers})")  # fmt: skip
             want_one = want[stacked][1:]
             if ckpt.shape(name) != want_one:
                 raise ModelFormatError(
-                    src, f"tensor {name} has shape {_fmt(ckpt.shape(name))}, config.json needs {_fmt(want_one)}"
+                    source, f"tensor {name} has shape {_fmt(ckpt.shape(name))}, config.json needs {_fmt(want_one)}"
                 )
             experts.setdefault(stacked, [None] * cfg.num_experts)[e] = name
         elif name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -194,38 +207,45 @@ def _load_hf(folder: Path, progress: Progress, cancel: threading.Event | None) -
         elif name in want:
             if ckpt.shape(name) != want[name]:
                 raise ModelFormatError(
-                    src, f"tensor {name} has shape {_fmt(ckpt.shape(name))}, config.json needs {_fmt(want[name])}"
+                    source, f"tensor {name} has shape {_fmt(ckpt.shape(name))}, config.json needs {_fmt(want[name])}"
                 )
             plain[name] = name
         else:
-            raise ModelFormatError(src, f"tensor {name}: unknown tensor for this Qwen3-MoE config")
+            raise ModelFormatError(source, f"tensor {name}: unknown tensor for this Qwen3-MoE config")
     for canonical in want:
         if canonical in plain:
             if canonical in experts:
-                raise ModelFormatError(src, f"tensor {canonical} is stored both stacked and expert by expert")
+                raise ModelFormatError(source, f"tensor {canonical} is stored both stacked and expert by expert")
             continue
         m = re.match(r"^model\.layers\.(\d+)\.mlp\.experts\.(\w+)$", canonical)
         if not m:
-            raise ModelFormatError(src, f"tensor {canonical} is missing")
-        names = experts.get(canonical, [None] * cfg.num_experts)
-        for e, n in enumerate(names):
+            raise ModelFormatError(source, f"tensor {canonical} is missing")
+        for e, n in enumerate(experts.get(canonical, [None] * cfg.num_experts)):
             if n is None:
-                raise ModelFormatError(src, f"tensor model.layers.{m.group(1)}.mlp.experts.{e}.{m.group(2)}.weight"
+                raise ModelFormatError(source, f"tensor model.layers.{m.group(1)}.mlp.experts.{e}.{m.group(2)}.weight"
                                        " is missing")  # fmt: skip
+    return HFPlan(plain, experts, want)  # type: ignore[arg-type]
 
+
+def _load_hf(folder: Path, progress: Progress, cancel: threading.Event | None) -> ModelWeights:
+    from engine.safetensors_reader import open_hf_folder
+
+    ckpt = open_hf_folder(folder)
+    src = str(folder)
+    plan = plan_hf(ckpt, src)
     tensors: dict[str, torch.Tensor] = {}
-    total = len(want)
-    for n, canonical in enumerate(want):
+    total = len(plan.shapes)
+    for n, canonical in enumerate(plan.shapes):
         _check_cancel(cancel)
         if progress:
             progress(ProgressEvent("load", n, total, canonical))
-        if canonical in plain:
-            tensors[canonical] = ckpt.get(canonical)
+        if canonical in plan.plain:
+            tensors[canonical] = ckpt.get(plan.plain[canonical])
         else:
-            tensors[canonical] = _stack(ckpt, experts[canonical], want[canonical], src, cancel)
+            tensors[canonical] = _stack(ckpt, plan.experts[canonical], plan.shapes[canonical], src, cancel)
     if progress:
         progress(ProgressEvent("load", total, total, ""))
-    return ModelWeights(cfg, tensors, src)
+    return ModelWeights(ckpt.config, tensors, src)
 
 
 def _stack(ckpt, names: list[str], shape: tuple[int, ...], src: str, cancel: threading.Event | None) -> torch.Tensor:

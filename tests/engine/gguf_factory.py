@@ -155,3 +155,29 @@ def tokenizer_metadata(folder: str | Path, vocab_size: int | None = None) -> dic
         "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"], "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": tc["chat_template"],
     }  # fmt: skip
+
+
+def write_sparse_gguf(path: str | Path, cfg: ModelConfig, qtype: Q = Q.BF16) -> Path:
+    """A full-size GGUF of `cfg` whose tensor data is a hole (all zeros, no disk used): for header-only tests at real
+    Qwen3-30B shapes. Norms are F32, every matrix `qtype`."""
+    import os
+
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    for k, v in cfg.to_gguf_metadata().items():
+        if k != "general.architecture":
+            _add_kv(w, k, v)
+    data_bytes = 0
+    for name, shape in gguf_shapes(cfg).items():
+        t = qtype if len(shape) > 1 else Q.F32
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        nbytes = int(np.prod(shape)) // block * size
+        stored = shape if t == Q.F32 else (*shape[:-1], shape[-1] // block * size)  # the writer wants byte shapes
+        w.add_tensor_info(name, stored, np.dtype(np.float32 if t == Q.F32 else np.uint8), nbytes, raw_dtype=t)
+        data_bytes += -(-nbytes // 32) * 32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    header = os.path.getsize(path)
+    os.truncate(path, -(-header // 32) * 32 + data_bytes)
+    return Path(path)
