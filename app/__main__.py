@@ -1,7 +1,7 @@
 """`python -m app` / `tessera`: parse arguments, build Settings, store, worker and window, run.
 
 --model PATH             open and load a model at start (default: the demo model when it ships; none otherwise)
---prompt TEXT            send TEXT once the model has loaded (for demos, screenshots and tests)
+--prompt TEXT            send TEXT once the model has loaded; repeat to send several turns, each after the last reply
 --screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
 --screenshot-target T    window (default) | settings | graphs
 --quit-after MS          quit MS milliseconds after start-up (after the model loaded, when one was given)
@@ -19,7 +19,8 @@ from pathlib import Path
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tessera", description="Chat with Qwen3-MoE models locally.")
     p.add_argument("--model", help="GGUF file or Hugging Face folder to load at start")
-    p.add_argument("--prompt", help="message to send once the model has loaded")
+    p.add_argument("--prompt", action="append", default=[], help="message to send once the model has loaded "
+                                                                    "(repeatable: one turn each)")
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window, then quit")
     p.add_argument("--screenshot-target", choices=("window", "settings", "graphs"), default="window")
     p.add_argument("--quit-after", metavar="MS", type=int, help="quit after MS milliseconds")
@@ -66,10 +67,17 @@ def main(argv: list[str] | None = None) -> int:
             save_screenshot(window, args.screenshot_target, args.screenshot)
         app.quit()
 
-    def arm_quit(_ok: bool = True) -> None:
-        if args.prompt and window.state.loaded:
-            window.chat.prompt.setPlainText(args.prompt)
+    prompts = list(args.prompt)
+
+    def send_next(busy: bool = False) -> None:
+        if not busy and prompts and window.state.loaded:
+            window.chat.prompt.setPlainText(prompts.pop(0))
             window.chat.send_button.click()
+
+    window.controller.busy_changed.connect(send_next)
+
+    def arm_quit(_ok: bool = True) -> None:
+        send_next()
         if args.screenshot_target == "settings":
             window.open_settings()
         if args.quit_after is not None or args.screenshot:

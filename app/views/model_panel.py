@@ -13,8 +13,10 @@ from app.payloads import LoadProgress, ModelState, ModelSummary
 
 # header facts shown first, in this order, with friendlier names; other keys follow as they are
 LABELS = {
-    "architecture": "Architecture",
     "name": "Name",
+    "architecture": "Architecture",
+    "format": "Format",
+    "parameters": "Parameters",
     "num_hidden_layers": "Layers",
     "num_experts": "Experts",
     "num_experts_per_tok": "Active experts per token",
@@ -22,14 +24,15 @@ LABELS = {
     "context_length": "Context length",
     "max_position_embeddings": "Context length",
     "tensor_types": "Tensor types",
-    "total_bytes": "Size",
+    "total_bytes": "Size on disk",
+    "loaded_bytes": "Size in memory",
     "expert_bytes": "Expert weights",
-    "active_bytes_per_token": "Active bytes per token",
+    "active_bytes_per_token": "Weights read per token",
 }
 
 
 def format_value(key: str, value) -> str:
-    if isinstance(value, (int, float)) and key.endswith("bytes"):
+    if isinstance(value, (int, float)) and "bytes" in key:
         v = float(value)
         for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
             if v < 1024 or unit == "TiB":
@@ -165,7 +168,7 @@ class ModelPanel(QWidget):
                 shown.add(label)
                 QTreeWidgetItem(self.meta, [label, format_value(key, summary.info[key])])
         for key, value in summary.info.items():
-            if key not in LABELS and isinstance(value, (int, float, str)) and value not in ("",):
+            if key not in LABELS and key != "path" and isinstance(value, (int, float, str)) and value != "":
                 QTreeWidgetItem(self.meta, [key.replace("_", " "), format_value(key, value)])
         self.fit_label.setText(fit_text)
 

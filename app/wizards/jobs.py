@@ -111,12 +111,11 @@ def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str 
         result = {"path": str(path), "bytes": Path(path).stat().st_size, "seconds": time.perf_counter() - t0,
                   "dtype": dtype, "verify": None}
         if verify and not cancel.is_set():
-            from engine.compare import compare, verdict  # noqa: PLC0415
+            from engine.compare import verify_conversion  # noqa: PLC0415
             from engine.events import ProgressEvent  # noqa: PLC0415
 
             progress(ProgressEvent("verify", 0, 1, "running the same text through the source and the output"))
-            rep = compare(src, path)
-            ok, rule = verdict(rep, dtype)
+            rep, ok, rule = verify_conversion(src, path, dtype)
             result["verify"] = {**rep.as_dict(), "passed": ok, "rule": rule}
             progress(ProgressEvent("verify", 1, 1, "passed" if ok else "outside the tolerance"))
         if prepack and not cancel.is_set():
