@@ -98,7 +98,7 @@ def make_expert_backend(
     cache_dir = Path(platformdirs.user_cache_dir("tessera")) / "packed"
     backend = native.make_backend(name, layers, threads=threads, cache_dir=cache_dir, model_id=model_key,
                                   progress=progress)
-    return backend, name, reason
+    return backend, getattr(backend, "name", name), reason if name == "Auto" else getattr(backend, "reason", reason)
 
 
 class Session:
@@ -179,15 +179,15 @@ class Session:
         return self.generate(self.tokenizer.encode(prompt), params, cancel=cancel, on_step=on_step)
 
     def render_chat(self, messages: list[dict], *, enable_thinking: bool = True) -> str:
-        from engine.chat_template import render
+        from engine.chat_template import ChatTemplate
 
         if not messages:
             raise TesseraError("messages", "is empty: give at least one message")
         for i, m in enumerate(messages):
             if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
                 raise TesseraError(f"messages[{i}]", "needs a role of system, user or assistant and a string content")
-        return render(self.tokenizer.chat_template, messages, add_generation_prompt=True,
-                      enable_thinking=enable_thinking)
+        return ChatTemplate.of(self.tokenizer).render(messages, add_generation_prompt=True,
+                                                       enable_thinking=enable_thinking)
 
     def reset_cache(self) -> None:
         """Forget every cached prefix (benchmarks use this to measure a cold prefill)."""

@@ -20,6 +20,9 @@ SUBCOMMANDS: dict[str, str] = {
     "convert": "engine.cli.convert",
     "compare": "engine.cli.compare",
     "check": "engine.cli.check",
+    "generate": "engine.cli.generate",
+    "chat": "engine.cli.chat",
+    "bench": "engine.cli.bench",
 }
 
 

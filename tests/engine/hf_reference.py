@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 BASE = dict(
@@ -107,3 +108,13 @@ class LetterDecoder:
 
     def flush(self) -> str:
         return ""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """One torch thread: tiny matmuls gain nothing from two, and on a shared 2-core machine OpenMP barriers between two
+    threads cost 10-50x when other processes hold the cores. Import this name into a test module to apply it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

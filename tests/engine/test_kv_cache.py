@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv_cache import KVCache, PrefixCache, common_prefix
-from hf_reference import engine_model
+from hf_reference import engine_model, single_thread  # noqa: F401
 
 
 def filled(tokens, layers=2, heads=1, hd=4):

@@ -7,7 +7,7 @@ import torch
 
 from engine.experts import TorchExperts
 from engine.model import Qwen3MoeModel, RoutingStats, layer_experts
-from hf_reference import CONFIGS, canonical_weights, hf_model
+from hf_reference import CONFIGS, canonical_weights, hf_model, single_thread  # noqa: F401
 
 pytest.importorskip("transformers")
 

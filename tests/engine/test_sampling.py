@@ -10,6 +10,7 @@ import torch
 from engine.errors import TesseraError
 from engine.sampling import (SamplingParams, apply_repetition_penalty, filter_min_p, filter_top_k, filter_top_p,
                              make_generator, sample)
+from hf_reference import single_thread  # noqa: F401
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,88 @@
+"""Options shared by `generate`, `chat` and `bench`: model loading (backend, threads, context) and sampling flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+BACKENDS = ("Auto", "Torch", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
+    p.add_argument("--backend", default="Auto", choices=BACKENDS, metavar="NAME",
+                   help=f"expert backend: {', '.join(BACKENDS)} (default Auto: the best this CPU supports; "
+                        "Torch is the pure-PyTorch engine)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
+    p.add_argument("--context-length", type=int, default=None, metavar="N",
+                   help="context length in tokens (default: the model's)")
+
+
+# The CLI's own sampling defaults (Qwen3's recommended thinking-mode values; never read from generation_config.json).
+# They equal SamplingParams' defaults (tests/engine/test_cli.py checks); written out so that --help needs no torch.
+DEFAULTS = argparse.Namespace(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0, repetition_penalty=1.0)
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
+    d = DEFAULTS
+    p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N", help=f"default {max_tokens}")
+    p.add_argument("--temperature", type=float, default=d.temperature, metavar="T", help=f"0 is greedy (default {d.temperature})")
+    p.add_argument("--top-k", type=int, default=d.top_k, metavar="K", help=f"0 disables (default {d.top_k})")
+    p.add_argument("--top-p", type=float, default=d.top_p, metavar="P", help=f"in (0, 1] (default {d.top_p})")
+    p.add_argument("--min-p", type=float, default=d.min_p, metavar="P", help=f"in [0, 1) (default {d.min_p})")
+    p.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty, metavar="R",
+                   help=f"1 disables (default {d.repetition_penalty})")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="seed for reproducible sampling")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+
+
+def sampling_params(args):
+    """SamplingParams from the flags; a bad value is a usage error (printed, exit code 2) raised as UsageError."""
+    from engine.errors import TesseraError
+    from engine.sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                              stop=tuple(args.stop))
+    except TesseraError as e:
+        raise UsageError(e.subject, e.message) from None
+
+
+class UsageError(Exception):
+    """A flag with a bad value: reported like argparse's errors, exit code 2."""
+
+    def __init__(self, subject: str, message: str):
+        super().__init__(f"{subject}: {message}")
+        self.subject, self.message = subject, message
+
+    def report(self) -> int:
+        print(f"error: {self.subject}: {self.message}", file=sys.stderr)
+        return 2
+
+
+def check_load_arguments(args) -> None:
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads", f"must be >= 1, got {args.threads}")
+    if args.context_length is not None and args.context_length < 2:
+        raise UsageError("--context-length", f"must be >= 2, got {args.context_length}")
+
+
+def load_session(args):
+    import engine
+
+    return engine.load(args.model, backend=args.backend, threads=args.threads, context_length=args.context_length)
+
+
+def stats_line(m) -> str:
+    """One line of request metrics for humans."""
+    parts = [
+        f"prompt {m.prompt_tokens} tok (reused {m.reused_tokens})",
+        f"generated {m.generated_tokens} tok",
+        f"ttft {m.ttft_s:.3f} s",
+        f"prefill {m.prefill_tok_s:.1f} tok/s",
+        f"decode {m.decode_tok_s:.1f} tok/s",
+        f"stop {m.stop_reason}",
+        f"backend {m.backend}",
+    ]
+    return "[" + " | ".join(parts) + "]"

@@ -1,0 +1,112 @@
+"""`tessera-cli generate | chat | bench`: output shapes, stats lines, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from hf_reference import single_thread  # noqa: F401
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json_is_one_object(capsys, tiny_gguf_model):
+    code, out, err = run_cli(capsys, "generate", str(tiny_gguf_model), "--prompt", "Hello world", "--temperature", "0",
+                             "--max-tokens", "7", "--backend", "Torch", "--threads", "1", "--json")
+    assert code == 0, err
+    obj = json.loads(out)  # exactly one JSON document, nothing else on stdout
+    assert set(obj) == {"text", "token_ids", "metrics"}
+    assert 1 <= len(obj["token_ids"]) <= 7 and all(isinstance(t, int) for t in obj["token_ids"])
+    m = obj["metrics"]
+    for key in ("prompt_tokens", "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s"):
+        assert key in m
+    assert m["prompt_tokens"] > 0 and m["reused_tokens"] == 0 and m["backend"] == "Torch"
+
+
+def test_generate_text_then_stats_line_and_seed(capsys, tiny_hf_model):
+    args = ("generate", str(tiny_hf_model), "--prompt", "Once upon a time", "--max-tokens", "12", "--seed", "3",
+            "--temperature", "1.0", "--backend", "Torch")
+    code, out1, _ = run_cli(capsys, *args)
+    assert code == 0
+    lines = out1.rstrip("\n").split("\n")
+    assert lines[-1].startswith("[prompt ") and "decode" in lines[-1] and "tok/s" in lines[-1]
+    _, out2, _ = run_cli(capsys, *args)
+    text = lambda o: o.rstrip("\n").rsplit("\n", 1)[0]  # noqa: E731
+    assert text(out1) == text(out2)  # same seed, same text
+
+
+def test_generate_chat_mode(capsys, tiny_hf_model):
+    code, out, err = run_cli(capsys, "generate", str(tiny_hf_model), "--prompt", "Hi", "--chat", "--system", "Be nice",
+                             "--no-thinking", "--max-tokens", "5", "--temperature", "0", "--backend", "Torch", "--json")
+    assert code == 0, err
+    assert json.loads(out)["metrics"]["prompt_tokens"] > 5  # the chat template wrapped the message
+
+
+@pytest.mark.parametrize(
+    "flags, subject",
+    [(["--top-p", "2"], "--top-p"), (["--temperature", "-1"], "--temperature"), (["--threads", "0"], "--threads"),
+     (["--system", "x"], "--system")],
+)
+def test_bad_flag_values_are_usage_errors(capsys, tiny_hf_model, flags, subject):
+    code, out, err = run_cli(capsys, "generate", str(tiny_hf_model), "--prompt", "x", *flags)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {subject}: ") and err.count("\n") == 1
+
+
+def test_missing_model_and_long_prompt_are_errors(capsys, tmp_path, tiny_hf_model):
+    code, out, err = run_cli(capsys, "generate", str(tmp_path / "nope.gguf"), "--prompt", "x")
+    assert code == 1 and out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert "nope.gguf" in err
+    code, out, err = run_cli(capsys, "generate", str(tiny_hf_model), "--prompt", "word " * 50, "--context-length", "16",
+                             "--backend", "Torch")
+    assert code == 1 and err.startswith("error: prompt: ") and "context of 16" in err and err.count("\n") == 1
+
+
+def test_bench_json(capsys, tiny_hf_model):
+    code, out, err = run_cli(capsys, "bench", str(tiny_hf_model), "--prompt-tokens", "20", "--gen-tokens", "5",
+                             "--backend", "Torch", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["prefill_tok_s"] > 0 and obj["decode_tok_s"] > 0
+    assert obj["prompt_tokens"] == 20 and obj["gen_tokens"] == 5
+
+
+def test_chat_keeps_kv_between_turns(capsys, monkeypatch, tiny_hf_model):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello!\n/reset\nHello!\nAnd then?\n/exit\n"))
+    code, out, err = run_cli(capsys, "chat", str(tiny_hf_model), "--max-tokens", "6", "--temperature", "0",
+                             "--no-thinking", "--backend", "Torch")
+    assert code == 0, err
+    stats = [line for line in out.splitlines() if line.startswith("[prompt ")]
+    assert len(stats) == 3
+    reused = [int(s.split("(reused ")[1].split(")")[0]) for s in stats]
+    assert reused[1] > 0 and reused[2] > 0  # the repeated first message and the second turn hit the prefix cache
+
+
+@pytest.mark.slow
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 64)
+    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(bad), "--prompt", "x"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_cli_defaults_equal_sampling_params_and_help_needs_no_torch():
+    from engine.cli.run_options import DEFAULTS
+    from engine.sampling import SamplingParams
+
+    d = SamplingParams()
+    assert vars(DEFAULTS) == {k: getattr(d, k) for k in vars(DEFAULTS)}
+    code = "import sys; from engine.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr

@@ -1,0 +1,149 @@
+"""engine.load + Session on the make-model tiny model, HF folder and GGUF: logits vs transformers, greedy generation,
+chat prefix reuse across turns, backend switching, cancellation and named errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import engine
+from engine.errors import BackendUnavailableError, ContextOverflowError, TesseraError
+from engine.sampling import SamplingParams
+from hf_reference import single_thread  # noqa: F401
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def hf_session(tiny_hf_model):
+    s = engine.load(tiny_hf_model, backend="Torch", threads=1)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_hf_model):
+    from transformers import Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM.from_pretrained(tiny_hf_model, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def ids_of(session, text="The quick brown fox 跳过 lazy dogs 🙂 def f(x): return x"):
+    return session.tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("which", ["hf", "gguf"])
+def test_logits_equal_transformers_from_both_formats(which, tiny_hf_model, tiny_gguf_model, reference, hf_session):
+    session = hf_session if which == "hf" else engine.load(tiny_gguf_model, backend="Torch", threads=1)
+    ids = ids_of(session)
+    assert len(ids) > 8
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]  # [T, V]
+    ours = session.model.forward(torch.tensor(ids), session.model.new_cache(8), last_only=False)  # [T, V]
+    scale = float(theirs.max() - theirs.min())
+    assert float((ours - theirs).abs().max()) <= 1e-4 * scale
+    if which == "gguf":
+        session.close()
+
+
+def test_greedy_generation_identical_to_transformers(hf_session, reference):
+    ids = ids_of(hf_session, "Hello there, how")
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)
+    events = list(hf_session.generate(ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)))
+    done = events[-1]
+    assert done.token_ids == out[0, len(ids):].tolist()
+    assert done.text == "".join(e.text for e in events[:-1])
+    assert done.text == hf_session.tokenizer.decode(done.token_ids)
+
+
+def test_chat_second_turn_reuses_first_turn(hf_session):
+    hf_session.reset_cache()
+    turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    first = list(hf_session.chat(turn1, GREEDY, enable_thinking=False))[-1]
+    assert first.metrics.reused_tokens == 0 and first.metrics.prefix_hit_rate == 0
+    turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Another one?"}]
+    warm = list(hf_session.chat(turn2, GREEDY, enable_thinking=False))[-1]
+    m = warm.metrics
+    assert m.reused_tokens > 0 and m.prefix_hit_rate == m.reused_tokens / m.prompt_tokens > 0
+    hf_session.reset_cache()
+    cold = list(hf_session.chat(turn2, GREEDY, enable_thinking=False))[-1]
+    assert cold.metrics.reused_tokens == 0
+    assert warm.token_ids == cold.token_ids  # same answer with and without the reused KV
+
+
+def test_prefix_reuse_across_conversations_and_backend_switch(hf_session):
+    hf_session.reset_cache()
+    a = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "First conversation."}]
+    b = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Second one, different."}]
+    list(hf_session.chat(a, GREEDY))
+    list(hf_session.chat(b, GREEDY))  # shares the system prompt only: a is copied, not overwritten
+    hf_session.set_backend("Torch")
+    again = list(hf_session.chat(a, GREEDY))[-1]
+    assert again.metrics.prompt_tokens - again.metrics.reused_tokens == 1  # a's whole prompt was still cached
+    assert hf_session.backend_name == "Torch"
+
+
+def test_auto_backend_is_resolved(tiny_hf_model):
+    s = engine.load(tiny_hf_model)
+    try:
+        assert s.backend_name not in ("", "Auto") and s.backend_reason
+        done = list(s.generate(ids_of(s), SamplingParams(temperature=0, max_tokens=4)))[-1]
+        assert done.metrics.backend == s.backend_name
+    finally:
+        s.close()
+
+
+def test_cancel_then_session_still_usable(hf_session):
+    cancel, n = threading.Event(), 0
+    for event in hf_session.generate(ids_of(hf_session), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+                                     cancel=cancel):
+        if hasattr(event, "metrics"):
+            assert event.metrics.stop_reason == "cancelled" and len(event.token_ids) == 2
+        else:
+            n += 1
+            if n == 2:
+                cancel.set()
+    assert n == 2
+    assert list(hf_session.generate(ids_of(hf_session), GREEDY))[-1].metrics.stop_reason in ("eos", "max_tokens")
+
+
+def test_abandoned_generator_releases_the_session(hf_session):
+    gen = hf_session.generate(ids_of(hf_session), GREEDY)
+    next(gen)
+    with pytest.raises(TesseraError, match="already generating"):
+        next(hf_session.generate(ids_of(hf_session), GREEDY))
+    gen.close()
+    assert list(hf_session.generate(ids_of(hf_session), GREEDY))
+
+
+def test_request_errors_are_named(hf_session, tiny_hf_model):
+    with pytest.raises(TesseraError, match="empty"):
+        hf_session.generate([], GREEDY)
+    with pytest.raises(TesseraError) as e:
+        hf_session.chat([], GREEDY)
+    assert e.value.subject == "messages"
+    with pytest.raises(TesseraError) as e:
+        hf_session.chat([{"role": "robot", "content": "hi"}], GREEDY)
+    assert e.value.subject == "messages[0]"
+    short = engine.load(tiny_hf_model, backend="Torch", context_length=16)
+    with pytest.raises(ContextOverflowError, match="context of 16"):
+        short.generate(list(range(40)), GREEDY)
+    short.close()
+    with pytest.raises(TesseraError) as e:
+        engine.load(tiny_hf_model, backend="Torch", context_length=10**9)
+    assert e.value.subject == "--context-length"
+
+
+def test_unavailable_backend_is_named(tiny_hf_model):
+    from engine import native
+
+    missing = [n for n, (ok, _) in native.backend_status().items() if not ok and n != "Auto"]
+    if not missing:
+        pytest.skip("every backend is available on this machine")
+    with pytest.raises(BackendUnavailableError) as e:
+        engine.load(tiny_hf_model, backend=missing[0])
+    assert e.value.subject == f"backend {missing[0]}"
