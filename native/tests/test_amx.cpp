@@ -20,7 +20,9 @@
 #include "../src/amx_pack.h"
 #include "../src/amx_tile_emu.h"
 #include "../src/amx_vec.h"
+#include "tessera/backend.h"
 #include "tessera/cpu.h"
+#include "tessera/pool.h"
 
 using namespace tessera;
 using namespace tessera::amx;
@@ -389,6 +391,54 @@ void test_tile_gemm_bf16_edges() {
   }
 }
 
+// ------------------------------------------------------------------------------------------------ whole layer
+
+std::vector<float> run_layer(const char* backend, const MoeDims& d, const std::vector<float>& w3, int64_t T, int64_t k,
+                             const std::vector<int64_t>& ids, const std::vector<float>& wt,
+                             const std::vector<float>& x, ThreadPool& pool) {
+  const BackendInfo* b = find_backend(backend);
+  CHECK(b && b->available);
+  if (!b || !b->available) return {};
+  const size_t n = size_t(d.E * d.I * d.H);
+  WeightsIn w{WeightType::F32, w3.data(), w3.data() + n, w3.data() + 2 * n};
+  std::vector<uint8_t> buf(b->ops->packed_bytes(d, WeightType::F32) + 64);
+  uint8_t* blob = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  b->ops->pack(d, w, blob, pool);
+  std::vector<float> out(size_t(T * d.H), NAN);
+  b->ops->forward(blob, T, k, ids.data(), wt.data(), x.data(), out.data(), pool);
+  return out;
+}
+
+void test_layer_forward_vs_reference() {
+  std::mt19937 rng(7);
+  const MoeDims d{6, 72, 40};
+  const size_t n = size_t(d.E * d.I * d.H);
+  std::vector<float> w3(3 * n);
+  for (auto& f : w3) f = 0.1f * std::normal_distribution<float>()(rng);
+  ThreadPool pool(2);
+  for (auto [T, k] : {std::pair<int64_t, int64_t>{1, 2}, {3, 1}, {33, 3}, {70, 6}}) {
+    std::vector<int64_t> ids(T * k);
+    std::vector<float> wt(T * k), x(T * d.H);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) ids[t * k + j] = (t + 2 * j) % d.E;  // distinct experts per token
+    ids[0] = -1;                                                          // a skipped slot
+    for (auto& f : wt) f = std::uniform_real_distribution<float>()(rng);
+    for (auto& f : x) f = std::normal_distribution<float>()(rng);
+    const auto ref = run_layer("Reference", d, w3, T, k, ids, wt, x, pool);
+    for (const char* name : {"AMXInt8-emulated", "AMXBF16-emulated"}) {
+      const auto got = run_layer(name, d, w3, T, k, ids, wt, x, pool);
+      if (got.size() != ref.size()) continue;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        CHECK(!std::isnan(got[i]));
+        num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        den += double(ref[i]) * ref[i];
+      }
+      CHECK(num / den <= (std::strstr(name, "Int8") ? 1e-3 : 1e-4));
+    }
+  }
+}
+
 }  // namespace
 
 int tessera_amx_tests() {
@@ -401,6 +451,7 @@ int tessera_amx_tests() {
       {"avx512_vdpbf16ps_matches_scalar_twin", test_avx512_vdpbf16ps_matches_scalar_twin},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},
+      {"layer_forward_vs_reference", test_layer_forward_vs_reference},
   };
   int failed_tests = 0;
   for (const auto& [name, fn] : tests) {
