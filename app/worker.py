@@ -51,6 +51,7 @@ class EngineApi:
         from engine import native
 
         status = {name: (bool(ok), str(reason)) for name, (ok, reason) in native.backend_status().items()}
+        status.setdefault("Torch", (True, "pure PyTorch experts, no native kernel"))
         choice, reason = native.auto_backend()
         device, free, total = "cpu", 0, 0
         import torch

@@ -11,7 +11,8 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
-                               QPlainTextEdit, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+                               QPlainTextEdit, QSpinBox, QTabWidget, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from app.payloads import BackendList
 from app.settings import TABLE, Setting, Settings
@@ -47,13 +48,25 @@ class SettingsDialog(QDialog):
             label.setBuddy(editor)
             forms[spec.group].addRow(label, editor)
             self._show(spec.key, settings.get(spec.key))
-        if backends is not None:
-            self.set_backends(backends)
         self.backend_note = QLabel()
         self.backend_note.setWordWrap(True)
         self.backend_note.setStyleSheet("color: gray;")
         forms["Model"].addRow(self.backend_note)
+        self.backend_table = QTreeWidget()
+        self.backend_table.setHeaderLabels(["Backend", "On this computer"])
+        self.backend_table.setRootIsDecorated(False)
+        self.backend_table.setColumnWidth(0, 110)
+        self.backend_table.setAccessibleName("Backends available on this computer")
+        forms["Model"].addRow(self.backend_table)
+        if model_loaded:
+            legend = QLabel("⟳ takes effect at the next model load; a backend change repacks the loaded model now.")
+            legend.setWordWrap(True)
+            legend.setStyleSheet("color: gray;")
+            forms["Model"].addRow(legend)
         self._note(backends)
+        if backends is not None:
+            self.set_backends(backends)
+        self.setMinimumWidth(620)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
                                    | QDialogButtonBox.StandardButton.Apply
@@ -125,8 +138,18 @@ class SettingsDialog(QDialog):
             if name == "Auto" and backends.auto_choice:
                 tip = f"picks {backends.auto_choice}: {backends.auto_reason}".rstrip(": ")
             combo.setItemData(i, tip, Qt.ItemDataRole.ToolTipRole)
-        if hasattr(self, "backend_note"):
-            self._note(backends)
+        self._note(backends)
+        self.backend_table.clear()
+        for i in range(combo.count()):
+            name = combo.itemText(i)
+            if name == "Auto":
+                continue
+            ok, reason = backends.status.get(name, (False, "not reported by the kernels"))
+            item = QTreeWidgetItem(self.backend_table, [name, ("available" if ok else "unavailable")
+                                                        + (f": {reason}" if reason else "")])
+            item.setToolTip(1, reason)
+            if not ok:
+                item.setDisabled(True)
 
     def backend_enabled(self, name: str) -> bool:
         combo: QComboBox = self.editors[BACKEND_KEY]
