@@ -43,8 +43,10 @@ class Dims:
 
     @classmethod
     def from_hf_config(cls, cfg: dict, subject: str = "config.json") -> Dims:
-        def need(key: str) -> int:
-            if key not in cfg or cfg[key] is None:
+        def need(key: str, alias: str | None = None) -> int:
+            if cfg.get(key) is None and alias is not None and cfg.get(alias) is not None:
+                key = alias
+            if cfg.get(key) is None:
                 raise ModelFormatError(subject, f"missing key {key!r}")
             value = cfg[key]
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -56,7 +58,7 @@ class Dims:
         kv_heads = need("num_key_value_heads")
         if heads % kv_heads:
             raise ModelFormatError(subject, f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-        experts = need("num_experts")
+        experts = need("num_experts", "num_local_experts")  # the latter as transformers 5 writes it
         step = cfg.get("decoder_sparse_step", 1) or 1
         mlp_only = set(cfg.get("mlp_only_layers") or [])
         moe_layers = tuple(i not in mlp_only and (i + 1) % step == 0 for i in range(layers))

@@ -361,3 +361,19 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
             proc.kill()
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sources):
+    from transformers import Qwen3MoeForCausalLM
+
+    src = sources["dense-tied-headdim"]
+    saved = tmp_path / "saved"
+    Qwen3MoeForCausalLM.from_pretrained(str(src)).save_pretrained(str(saved))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, saved / name)
+    assert "rope_parameters" in json.loads((saved / "config.json").read_text())
+    a = gguf.GGUFReader(convert(src, tmp_path / "a.gguf"))
+    b = gguf.GGUFReader(convert(saved, tmp_path / "b.gguf"))
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for ta, tb in zip(a.tensors, b.tensors):
+        assert np.array_equal(ta.data, tb.data), ta.name
