@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from app.payloads import GenerationResult, TokenChunk
 
 NO_EXPERT_CACHE = "no GPU expert cache"
+DECODE_WINDOW = 8  # decode tok/s is measured over the last 8 decode steps (one point per streamed chunk)
 
 
 class GraphsPanel(QWidget):
@@ -28,6 +29,7 @@ class GraphsPanel(QWidget):
         self.measured_gbs = 0.0
         self._req_bytes = 0
         self._req_seconds = 0.0
+        self._recent: list[tuple[int, float]] = []  # (tokens, seconds) of the last decode steps
 
         pg.setConfigOptions(antialias=True)
         layout = QVBoxLayout(self)
@@ -48,10 +50,11 @@ class GraphsPanel(QWidget):
 
         self.speed_plot = plot("Tokens per second", "tok/s", "time (s)")
         self.speed_plot.addLegend(offset=(5, 5))
-        self.decode_curve = self.speed_plot.plot([], [], pen=pg.mkPen("#2b7bd6", width=2), name="decode")
+        self.decode_curve = self.speed_plot.plot([], [], pen=pg.mkPen("#2b7bd6", width=2), name="decode",
+                                                 connect="finite")
         self.prefill_curve = self.speed_plot.plot([], [], pen=None, symbol="o", symbolSize=7,
                                                   symbolBrush="#e07b00", name="prefill")
-        self.ttft_plot = plot("Time to first token", "s", "message")
+        self.ttft_plot = plot("Time to first token", "ms", "message")
         self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#7a5cc7")
         self.ttft_plot.addItem(self.ttft_bars)
         self.hit_plot = plot("Cache hit rate per request", "%", "request")
@@ -61,6 +64,10 @@ class GraphsPanel(QWidget):
                                                symbolBrush="#2a9d55", name="prefix KV")
         self.expert_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#c0392b", width=2), symbol="t", symbolSize=6,
                                                symbolBrush="#c0392b", name="expert cache")
+        for w in (self.ttft_plot, self.hit_plot, self.speed_plot):
+            w.getAxis("left").enableAutoSIPrefix(False)
+        for w in (self.ttft_plot, self.hit_plot):
+            w.getAxis("bottom").setTickSpacing(1, 1)
         grid.addWidget(self.speed_plot, 0, 0)
         grid.addWidget(self.ttft_plot, 0, 1)
         grid.addWidget(self.hit_plot, 0, 2)
@@ -84,26 +91,35 @@ class GraphsPanel(QWidget):
     def add_chunk(self, chunk: TokenChunk) -> None:
         """Fold the steps of one streamed chunk into the tok/s series (one point per phase per chunk)."""
         now = time.monotonic() - self.t0
-        for phase, xs, ys in (("decode", self.decode_x, self.decode_y), ("prefill", self.prefill_x, self.prefill_y)):
-            steps = [s for s in chunk.steps if s.phase == phase]
-            tokens, secs = sum(s.tokens for s in steps), sum(s.seconds for s in steps)
-            if steps and secs > 0:
-                xs.append(now)
-                ys.append(tokens / secs)
-        for s in chunk.steps:
-            if s.phase == "decode":
-                self._req_bytes += s.expert_bytes
-                self._req_seconds += s.seconds
+        prefill = [st for st in chunk.steps if st.phase == "prefill"]
+        secs = sum(st.seconds for st in prefill)
+        if prefill and secs > 0:
+            self.prefill_x.append(now)
+            self.prefill_y.append(sum(st.tokens for st in prefill) / secs)
+        decode = [st for st in chunk.steps if st.phase == "decode"]
+        self._recent = (self._recent + [(st.tokens, st.seconds) for st in decode])[-DECODE_WINDOW:]
+        secs = sum(sec for _t, sec in self._recent)
+        if decode and secs > 0:
+            self.decode_x.append(now)
+            self.decode_y.append(sum(t for t, _sec in self._recent) / secs)
+        for st in decode:
+            self._req_bytes += st.expert_bytes
+            self._req_seconds += st.seconds
         self.decode_curve.setData(self.decode_x, self.decode_y)
         self.prefill_curve.setData(self.prefill_x, self.prefill_y)
 
     def add_result(self, result: GenerationResult) -> None:
         m = result.metrics
+        self._recent = []
+        if self.decode_x and self.decode_y[-1] == self.decode_y[-1]:  # a gap (NaN) between requests in the line
+            self.decode_x.append(self.decode_x[-1])
+            self.decode_y.append(float("nan"))
+            self.decode_curve.setData(self.decode_x, self.decode_y)
         if result.error or not m.get("prompt_tokens"):
             self._req_bytes, self._req_seconds = 0, 0.0
             return
         self.requests += 1
-        self.ttft.append(float(m.get("ttft_s", 0.0)))
+        self.ttft.append(1000.0 * float(m.get("ttft_s", 0.0)))
         self.prefix_hit.append(100.0 * float(m.get("prefix_hit_rate", 0.0)))
         xs = list(range(1, self.requests + 1))
         self.ttft_bars.setOpts(x=xs, height=self.ttft, width=0.6)
