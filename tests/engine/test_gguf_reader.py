@@ -209,3 +209,16 @@ def test_random_corruption_never_raw_errors(good, tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ModelFormatError, match="cannot open"):
         open_gguf(tmp_path / "nope.gguf")
+
+
+def test_header_cache_sees_rewritten_file(good, tmp_path):
+    """The parsed-header cache never serves a stale header: same path, same size, different bytes."""
+    p = tmp_path / "same.gguf"
+    p.write_bytes(good.read_bytes())
+    assert open_gguf(p).metadata["general.name"] == "tiny"
+    data = bytearray(p.read_bytes())
+    i = data.index(b"tiny")
+    data[i : i + 4] = b"tinz"
+    p.write_bytes(bytes(data))
+    assert open_gguf(p).metadata["general.name"] == "tinz"
+    assert open_gguf(p).metadata["general.name"] == "tinz"

@@ -100,6 +100,7 @@ def test_hf_sharded_stacks_experts(tiny_hf_model):
     assert torch.equal(w.tensors["model.embed_tokens.weight"], stored["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_hf_matches_transformers_save(tmp_path):
     """A folder saved by transformers' save_pretrained (bf16) loads; dtypes are kept."""
     transformers = pytest.importorskip("transformers")
@@ -188,3 +189,24 @@ def test_cancel(tiny_gguf_model):
     ev.set()
     with pytest.raises(Cancelled):
         load_weights(tiny_gguf_model, cancel=ev)
+
+
+def test_safetensors_corruption_never_raw_errors(tiny_hf_model, tmp_path):
+    """Flip bytes in a shard's header: opening and reading either works or raises ModelFormatError."""
+    import random
+    import struct
+
+    f = _copy_folder(tiny_hf_model, tmp_path / "fuzz")
+    shard = sorted(f.glob("*.safetensors"))[0]
+    data = shard.read_bytes()
+    header_len = struct.unpack_from("<Q", data, 0)[0]
+    rng = random.Random(0)
+    for _ in range(150):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(8 + header_len)] = rng.randrange(256)
+        shard.write_bytes(bytes(b))
+        try:
+            load_weights(f)
+        except ModelFormatError:
+            pass
