@@ -6,8 +6,8 @@
 //   bf16: tile (nb, kb) holds W[nb*16 + n][kb*32 + 2r + q] at row r, bytes 4n + 2q (K pairs, TDPBF16PS's B operand)
 // so one tile row is also one 512-bit vector of 16 output lanes for the AVX-512 VNNI / BF16 decode on the same bytes.
 // K and N are zero-padded to whole tiles (the padded K bytes meet zero-padded activations; padded N lanes are never
-// stored). int8 matrices are followed by fp32 scales [Nb][ng][16] and int32 column sums [Nb][ng][16] (sum of the int8
-// weights of each group, for the unsigned-activation VNNI trick).
+// stored). int8 matrices are followed by fp32 scales [Nb][ng][16] (4 bytes per 64 weights: decode streams 6 % more
+// than the int8 bytes; the VNNI decode recomputes the column sums it needs instead of storing another 6 %).
 //
 // Blob: PackedHeader (64 B) | AmxHeader (64 B) | gate[E] | up[E] | down[E]; every matrix starts 64-byte aligned.
 #pragma once
@@ -32,7 +32,7 @@ struct MatLayout {
   int64_t N = 0, K = 0, Np = 0, Kp = 0;
   int64_t nblocks = 0, kblocks = 0;
   int64_t group = 0, ngroups = 1;  // int8 only: G (a multiple of 64) and Kp / G
-  size_t tile_bytes = 0, scale_offset = 0, colsum_offset = 0, bytes = 0;
+  size_t tile_bytes = 0, scale_offset = 0, bytes = 0;
 
   static MatLayout make(WeightFormat fmt, int64_t N, int64_t K, int64_t group_size) {
     MatLayout m;
@@ -53,8 +53,7 @@ struct MatLayout {
     m.tile_bytes = static_cast<size_t>(m.nblocks * m.kblocks) * kBTileBytes;
     m.scale_offset = m.tile_bytes;
     const size_t side = fmt == WeightFormat::Int8 ? static_cast<size_t>(m.Np * m.ngroups) * 4 : 0;
-    m.colsum_offset = m.scale_offset + side;
-    m.bytes = m.colsum_offset + side;  // multiple of 64: Np is a multiple of 16
+    m.bytes = m.scale_offset + side;  // multiple of 64: Np is a multiple of 16
     return m;
   }
   int64_t kblocks_per_group() const { return group / kTileKInt8; }
@@ -64,14 +63,13 @@ struct MatLayout {
   const float* scales(const uint8_t* mat, int64_t nb) const {  // [ngroups][16] of n-block nb
     return reinterpret_cast<const float*>(mat + scale_offset) + nb * ngroups * kTileN;
   }
-  const int32_t* colsums(const uint8_t* mat, int64_t nb) const {  // [ngroups][16] of n-block nb
-    return reinterpret_cast<const int32_t*>(mat + colsum_offset) + nb * ngroups * kTileN;
-  }
 };
+
+constexpr char kAmxMagic[8] = "TESSAM2";
 
 // Second 64 bytes of the blob.
 struct AmxHeader {
-  char magic[8];      // "TESSAMX\0"
+  char magic[8];      // kAmxMagic: "TESSAMX" + the AMX layout revision (bump on any change to this file's layout)
   int32_t format;     // WeightFormat
   int32_t group;      // int8 group size as requested (0 = per output channel)
   int64_t E, H, I;

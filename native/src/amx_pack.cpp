@@ -57,20 +57,16 @@ void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* ds
     const int64_t nb = n / kTileN, lane = n % kTileN;
     if (L.fmt == WeightFormat::Int8) {
       float* scales = reinterpret_cast<float*>(dst + L.scale_offset) + nb * L.ngroups * kTileN;
-      int32_t* colsums = reinterpret_cast<int32_t*>(dst + L.colsum_offset) + nb * L.ngroups * kTileN;
       for (int64_t g = 0; g < L.ngroups; ++g) {
         const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
         const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
         scales[g * kTileN + lane] = s;
-        int32_t sum = 0;
         for (int64_t k = k0; k < k1; ++k) {
           const int8_t q = quantize_value(row[k], s);
-          sum += q;
           uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKInt8) * kBTileBytes;
           const int64_t kk = k % kTileKInt8;
           t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q);
         }
-        colsums[g * kTileN + lane] = sum;
       }
     } else {
       for (int64_t k = 0; k < L.K; ++k) {
@@ -131,7 +127,7 @@ void pack_layer(WeightFormat fmt, const char* backend, const MoeDims& dims, cons
   const LayerLayout L = layer_layout(fmt, dims);
   write_header(dst, backend, dims, w.type);
   AmxHeader h{};
-  std::memcpy(h.magic, "TESSAMX", 8);
+  std::memcpy(h.magic, kAmxMagic, 8);
   h.format = static_cast<int32_t>(fmt);
   h.group = static_cast<int32_t>(fmt == WeightFormat::Int8 ? kInt8Group : 0);
   h.E = L.E;
@@ -161,7 +157,8 @@ LayerLayout read_layer(const uint8_t* blob, const char* backend, WeightFormat fm
   const MoeDims dims = read_header(blob, backend);
   AmxHeader h;
   std::memcpy(&h, blob + 64, sizeof h);
-  if (std::memcmp(h.magic, "TESSAMX", 8) != 0) throw std::invalid_argument(std::string(backend) + ": no AMX header");
+  if (std::memcmp(h.magic, kAmxMagic, 8) != 0)
+    throw std::invalid_argument(std::string(backend) + ": packed with another AMX layout revision; repack");
   if (h.format != static_cast<int32_t>(fmt))
     throw std::invalid_argument(std::string(backend) + ": packed for another weight format");
   const LayerLayout L = LayerLayout::make(fmt, dims.E, dims.H, dims.I, h.group);

@@ -31,9 +31,10 @@ void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
   __m512 facc[MR];
   for (int i = 0; i < MR; ++i) facc[i] = _mm512_setzero_ps();
   const float* ws = L.scales(W, nb);
-  const int32_t* cs = L.colsums(W, nb);
+  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t g = 0; g < L.ngroups; ++g) {
     __m512i acc0[MR], acc1[MR];
+    __m512i cs0 = _mm512_setzero_si512(), cs1 = _mm512_setzero_si512();  // column sums of the weights (u8 ones . w)
     for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_si512();
     for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
       const uint8_t* t = L.tile(W, nb, kb);
@@ -41,13 +42,15 @@ void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
       for (int r = 0; r < 16; r += 2) {
         const __m512i b0 = _mm512_load_si512(t + r * 64);
         const __m512i b1 = _mm512_load_si512(t + (r + 1) * 64);
+        cs0 = _mm512_dpbusd_epi32(cs0, ones, b0);
+        cs1 = _mm512_dpbusd_epi32(cs1, ones, b1);
         for (int i = 0; i < MR; ++i) {
           acc0[i] = _mm512_dpbusd_epi32(acc0[i], bcast_u8_quad(A + i * lda + k0 + 4 * r), b0);
           acc1[i] = _mm512_dpbusd_epi32(acc1[i], bcast_u8_quad(A + i * lda + k0 + 4 * r + 4), b1);
         }
       }
     }
-    const __m512i corr = _mm512_slli_epi32(_mm512_load_si512(cs + g * kTileN), 7);  // 128 * sum_k w
+    const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(cs0, cs1), 7);  // 128 * sum_k w: undoes the +128
     const __m512 wsv = _mm512_load_ps(ws + g * kTileN);
     for (int i = 0; i < MR; ++i) {
       const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(acc0[i], acc1[i]), corr);
