@@ -111,7 +111,8 @@ def render(
 
 
 class ChatTemplate:
-    """A tokenizer's template bound to its special tokens: `render(messages, add_generation_prompt, enable_thinking)`."""
+    """A tokenizer's template bound to its special tokens; `render(messages, add_generation_prompt, enable_thinking)`
+    passes bos_token/eos_token/pad_token as transformers does."""
 
     def __init__(self, template: str | None, special_tokens: dict[str, str] | None = None):
         self.template = template
@@ -123,4 +124,5 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                enable_thinking: bool = True, **extra: Any) -> str:  # fmt: skip
-        return render(self.template, messages, add_generation_prompt, enable_thinking, **{**self.special_tokens, **extra})
+        kwargs = {**self.special_tokens, **extra}
+        return render(self.template, messages, add_generation_prompt, enable_thinking, **kwargs)

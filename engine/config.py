@@ -136,7 +136,8 @@ class ModelConfig:
             )
         if self.num_experts_per_tok > self.num_experts:
             raise bad(
-                "num_experts_per_tok", f"{self.num_experts_per_tok} experts per token but only {self.num_experts} experts"
+                "num_experts_per_tok",
+                f"{self.num_experts_per_tok} experts per token but only {self.num_experts} experts",
             )
         for i in self.mlp_only_layers:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_hidden_layers:
@@ -273,7 +274,9 @@ class ModelConfig:
         heads = get("num_attention_heads")
         head_dim = get("head_dim", None)
         if head_dim is None:
-            head_dim = _default_head_dim(hidden, heads, source, GGUF_KEYS["hidden_size"], GGUF_KEYS["num_attention_heads"])
+            head_dim = _default_head_dim(
+                hidden, heads, source, GGUF_KEYS["hidden_size"], GGUF_KEYS["num_attention_heads"]
+            )
         value_len = metadata.get(GGUF_VALUE_LENGTH)
         if value_len is not None and _gguf_scalar(value_len, int, GGUF_VALUE_LENGTH, source) != head_dim:
             raise ModelFormatError(
@@ -296,7 +299,8 @@ class ModelConfig:
         eos = get("eos_token_id", None)
         ffn = get("intermediate_size", None if dense else 0)
         if ffn is None:
-            raise ModelFormatError(source, f"key {GGUF_KEYS['intermediate_size']} is missing (layers {dense} are dense)")
+            key = GGUF_KEYS["intermediate_size"]
+            raise ModelFormatError(source, f"key {key} is missing (layers {dense} are dense)")
         cfg = cls(
             vocab_size=vocab,
             hidden_size=hidden,

@@ -107,7 +107,10 @@ def _inspect_hf(folder: Path) -> ModelInfo:
     return _info(str(folder), "hf", folder.name, ckpt.config, sizes)
 
 
-def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: list[tuple[str, str, int, int, int, bool]]) -> ModelInfo:
+_Sizes = list[tuple[str, str, int, int, int, bool]]
+
+
+def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> ModelInfo:
     """sizes: (tensor, type name, elements, stored bytes, loaded bytes, is routed expert) per stored tensor."""
     types = Counter(t for _, t, _, _, _, _ in sizes)
     total = sum(s[3] for s in sizes)

@@ -45,12 +45,12 @@ def read_json(path: Path) -> Any:
 
 
 class HFCheckpoint:
-    """An opened HF folder: `config`, and every stored tensor by its checkpoint name (`names`, `shape`, `dtype`, `get`)."""
+    """An opened HF folder: `config`, and every stored tensor by checkpoint name (`names`, `shape`, `dtype`, `get`)."""
 
     def __init__(self, folder: str | os.PathLike[str]):
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise ModelFormatError(str(folder), "is not a folder (expected a Hugging Face model folder or a .gguf file)")
+            raise ModelFormatError(str(folder), "is not a folder (expected a Hugging Face model folder or .gguf file)")
         cfg_path = self.folder / "config.json"
         self.config_dict = read_json(cfg_path)
         self.config = ModelConfig.from_hf_dict(self.config_dict, str(cfg_path))

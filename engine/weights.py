@@ -58,12 +58,14 @@ _MOE: list[tuple[str, str, Shape]] = [
      lambda c: (c.num_experts, c.hidden_size, c.moe_intermediate_size)),
 ]  # fmt: skip
 _DENSE: list[tuple[str, str, Shape]] = [
-    ("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", lambda c: (c.intermediate_size, c.hidden_size)),
+    ("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight",
+     lambda c: (c.intermediate_size, c.hidden_size)),
     ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight", lambda c: (c.intermediate_size, c.hidden_size)),
-    ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight", lambda c: (c.hidden_size, c.intermediate_size)),
+    ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight",
+     lambda c: (c.hidden_size, c.intermediate_size)),
 ]  # fmt: skip
 
-# HF stores routed experts one by one under this name; the loader stacks them into `model.layers.{i}.mlp.experts.{proj}`.
+# HF stores routed experts one by one under this name; the loader stacks them into model.layers.{i}.mlp.experts.{proj}
 HF_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
