@@ -59,42 +59,62 @@ def rope_theta(cfg: dict) -> float:
     return float(theta)
 
 
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where one tensor's bytes are: shard file, absolute byte range, safetensors dtype, shape."""
+
+    path: Path
+    begin: int
+    end: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
 @dataclass
 class Source:
-    """A checked HF checkpoint: its config, dims, and where each tensor lives (file, dtype, shape) in its shards."""
+    """A checked HF checkpoint: its config, dims, and where each tensor lives in its shards."""
 
     folder: Path
     config: dict
     dims: Dims
-    where: dict[str, Path]  # HF tensor name -> shard file
-    dtypes: dict[str, str]  # HF tensor name -> safetensors dtype ("BF16", ...)
+    tensors: dict[str, StoredTensor]  # HF tensor name -> location
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return {name: t.dtype for name, t in self.tensors.items()}
 
     def reader(self) -> SourceReader:
         return SourceReader(self)
 
 
 class SourceReader:
-    """Reads tensors one at a time from memory-mapped shards; keeps each shard open once."""
+    """Reads one tensor at a time with plain reads (no memory map, so pages already converted are not kept mapped and
+    the process stays at about one tensor of memory); keeps each shard open once."""
 
     def __init__(self, source: Source):
         self._source = source
-        self._open: dict[Path, object] = {}
+        self._files: dict[Path, object] = {}
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        path = self._source.where[name]
-        handle = self._open.get(path)
-        if handle is None:
-            handle = self._open[path] = safe_open(str(path), framework="pt")
-        return handle.get_tensor(name)
+        t = self._source.tensors[name]
+        f = self._files.get(t.path)
+        if f is None:
+            f = self._files[t.path] = t.path.open("rb")
+        buf = bytearray(t.end - t.begin)
+        f.seek(t.begin)
+        if f.readinto(buf) != len(buf):
+            raise ModelFormatError(str(t.path), f"tensor {name} is cut short (the file shrank while converting?)")
+        return torch.frombuffer(buf, dtype=_TORCH_DTYPES[t.dtype]).reshape(t.shape) if buf else torch.empty(t.shape)
 
     def close(self) -> None:
-        self._open.clear()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
-def _safetensors_header(path: Path) -> dict:
-    """The JSON header of a .safetensors file, checked for size so a truncated file gives a named error."""
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    """The JSON header of a .safetensors file and where its data starts, checked against the file size so a
+    truncated file gives a named error."""
     size = path.stat().st_size
     with path.open("rb") as f:
         raw = f.read(8)
@@ -107,13 +127,15 @@ def _safetensors_header(path: Path) -> dict:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelFormatError(str(path), f"corrupt safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise ModelFormatError(str(path), "corrupt safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
     data_size = size - 8 - n
     for name, info in header.items():
         begin, end = info["data_offsets"]
         if not 0 <= begin <= end <= data_size:
             raise ModelFormatError(str(path), f"tensor {name} lies beyond the end of the file (truncated shard?)")
-    return header
+    return header, 8 + n
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -149,11 +171,13 @@ def read_source(folder: str | Path) -> Source:
     rope_theta(cfg)
     if not (folder / "tokenizer.json").is_file():
         raise ModelFormatError(str(folder / "tokenizer.json"), "missing (the GGUF needs the tokenizer)")
-    where: dict[str, Path] = {}
-    dtypes: dict[str, str] = {}
+    tensors: dict[str, StoredTensor] = {}
     expected = hf_shapes(dims)
     for shard in _shard_files(folder):
-        for name, info in _safetensors_header(shard).items():
+        header, data_start = _safetensors_header(shard)
+        for name, info in header.items():
+            if name in tensors:
+                raise ModelFormatError(f"tensor {name}", f"stored twice ({tensors[name].path.name} and {shard.name})")
             if name not in expected:
                 raise ModelFormatError(f"tensor {name}", f"in {shard.name} is not part of a Qwen3-MoE checkpoint with this config")
             if info["dtype"] not in _TORCH_DTYPES:
@@ -162,13 +186,16 @@ def read_source(folder: str | Path) -> Source:
                 raise ModelFormatError(
                     f"tensor {name}", f"shape mismatch: {list(info['shape'])} in {shard.name}, config implies {list(expected[name])}"
                 )
-            where[name] = shard
-            dtypes[name] = info["dtype"]
-    missing = [name for name in expected if name not in where]
+            begin, end = info["data_offsets"]
+            itemsize = _TORCH_DTYPES[info["dtype"]].itemsize
+            if end - begin != itemsize * int(torch.Size(expected[name]).numel()):
+                raise ModelFormatError(f"tensor {name}", f"in {shard.name}: byte range does not match its shape and dtype")
+            tensors[name] = StoredTensor(shard, data_start + begin, data_start + end, info["dtype"], expected[name])
+    missing = [name for name in expected if name not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ModelFormatError(f"tensor {missing[0]}", f"missing from the checkpoint{more}")
-    return Source(folder, cfg, dims, where, dtypes)
+    return Source(folder, cfg, dims, tensors)
 
 
 def tensor_qtype(t: GGUFTensor, requested: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
@@ -187,7 +214,16 @@ def plan_tensors(dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGM
     def producer(t: GGUFTensor) -> Callable[[], torch.Tensor]:
         if len(t.sources) == 1:
             return lambda: get(t.sources[0])
-        return lambda: torch.stack([get(name) for name in t.sources])  # [E, rows, cols]
+
+        def stacked() -> torch.Tensor:  # [E, rows, cols], filled expert by expert (no second copy of the stack)
+            first = get(t.sources[0])
+            out = torch.empty((len(t.sources), *first.shape), dtype=first.dtype)
+            out[0] = first
+            for e, name in enumerate(t.sources[1:], start=1):
+                out[e] = get(name)
+            return out
+
+        return stacked
 
     return [PlannedTensor(t.name, t.shape, tensor_qtype(t, qtype), producer(t)) for t in gguf_tensors(dims)]
 
