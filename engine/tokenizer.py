@@ -66,6 +66,8 @@ class Tokenizer:
         p = Path(path)
         if p.is_dir():
             return cls.from_hf_folder(p)
+        if p.suffix.lower() == ".safetensors" or p.name == "config.json":
+            return cls.from_hf_folder(p.parent)
         from engine.gguf_reader import open_gguf
 
         return cls.from_gguf_metadata(open_gguf(p).metadata, str(p))

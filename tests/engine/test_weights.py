@@ -210,3 +210,43 @@ def test_safetensors_corruption_never_raw_errors(tiny_hf_model, tmp_path):
             load_weights(f)
         except ModelFormatError:
             pass
+
+
+def test_table_uses_llama_cpp_names():
+    """Every GGUF name in the table is llama.cpp's name for a qwen3moe tensor (gguf's own constants), and every
+    qwen3moe tensor llama.cpp knows is in the table; dense blocks use llama.cpp's dense FFN names."""
+    import gguf
+
+    cfg = tiny_config(num_hidden_layers=2, mlp_only_layers=(1,))
+    ours = set(gguf_to_canonical(cfg))
+    T = gguf.MODEL_TENSOR
+    theirs = set()
+    for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN3MOE]:
+        for i in range(2):
+            name = gguf.TENSOR_NAMES[t].format(bid=i) + ".weight"
+            if "{bid}" not in gguf.TENSOR_NAMES[t] and i:
+                continue
+            if i == 1 and t in (T.FFN_GATE_INP, T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP):
+                continue
+            theirs.add(name)
+    theirs |= {gguf.TENSOR_NAMES[t].format(bid=1) + ".weight" for t in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)}
+    assert ours == theirs
+
+
+def test_config_keys_are_gguf_constants():
+    import gguf
+
+    from engine.config import GGUF_KEYS
+
+    K = gguf.Keys
+    arch = "qwen3moe"
+    assert set(GGUF_KEYS.values()) == {
+        K.LLM.CONTEXT_LENGTH.format(arch=arch), K.LLM.EMBEDDING_LENGTH.format(arch=arch),
+        K.LLM.BLOCK_COUNT.format(arch=arch), K.LLM.FEED_FORWARD_LENGTH.format(arch=arch),
+        K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch), K.Attention.HEAD_COUNT.format(arch=arch),
+        K.Attention.HEAD_COUNT_KV.format(arch=arch), K.Attention.KEY_LENGTH.format(arch=arch),
+        K.Attention.LAYERNORM_RMS_EPS.format(arch=arch), K.Rope.FREQ_BASE.format(arch=arch),
+        K.LLM.EXPERT_COUNT.format(arch=arch), K.LLM.EXPERT_USED_COUNT.format(arch=arch),
+        K.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch), K.LLM.VOCAB_SIZE.format(arch=arch),
+        K.Tokenizer.BOS_ID, K.Tokenizer.EOS_ID,
+    }  # fmt: skip
