@@ -55,6 +55,7 @@ class MainWindow(QMainWindow):
         self.error_box: QMessageBox | None = None
         self.last_error: WorkerError | None = None
         self._loading = False
+        self.fits: dict[str, object] = {}  # path -> FitEstimate of the last inspection
         self.setWindowTitle("Tessera")
         self.setAcceptDrops(True)
         dark = is_dark(settings.get("ui/theme"))
@@ -207,6 +208,9 @@ class MainWindow(QMainWindow):
     # ---- model
     def load_model(self, path: str) -> None:
         path = str(path)
+        fit = self.fits.get(path)
+        if fit is not None and fit.verdict == "won't fit" and not self.confirm_load(fit.text):
+            return
         if self.model_panel.path != path:
             self.model_panel.choose(path)
         self.model_panel.start_loading()
@@ -250,7 +254,15 @@ class MainWindow(QMainWindow):
     def on_inspected(self, summary: ModelSummary) -> None:
         fit = estimate(summary.info, self.settings.get("model/context_length"), ram_available(),
                        self.backend_list.vram_free_bytes if self.backend_list else 0)
+        self.fits[summary.path] = fit
         self.model_panel.show_summary(summary, fit.text)
+
+    def confirm_load(self, fit_text: str) -> bool:
+        """Before loading a model that will not fit: say so in numbers and let the user decide."""
+        answer = QMessageBox.warning(self, "The model will probably not fit", fit_text + "\n\nLoad it anyway?",
+                                     QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                     QMessageBox.StandardButton.No)
+        return answer == QMessageBox.StandardButton.Yes
 
     def on_backends(self, backends: BackendList) -> None:
         self.backend_list = backends

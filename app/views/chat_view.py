@@ -6,7 +6,7 @@ token stream costs at most ~20 Markdown renders per second.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QInputDialog, QLabel, QMessageBox, QPlainTextEdit,
                                QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget)
@@ -61,6 +61,7 @@ class ChatView(QWidget):
         self.prompt.setPlaceholderText("Message (Ctrl+Enter to send, Esc to stop)")
         self.prompt.setAccessibleName("Message input")
         self.prompt.setMaximumHeight(84)
+        self.prompt.installEventFilter(self)
         layout.addWidget(self.prompt)
 
         row = QHBoxLayout()
@@ -169,6 +170,18 @@ class ChatView(QWidget):
         last = len(self.widgets) - 1
         for i, w in enumerate(self.widgets):
             w.set_actions(self.busy, i == last)
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        """Ctrl+Enter and Esc typed in the prompt box, also when the window-level shortcuts do not see them."""
+        if obj is self.prompt and event.type() == QEvent.Type.KeyPress:
+            ctrl = event.modifiers() & Qt.KeyboardModifier.ControlModifier
+            if ctrl and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+                self._send()
+                return True
+            if event.key() == Qt.Key.Key_Escape and self.busy:
+                self.stop_requested.emit()
+                return True
+        return super().eventFilter(obj, event)
 
     # ---- actions
     def _send(self) -> None:

@@ -3,6 +3,7 @@ load with progress and cancel, unload, recent models."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -173,13 +174,19 @@ class ModelPanel(QWidget):
         self.fit_label.setText(fit_text)
 
     def show_progress(self, p: LoadProgress) -> None:
+        if getattr(self, "_started", None) is None or p.operation != self._op:
+            self._started, self._op = time.monotonic(), p.operation
         self.progress.setVisible(True)
         self.cancel_button.setVisible(p.operation in ("load", "make"))
         self.progress.setRange(0, max(p.total, 1) if p.total > 0 else 0)
         self.progress.setValue(min(p.done, max(p.total, 1)))
         label = {"load": "Loading", "repack": "Repacking experts", "make": "Making a test model"}.get(
             p.operation, p.operation)
-        self.progress.setFormat(f"{label}: {p.stage} %p%" + (f" · {p.detail}" if p.detail else ""))
+        eta = ""
+        elapsed = time.monotonic() - self._started
+        if 0.05 < p.fraction < 1 and elapsed > 1:
+            eta = f" · about {elapsed * (1 - p.fraction) / p.fraction:.0f} s left"
+        self.progress.setFormat(f"{label}: {p.stage} %p%" + (f" · {p.detail}" if p.detail else "") + eta)
 
     def start_loading(self) -> None:
         self.error_label.setVisible(False)
@@ -190,6 +197,7 @@ class ModelPanel(QWidget):
         self.load_button.setEnabled(False)
 
     def set_state(self, state: ModelState) -> None:
+        self._started = None
         self.loaded = state.loaded
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
@@ -206,6 +214,7 @@ class ModelPanel(QWidget):
             self.load_button.setText("Load")
 
     def show_error(self, text: str) -> None:
+        self._started = None
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
         self.load_button.setEnabled(bool(self.path))

@@ -73,16 +73,16 @@ def inspect_source(folder: str):
     def fn(progress, cancel) -> dict:
         from engine.convert import read_source  # noqa: PLC0415
 
-        src = read_source(folder)
-        shards = sorted({str(p) for p in src.where.values()})
-        size = sum(Path(p).stat().st_size for p in shards)
+        src = read_source(folder)  # checks config, tokenizer and every tensor header; named errors
+        shards = sorted(Path(src.folder).glob("*.safetensors"))
+        size = sum(p.stat().st_size for p in shards)
         dtypes = sorted(set(src.dtypes.values()))
         cfg = src.config
         width = {"F32": 4, "F16": 2, "BF16": 2}.get(max(dtypes, key=list(src.dtypes.values()).count), 2)
         return {
             "folder": str(src.folder), "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts"),
             "experts_per_token": cfg.get("num_experts_per_tok"), "hidden_size": cfg.get("hidden_size"),
-            "vocab_size": cfg.get("vocab_size"), "tensors": len(src.where), "shards": len(shards),
+            "vocab_size": cfg.get("vocab_size"), "tensors": len(src.dtypes), "shards": len(shards),
             "bytes": size, "dtypes": dtypes, "params": size // width, "backends": _backends(),
         }
 

@@ -250,3 +250,80 @@ def test_wizards_open_from_the_window_and_report_back(harness):
         assert "42.5 GB/s" in w.graphs.bandwidth_label.text()
     finally:
         wizard.reject()
+
+
+def test_ctrl_enter_sends_and_esc_stops(harness, qtbot):
+    from PySide6.QtCore import Qt
+
+    w = harness.window
+    harness.load()
+    session = harness.api.sessions[-1]
+    session.reply_words = ["word "] * 1000
+    session.token_delay = 0.01
+    harness.settings.set("sampling/max_tokens", 1000)
+    w.chat.prompt.setFocus()
+    w.chat.prompt.setPlainText("keyboard only")
+    qtbot.keyClick(w.chat.prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: w.controller.busy and "word" in w.controller.messages[-1].content, timeout=5000)
+    assert w.controller.messages[0].content == "keyboard only" and w.chat.prompt.toPlainText() == ""
+    qtbot.keyClick(w.chat.prompt, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: not w.controller.busy, timeout=5000)
+    assert w.controller.messages[-1].state == "stopped"
+    w.new_action.trigger()  # Ctrl+N (the key binding itself is checked in test_shortcuts_and_accessible_names)
+    assert w.controller.conversation_id == 0 and w.chat.widgets == []
+
+
+def test_drop_a_model_file_inspects_it_and_shows_the_fit(harness, qtbot, tmp_path):
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    w = harness.window
+    model = tmp_path / "dropped.gguf"
+    model.write_bytes(b"GGUF")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(model))])
+    event = QDropEvent(QPointF(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                       Qt.KeyboardModifier.NoModifier)
+    with qtbot.waitSignal(harness.worker.inspected, timeout=5000):
+        w.model_panel.dropEvent(event)
+    qtbot.waitUntil(lambda: w.model_panel.meta.topLevelItemCount() > 0, timeout=3000)
+    rows = {w.model_panel.meta.topLevelItem(i).text(0): w.model_panel.meta.topLevelItem(i).text(1)
+            for i in range(w.model_panel.meta.topLevelItemCount())}
+    assert rows["Architecture"] == "qwen3moe" and rows["Experts"] == "8" and rows["Size on disk"] == "4.8 MiB"
+    assert w.model_panel.fit_label.text().startswith("Fits:") and "GiB RAM free" in w.model_panel.fit_label.text()
+    assert w.model_panel.load_button.isEnabled()
+
+
+def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypatch):
+    from app.fit import estimate
+
+    w = harness.window
+    w.fits["/models/huge.gguf"] = estimate({"total_bytes": 10**15}, 4096, 16 * 2**30)
+    asked = []
+    monkeypatch.setattr(w, "confirm_load", lambda text: asked.append(text) or False)
+    w.load_model("/models/huge.gguf")
+    assert asked and asked[0].startswith("Won't fit") and not harness.api.sessions
+    monkeypatch.setattr(w, "confirm_load", lambda text: True)
+    with qtbot.waitSignal(w.model_ready, timeout=5000):
+        w.load_model("/models/huge.gguf")
+    assert w.state.loaded
+
+
+def test_export_from_the_window(harness, monkeypatch, tmp_path):
+    import json
+
+    from PySide6.QtWidgets import QFileDialog
+
+    w = harness.window
+    harness.load()
+    harness.send("export me")
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(out), "")))
+    w.export(w.controller.conversation_id, "json")
+    doc = json.loads(out.read_text())
+    assert [m["content"] for m in doc["messages"]] == ["export me", "Hello there!"]
+    assert doc["messages"][1]["thinking"] == "let me think"
+    md = tmp_path / "out.md"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(md), "")))
+    w.export(w.controller.conversation_id, "markdown")
+    assert "## Assistant" in md.read_text()
