@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,3 +343,76 @@ class _Parser:
                 f" {self.size}"
             )
         return GGUFTensorInfo(name, qtype, shape, start, nbytes)
+
+
+# ---- split models (llama.cpp's gguf-split: NAME-00001-of-00003.gguf, ...) -------------------------------------------
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class GGUFModel:
+    """A model stored in one GGUF file or split over several (llama.cpp's gguf-split). Same access as GGUFFile:
+    `metadata` (from the first split), `tensors` (all splits), `info`, `raw`, `tensor`; `files` lists the parts."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        first = GGUFFile(path)
+        self.source = first.source
+        self.metadata = first.metadata
+        count = first.metadata.get(SPLIT_COUNT, 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 9999:
+            raise ModelFormatError(self.source, f"key {SPLIT_COUNT}: {count!r} is not a split count")
+        self.files = [first]
+        if count > 1:
+            m = _SPLIT_NAME.match(first.path.name)
+            if not m or int(m["count"]) != count:
+                raise ModelFormatError(
+                    self.source, f"key {SPLIT_COUNT} is {count} but the name is not NAME-00001-of-{count:05d}.gguf"
+                )
+            if int(m["no"]) != 1 or first.metadata.get(SPLIT_NO, 0) != 0:
+                first_name = f"{m['prefix']}-00001-of-{count:05d}.gguf"
+                raise ModelFormatError(self.source, f"is part {m['no']} of a split model; open {first_name} instead")
+            for no in range(2, count + 1):
+                part = first.path.with_name(f"{m['prefix']}-{no:05d}-of-{count:05d}.gguf")
+                if not part.exists():
+                    raise ModelFormatError(str(part), f"split part {no} of {count} is missing")
+                f = GGUFFile(part)
+                if f.metadata.get(SPLIT_NO) != no - 1 or f.metadata.get(SPLIT_COUNT) != count:
+                    raise ModelFormatError(str(part), f"keys {SPLIT_NO}/{SPLIT_COUNT} do not say part {no} of {count}")
+                self.files.append(f)
+        self._owner: dict[str, GGUFFile] = {}
+        for f in self.files:
+            for name in f.tensors:
+                if name in self._owner:
+                    raise ModelFormatError(f.source, f"tensor {name} is also in {self._owner[name].path.name}")
+                self._owner[name] = f
+        expected = first.metadata.get(SPLIT_TENSORS)
+        if count > 1 and expected is not None and expected != len(self._owner):
+            raise ModelFormatError(
+                self.source, f"key {SPLIT_TENSORS} says {expected} tensors, the {count} parts hold {len(self._owner)}"
+            )
+        self.tensors = {n: f.tensors[n] for n, f in self._owner.items()}
+
+    def info(self, name: str) -> GGUFTensorInfo:
+        if name not in self._owner:
+            raise ModelFormatError(self.source, f"tensor {name} is missing")
+        return self.tensors[name]
+
+    def raw(self, name: str) -> np.ndarray:
+        self.info(name)
+        return self._owner[name].raw(name)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        self.info(name)
+        return self._owner[name].tensor(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._owner
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def open_gguf_model(path: str | os.PathLike[str]) -> GGUFModel:
+    return GGUFModel(path)

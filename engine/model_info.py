@@ -69,12 +69,12 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
 
 def _inspect_gguf(path: Path) -> ModelInfo:
     from engine import quants
-    from engine.gguf_reader import open_gguf
+    from engine.gguf_reader import open_gguf_model
     from engine.weights import check_gguf_tensors
 
     if not path.exists():
         raise ModelFormatError(str(path), "does not exist")
-    f = open_gguf(path)
+    f = open_gguf_model(path)
     cfg = ModelConfig.from_gguf(f.metadata, str(path), f.tensors.keys())
     check_gguf_tensors(cfg, {n: t.shape for n, t in f.tensors.items()}, str(path))
     sizes = []

@@ -68,9 +68,9 @@ class Tokenizer:
             return cls.from_hf_folder(p)
         if p.suffix.lower() == ".safetensors" or p.name == "config.json":
             return cls.from_hf_folder(p.parent)
-        from engine.gguf_reader import open_gguf
+        from engine.gguf_reader import open_gguf_model
 
-        return cls.from_gguf_metadata(open_gguf(p).metadata, str(p))
+        return cls.from_gguf_metadata(open_gguf_model(p).metadata, str(p))
 
     @classmethod
     def from_gguf_metadata(cls, md: dict[str, Any], source: str = "model.gguf") -> Tokenizer:

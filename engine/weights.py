@@ -159,9 +159,9 @@ def check_gguf_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], sou
 
 
 def _load_gguf(path: Path, progress: Progress, cancel: threading.Event | None) -> ModelWeights:
-    from engine.gguf_reader import open_gguf
+    from engine.gguf_reader import open_gguf_model
 
-    f = open_gguf(path)
+    f = open_gguf_model(path)
     cfg = ModelConfig.from_gguf(f.metadata, str(path), f.tensors.keys())
     specs = check_gguf_tensors(cfg, {n: t.shape for n, t in f.tensors.items()}, str(path))
     tensors: dict[str, torch.Tensor] = {}

@@ -100,6 +100,7 @@ def write_gguf(
     drop_keys: tuple[str, ...] = (),
     arch: str = "qwen3moe",
     seed: int = 0,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a GGUF; returns its path. `qtype` applies to 2-D+ tensors (norms stay F32, as llama.cpp does).
     K-quant tensors get random valid blocks (not a quantization of the random float values)."""
@@ -108,7 +109,7 @@ def write_gguf(
     for n in drop:
         tensors.pop(n)
     tensors.update(extra or {})
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     md = {k: v for k, v in cfg.to_gguf_metadata().items() if k != "general.architecture"}
     md.update(metadata or {})
     for k, v in md.items():

@@ -250,3 +250,25 @@ def test_config_keys_are_gguf_constants():
         K.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch), K.LLM.VOCAB_SIZE.format(arch=arch),
         K.Tokenizer.BOS_ID, K.Tokenizer.EOS_ID,
     }  # fmt: skip
+
+
+def test_split_gguf(tmp_path):
+    """llama.cpp gguf-split files (NAME-00001-of-0000N.gguf) load as one model, equal to the unsplit file."""
+    cfg = tiny_config()
+    src = random_tensors(cfg)
+    whole = load_weights(write_gguf(tmp_path / "whole.gguf", cfg, tensors=src))
+    write_gguf(tmp_path / "m.gguf", cfg, tensors=src, split_max_tensors=10)
+    parts = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    assert len(parts) == 3 and parts[0].name == "m-00001-of-00003.gguf"
+    w = load_weights(parts[0])
+    assert w.config == whole.config and set(w.tensors) == set(whole.tensors)
+    assert all(torch.equal(w.tensors[n], whole.tensors[n]) for n in w.tensors)
+    from engine.model_info import inspect_model
+
+    assert inspect_model(parts[0]).total_bytes == inspect_model(tmp_path / "whole.gguf").total_bytes
+    with pytest.raises(ModelFormatError, match="is part 00002 of a split model; open m-00001-of-00003.gguf"):
+        load_weights(parts[1])
+    parts[2].unlink()
+    with pytest.raises(ModelFormatError, match="split part 3 of 3 is missing") as e:
+        load_weights(parts[0])
+    assert e.value.subject.endswith("m-00003-of-00003.gguf")
