@@ -377,3 +377,18 @@ def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sou
     assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
     for ta, tb in zip(a.tensors, b.tensors):
         assert np.array_equal(ta.data, tb.data), ta.name
+
+
+def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
+    native = pytest.importorskip("engine.native")
+    available = [name for name, (ok, _) in native.backend_status().items() if ok and name not in ("Auto", "Reference")]
+    if not available:
+        pytest.skip("no packing backend on this machine")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "m.gguf"
+    assert main(["convert", str(sources["moe"]), str(out), "--prepack", available[0]]) == 0
+    assert f"experts packed for {available[0]}" in capsys.readouterr().err
+    packed = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert packed, "nothing written to the packed-weight cache"
+    assert main(["convert", str(sources["moe"]), str(out), "--prepack", "Torch"]) == 0
+    assert "nothing to pack" in capsys.readouterr().err
