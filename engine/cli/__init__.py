@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "generate": "engine.cli.generate",
     "chat": "engine.cli.chat",
     "bench": "engine.cli.bench",
+    "eval-demo": "engine.cli.eval_demo",
 }
 
 

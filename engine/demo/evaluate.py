@@ -1,0 +1,91 @@
+"""Exact-match evaluation of the demo model on held-out problems, through Tessera's whole chat pipeline.
+
+Each prompt goes through `Session.chat` exactly as the app sends it with thinking off (chat template, tokenizer,
+prefill and greedy decode on the chosen expert backend, detokenization), and the reply must equal the problem's
+canonical answer (surrounding whitespace aside). The problems come from the held-out side of the split, so none was
+seen in training.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.demo.skills import SKILLS, Problem
+from engine.demo.split import eval_problems
+
+# Longest canonical answer is ~60 tokens (an 11-letter word spelled out, a 3-step column sum); leave room to be wrong.
+MAX_REPLY_TOKENS = 128
+
+
+@dataclass
+class SkillResult:
+    correct: int = 0
+    n: int = 0
+    failures: list[tuple[Problem, str]] = field(default_factory=list)  # (problem, the reply given)
+
+    @property
+    def accuracy(self) -> float:
+        return 100.0 * self.correct / self.n if self.n else 0.0
+
+
+@dataclass
+class EvalResult:
+    backend: str
+    skills: dict[str, SkillResult]
+    seconds: float
+
+    @property
+    def overall(self) -> float:
+        n = sum(s.n for s in self.skills.values())
+        return 100.0 * sum(s.correct for s in self.skills.values()) / n if n else 0.0
+
+    def as_json(self) -> dict:
+        """The shape `tessera-cli eval-demo --json` prints."""
+        return {
+            "skills": {k: {"accuracy": round(v.accuracy, 2), "n": v.n} for k, v in self.skills.items()},
+            "overall": round(self.overall, 2),
+            "backend": self.backend,
+        }
+
+
+def reply(session, prompt: str, *, cancel: threading.Event | None = None) -> str:
+    """The model's greedy reply to one user message, thinking off, as the app would get it."""
+    from engine.events import DoneEvent
+    from engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, max_tokens=MAX_REPLY_TOKENS)
+    text = ""
+    for event in session.chat([{"role": "user", "content": prompt}], params, enable_thinking=False, cancel=cancel):
+        if isinstance(event, DoneEvent):
+            text = event.text
+    return text
+
+
+def evaluate(
+    session,
+    n: int,
+    *,
+    skills: list[str] | None = None,
+    seed: int = 0,
+    on_problem: Callable[[str, Problem, str, bool], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> EvalResult:
+    """Run `n` held-out problems of each skill (all skills unless `skills` names some) through `session`."""
+    names = list(SKILLS) if skills is None else skills
+    t0 = time.perf_counter()
+    results: dict[str, SkillResult] = {}
+    for name in names:
+        res = results[name] = SkillResult()
+        for p in eval_problems(name, n, seed=seed):
+            got = reply(session, p.prompt, cancel=cancel)
+            ok = got.strip() == p.answer
+            res.n += 1
+            res.correct += ok
+            if not ok:
+                res.failures.append((p, got))
+            if on_problem is not None:
+                on_problem(name, p, got, ok)
+    return EvalResult(session.backend_name, results, time.perf_counter() - t0)

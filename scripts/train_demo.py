@@ -1,0 +1,314 @@
+#!/usr/bin/env python
+"""Train Tessera's demo model: a small Qwen3-MoE that does arithmetic, letter counting, list reversal and sorting, and
+answers questions about Tessera, on procedurally generated chats (engine/demo). Then convert it with Tessera's own
+converter to a BF16 GGUF under resources/demo/ and write the numbers the model card quotes.
+
+    python scripts/train_demo.py                      # the full run (fixed seed; ~30 min on a shared 2-core CPU)
+    python scripts/train_demo.py --steps 40 --out build/demo-smoke --gguf build/demo-smoke/demo.gguf   # smoke run
+
+Training uses transformers' Qwen3MoeForCausalLM, the numerical oracle Tessera's engine is tested equal to; it is a
+dev dependency of this script only (the engine never imports it). A checkpoint is written every --ckpt-every steps
+into --out, and a rerun with the same arguments resumes from it.
+Letters: B batch, T tokens, V vocab, H hidden, E experts, L layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from engine.demo.dataset import IGNORE, conversation, encode_conversations, make_renderer  # noqa: E402
+from engine.demo.skills import SKILLS  # noqa: E402
+from engine.demo.split import eval_problems  # noqa: E402
+from engine.demo.words import WORDS  # noqa: E402
+from engine.tokenizer_build import build_tokenizer, chat_template  # noqa: E402
+
+DEFAULT_GGUF = REPO / "resources" / "demo" / "tessera-demo-moe.gguf"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=REPO / "build" / "demo-train", help="work folder (checkpoints, HF model)")
+    p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="where to write the BF16 GGUF")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--steps", type=int, default=1800)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads; 1 on a shared machine (2 threads on 2 busy cores spin and run 5x slower)")
+    p.add_argument("--vocab", type=int, default=2022, help="BPE tokens; Qwen's 26 added tokens come on top")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--expert-dim", type=int, default=256, help="moe_intermediate_size")
+    p.add_argument("--aux-coef", type=float, default=0.001, help="router load-balancing loss weight (Qwen3's default)")
+    p.add_argument("--ckpt-every", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=300)
+    p.add_argument("--final-eval", type=int, default=20, help="held-out prompts per skill for the closing HF check")
+    return p.parse_args(argv)
+
+
+def model_config(args, tok) -> dict:
+    """A Qwen3-MoE config.json in the shape Qwen publishes (every layer sparse, q/k norm, GQA, renormalised top-k)."""
+    head_dim = 32
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": tok.total_size,
+        "hidden_size": args.hidden,
+        "intermediate_size": 4 * args.hidden,
+        "moe_intermediate_size": args.expert_dim,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.hidden // head_dim,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "num_experts": args.experts,
+        "num_experts_per_tok": args.top_k,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 2048,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "router_aux_loss_coef": args.aux_coef,
+        "output_router_logits": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "torch_dtype": "float32",
+    }
+
+
+def corpus(seed: int, render, n: int) -> list[str]:
+    rng = random.Random(f"tokenizer:{seed}")
+    return [render(conversation(rng)) for _ in range(n)] + [" ".join(WORDS)]
+
+
+def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:
+    """Conversation indices per step: each window of 32 batches is sorted by length (less padding), cut into
+    batches, and the batches shuffled with a seeded generator, so every run sees the same batches in the same order."""
+    rng = random.Random(f"batches:{seed}")
+    plan, window = [], 32 * batch
+    for w0 in range(0, len(lengths), window):
+        idx = sorted(range(w0, min(w0 + window, len(lengths))), key=lambda i: lengths[i])
+        chunk = [idx[i : i + batch] for i in range(0, len(idx), batch)]
+        rng.shuffle(chunk)
+        plan.extend(chunk)
+    return plan
+
+
+def make_batch(data, rows_idx: list[int], pad_id: int):
+    """Right-padded tensors for the conversations `rows_idx`."""
+    rows = [data[i] for i in rows_idx]
+    t = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), t), pad_id, dtype=torch.long)  # [B, T]
+    labels = torch.full((len(rows), t), IGNORE, dtype=torch.long)  # [B, T]
+    mask = torch.zeros((len(rows), t), dtype=torch.long)  # [B, T]
+    for i, (x, y) in enumerate(rows):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+        mask[i, : len(x)] = 1
+    return ids, labels, mask
+
+
+def lr_at(step: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@torch.no_grad()
+def greedy(model, tokenizer, render, prompt: str, eos: int, max_new: int = 96) -> str:
+    """Greedy reply with the HF model (training-time monitoring only; `tessera-cli eval-demo` is the real eval)."""
+    text = render([{"role": "user", "content": prompt}], add_generation_prompt=True, enable_thinking=False)
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])  # [1, T]
+    out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+def quick_eval(model, tokenizer, render, eos: int, n: int) -> dict[str, float]:
+    model.eval()
+    acc = {}
+    for skill in SKILLS:
+        probs = eval_problems(skill, n)
+        acc[skill] = 100.0 * sum(greedy(model, tokenizer, render, p.prompt, eos) == p.answer for p in probs) / n
+    model.train()
+    return acc
+
+
+@torch.no_grad()
+def expert_usage(model, tokenizer, render, n_per_skill: int = 50) -> list[dict]:
+    """Per layer: share of routed (token, expert) pairs per expert over held-out conversations, and its entropy."""
+    cfg = model.config
+    counts = torch.zeros(cfg.num_hidden_layers, cfg.num_experts)  # [L, E]
+    for skill in SKILLS:
+        for p in eval_problems(skill, n_per_skill):
+            text = render([{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.answer}])
+            ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])  # [1, T]
+            out = model(input_ids=ids, output_router_logits=True)
+            for layer, logits in enumerate(out.router_logits):  # logits: [T, E]
+                top = logits.topk(cfg.num_experts_per_tok, dim=-1).indices  # [T, k]
+                counts[layer] += torch.bincount(top.flatten(), minlength=cfg.num_experts).float()
+    rows = []
+    for layer in range(cfg.num_hidden_layers):
+        share = counts[layer] / counts[layer].sum()  # [E]
+        entropy = float(-(share * share.clamp_min(1e-12).log2()).sum())
+        rows.append({"layer": layer, "share": [round(float(s), 4) for s in share], "entropy_bits": round(entropy, 3),
+                     "max_bits": round(math.log2(cfg.num_experts), 3)})
+    return rows
+
+
+def export_hf(model, folder: Path, config: dict, tok_dir: Path) -> None:
+    """Write the HF folder as Qwen publishes it: config.json, tokenizer files, and model.safetensors with the experts
+    stored one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), the layout Tessera's converter and loaders read."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to(torch.float32).contiguous()
+        if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate rows then up rows
+            prefix = name[: -len("gate_up_proj")]
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = t[e, :inter].clone()  # [I, H]
+                out[f"{prefix}{e}.up_proj.weight"] = t[e, inter:].clone()  # [I, H]
+        elif name.endswith("mlp.experts.down_proj"):  # [E, H, I]
+            prefix = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = t[e].clone()  # [H, I]
+        elif name.endswith("mlp.gate.weight") or "mlp.experts" not in name:
+            out[name] = t
+        else:
+            raise RuntimeError(f"unexpected parameter {name}: update export_hf for this transformers version")
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+           "pad_token_id": config["pad_token_id"], "do_sample": False}
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for f in tok_dir.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from tokenizers import Tokenizer
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = open(args.out / "train.log", "a", buffering=1)
+
+    def say(msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        log.write(line + "\n")
+
+    t0 = time.time()
+    render = make_renderer(chat_template())
+    tok_dir = args.out / "tokenizer"
+    built = build_tokenizer(corpus(args.seed, render, 20000), args.vocab, tok_dir)
+    tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    config = model_config(args, built)
+    say(f"tokenizer: {built.total_size} tokens ({built.bpe_size} BPE + 26 added), {time.time() - t0:.1f}s")
+
+    rng = random.Random(f"train:{args.seed}")
+    convs = [conversation(rng) for _ in range(args.steps * args.batch)]
+    data = encode_conversations(tokenizer, render, convs)
+    n_tok = sum(len(x) for x, _ in data)
+    n_sup = sum(sum(1 for v in y if v != IGNORE) for _, y in data)
+    plan = batch_plan([len(x) for x, _ in data], args.batch, args.seed)
+    say(f"data: {len(data)} conversations, {n_tok} tokens, {n_sup} supervised, {time.time() - t0:.1f}s")
+
+    hf_cfg = Qwen3MoeConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    hf_cfg.output_router_logits = True  # adds the load-balancing loss during training
+    model = Qwen3MoeForCausalLM(hf_cfg)
+    params = sum(p.numel() for p in model.parameters())
+    say(f"model: {params / 1e6:.2f} M parameters, config {json.dumps({k: config[k] for k in ('hidden_size', 'num_hidden_layers', 'num_experts', 'num_experts_per_tok', 'moe_intermediate_size')})}")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+
+    ckpt = args.out / "checkpoint.pt"
+    start, elapsed_before = 0, 0.0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start, elapsed_before = int(state["step"]), float(state["elapsed"])
+        say(f"resumed at step {start}")
+
+    model.train()
+    t_train = time.time()
+    for step in range(start, args.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        ids, labels, mask = make_batch(data, plan[step], built.pad_token_id)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done = step + 1
+        elapsed = elapsed_before + time.time() - t_train
+        if done % 25 == 0 or done == args.steps:
+            say(f"step {done}/{args.steps} loss {out.loss.item():.4f} aux {out.aux_loss.item():.3f} "
+                f"lr {lr_at(step, args):.2e} {elapsed / 60:.1f} min")
+        if done % args.ckpt_every == 0 or done == args.steps:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done, "elapsed": elapsed},
+                       ckpt.with_suffix(".tmp"))
+            ckpt.with_suffix(".tmp").replace(ckpt)
+        if done % args.eval_every == 0 and done < args.steps:
+            say(f"held-out (HF greedy, 5 each): {quick_eval(model, tokenizer, render, built.eos_token_id, 5)}")
+
+    train_minutes = (elapsed_before + time.time() - t_train) / 60
+    model.eval()
+    final = quick_eval(model, tokenizer, render, built.eos_token_id, args.final_eval)
+    say(f"final held-out (HF greedy, {args.final_eval} each): {final}")
+    usage = expert_usage(model, tokenizer, render)
+    say("expert usage entropy (bits) per layer: " + ", ".join(str(r["entropy_bits"]) for r in usage))
+
+    hf_dir = args.out / "hf"
+    export_hf(model, hf_dir, config, tok_dir)
+    from engine.convert import convert
+
+    args.gguf.parent.mkdir(parents=True, exist_ok=True)
+    convert(hf_dir, args.gguf, dtype="bf16")
+    stats = {
+        "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr, "threads": args.threads,
+        "train_minutes": round(train_minutes, 1), "total_minutes": round((time.time() - t0) / 60, 1),
+        "parameters": params, "config": config, "conversations": len(data), "tokens": n_tok,
+        "supervised_tokens": n_sup, "hf_heldout_accuracy": {"n": args.final_eval, "percent": final}, "expert_usage": usage,
+        "gguf_bytes": args.gguf.stat().st_size,
+    }
+    (args.out / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    say(f"wrote {args.gguf} ({args.gguf.stat().st_size / 1e6:.1f} MB) and {args.out / 'train_stats.json'}; "
+        f"training {train_minutes:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
