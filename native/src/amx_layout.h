@@ -2,12 +2,14 @@
 //
 // Letters: N output rows of a weight matrix W[N, K] (nn.Linear layout), K inputs, Np/Kp padded, nb/kb tile indices,
 // g K-group, G group size. A weight matrix is cut into B tiles of 16 rows x 64 bytes, n-block major:
-//   int8: tile (nb, kb) holds W[nb*16 + n][kb*64 + 4r + q] at row r, byte 4n + q   (K quads, TDPBSSD's B operand)
+//   int8: tile (nb, kb) holds q(W[nb*16 + n][kb*64 + 4r + q]) + 128 at row r, byte 4n + q   (K quads, unsigned:
+//         TDPBSUD's B operand and the u8 operand of VPDPBUSD; the +128 is taken back once per (row, group) with the
+//         activations' sum, so no per-weight correction is stored or computed)
 //   bf16: tile (nb, kb) holds W[nb*16 + n][kb*32 + 2r + q] at row r, bytes 4n + 2q (K pairs, TDPBF16PS's B operand)
 // so one tile row is also one 512-bit vector of 16 output lanes for the AVX-512 VNNI / BF16 decode on the same bytes.
 // K and N are zero-padded to whole tiles (the padded K bytes meet zero-padded activations; padded N lanes are never
 // stored). int8 matrices are followed by fp32 scales [Nb][ng][16] (4 bytes per 64 weights: decode streams 6 % more
-// than the int8 bytes; the VNNI decode recomputes the column sums it needs instead of storing another 6 %).
+// than the int8 bytes).
 //
 // Blob: PackedHeader (64 B) | AmxHeader (64 B) | gate[E] | up[E] | down[E]; every matrix starts 64-byte aligned.
 #pragma once
@@ -65,7 +67,7 @@ struct MatLayout {
   }
 };
 
-constexpr char kAmxMagic[8] = "TESSAM2";
+constexpr char kAmxMagic[8] = "TESSAM3";
 
 // Second 64 bytes of the blob.
 struct AmxHeader {

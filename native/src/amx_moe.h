@@ -49,7 +49,8 @@ struct TileGemm {
   // Same contract as VecKernels::gemm_i8 (amx_vec.h).
   // The group epilogue runs through vec (vectorized where the CPU allows; it rounds like every other path).
   static void i8(const VecKernels& vec, const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
-                 const float* ascale, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+                 const float* ascale, const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C,
+                 int64_t ldc) {
     const int64_t kpg = L.kblocks_per_group();
     alignas(64) int32_t cbuf[4][16 * 16];
     alignas(64) float facc[32][32];
@@ -79,11 +80,11 @@ struct TileGemm {
             if (ra1) Tiles::template load<1>(a1 + kb * kTileKInt8, lda);
             Tiles::template load<2>(L.tile(W, nb, kb), 64);
             if (two) Tiles::template load<3>(L.tile(W, nb + 1, kb), 64);
-            Tiles::template dpbssd<4, 0, 2>();
-            if (two) Tiles::template dpbssd<5, 0, 3>();
+            Tiles::template dpbsud<4, 0, 2>();  // A signed activations, B the +128 weight bytes
+            if (two) Tiles::template dpbsud<5, 0, 3>();
             if (ra1) {
-              Tiles::template dpbssd<6, 1, 2>();
-              if (two) Tiles::template dpbssd<7, 1, 3>();
+              Tiles::template dpbsud<6, 1, 2>();
+              if (two) Tiles::template dpbsud<7, 1, 3>();
             }
           }
           Tiles::template store<4>(cbuf[0], 64);
@@ -95,8 +96,8 @@ struct TileGemm {
           for (int i = 0; i < (ra1 ? 2 : 1); ++i)
             for (int j = 0; j < (two ? 2 : 1); ++j)
               vec.i8_epilogue(cbuf[2 * i + j], L.scales(W, nb + j) + g * kTileN,
-                              ascale + (m0 + 16 * i) * L.ngroups + g, L.ngroups, i ? ra1 : ra0, &facc[16 * i][16 * j],
-                              32);
+                              ascale + (m0 + 16 * i) * L.ngroups + g, corr + (m0 + 16 * i) * L.ngroups + g,
+                              L.ngroups, i ? ra1 : ra0, &facc[16 * i][16 * j], 32);
         }
         const int64_t ncols = std::min<int64_t>((two ? 32 : 16), L.N - nb * kTileN);
         for (int r = 0; r < ra0 + ra1; ++r) std::memcpy(C + (m0 + r) * ldc + nb * kTileN, facc[r], ncols * 4);
@@ -213,38 +214,41 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H].
   const size_t ab = kInt8 ? 1 : 2;
   thread_local Scratch scratch;
-  scratch.reset(Scratch::need(R * GU.Kp, ab) + Scratch::need(R * GU.ngroups, 4) + 2 * Scratch::need(R * I, 4) +
-                Scratch::need(R * D.Kp, ab) + Scratch::need(R * D.ngroups, 4) + Scratch::need(R * H, 4));
+  scratch.reset(Scratch::need(R * GU.Kp, ab) + 2 * Scratch::need(R * GU.ngroups, 4) + 2 * Scratch::need(R * I, 4) +
+                Scratch::need(R * D.Kp, ab) + 2 * Scratch::need(R * D.ngroups, 4) + Scratch::need(R * H, 4));
   uint8_t* A = scratch.take<uint8_t>(R * GU.Kp * ab);
   float* as = scratch.take<float>(R * GU.ngroups);
+  int32_t* acorr = scratch.take<int32_t>(R * GU.ngroups);
   float* Hb = scratch.take<float>(R * I);  // gate, then silu(gate) * up
   float* Ub = scratch.take<float>(R * I);
   uint8_t* Hq = scratch.take<uint8_t>(R * D.Kp * ab);
   float* hs = scratch.take<float>(R * D.ngroups);
+  int32_t* hcorr = scratch.take<int32_t>(R * D.ngroups);
   float* Y = scratch.take<float>(R * H);
 
   constexpr int64_t kRowChunk = 16;
   auto convert_rows = [&](const MatLayout& ML, const float* src, int64_t ld, const int64_t* tok, uint8_t* dst,
-                          float* sc) {
+                          float* sc, int32_t* cr) {
     pool.parallel_for((R + kRowChunk - 1) / kRowChunk, [&](int64_t c, int) {
       for (int64_t r = c * kRowChunk; r < std::min(R, (c + 1) * kRowChunk); ++r) {
         const float* v = src + (tok ? tok[r] : r) * ld;
         if constexpr (kInt8)
-          quantize_row_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups);
+          quantize_row_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups,
+                          cr + r * ML.ngroups);
         else
           convert_row_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * ML.Kp);
       }
     });
   };
   // C[M, slab] for one expert's rows on tiles or vectors.
-  auto gemm = [&](const MatLayout& ML, const uint8_t* W, const uint8_t* Ain, const float* sc, int64_t M, int64_t nb0,
-                  int64_t nb1, float* C, int64_t ldc) {
+  auto gemm = [&](const MatLayout& ML, const uint8_t* W, const uint8_t* Ain, const float* sc, const int32_t* cr,
+                  int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
     if constexpr (kInt8) {
       const int8_t* a = reinterpret_cast<const int8_t*>(Ain);
       if (M >= min_rows)
-        TileGemm<Tiles>::i8(vec, ML, W, a, ML.Kp, sc, M, nb0, nb1, C, ldc);
+        TileGemm<Tiles>::i8(vec, ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
       else
-        vec.gemm_i8(ML, W, a, ML.Kp, sc, M, nb0, nb1, C, ldc);
+        vec.gemm_i8(ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
     } else {
       const uint16_t* a = reinterpret_cast<const uint16_t*>(Ain);
       if (M >= min_rows)
@@ -263,24 +267,26 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   };
 
   // 1. activations of every routed row: int8 per (row, group) with scales, or bf16.
-  convert_rows(GU, x, H, row_tok.data(), A, as);
+  convert_rows(GU, x, H, row_tok.data(), A, as, acorr);
   // 2. gate and up, then h = silu(gate) * up on the same slab.
   for_expert_slabs(GU.nblocks, [&](int64_t e, int64_t nb0, int64_t nb1) {
     const int64_t r0 = offs[e], M = offs[e + 1] - r0;
     const uint8_t* a = A + r0 * GU.Kp * ab;
     const float* sc = as + r0 * GU.ngroups;
-    gemm(GU, L.gate(blob, e), a, sc, M, nb0, nb1, Hb + r0 * I, I);
-    gemm(GU, L.up(blob, e), a, sc, M, nb0, nb1, Ub + r0 * I, I);
+    const int32_t* cr = acorr + r0 * GU.ngroups;
+    gemm(GU, L.gate(blob, e), a, sc, cr, M, nb0, nb1, Hb + r0 * I, I);
+    gemm(GU, L.up(blob, e), a, sc, cr, M, nb0, nb1, Ub + r0 * I, I);
     const int64_t n1 = std::min(I, nb1 * kTileN);
     for (int64_t r = r0; r < r0 + M; ++r)
       for (int64_t n = nb0 * kTileN; n < n1; ++n) Hb[r * I + n] = silu_mul(Hb[r * I + n], Ub[r * I + n]);
   });
   // 3. h rows converted for the down projection.
-  convert_rows(D, Hb, I, nullptr, Hq, hs);
+  convert_rows(D, Hb, I, nullptr, Hq, hs, hcorr);
   // 4. down: Y [R, H].
   for_expert_slabs(D.nblocks, [&](int64_t e, int64_t nb0, int64_t nb1) {
     const int64_t r0 = offs[e], M = offs[e + 1] - r0;
-    gemm(D, L.down_mat(blob, e), Hq + r0 * D.Kp * ab, hs + r0 * D.ngroups, M, nb0, nb1, Y + r0 * H, H);
+    gemm(D, L.down_mat(blob, e), Hq + r0 * D.Kp * ab, hs + r0 * D.ngroups, hcorr + r0 * D.ngroups, M, nb0, nb1,
+         Y + r0 * H, H);
   });
   // 5. out[t] = sum_j weights[t, j] * Y[row(t, j)], in slot order.
   pool.parallel_for(T, [&](int64_t t, int) {

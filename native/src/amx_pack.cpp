@@ -51,6 +51,8 @@ inline float group_scale(const float* x, int64_t k0, int64_t k1) {
 
 void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst) {
   std::memset(dst, 0, L.bytes);
+  if (L.fmt == WeightFormat::Int8)  // zero weights are stored as 128, the padding included
+    std::memset(dst, 128, L.tile_bytes);
   std::vector<float> row(L.K);
   for (int64_t n = 0; n < L.N; ++n) {
     row_to_f32(type, w, n, L.K, row.data());
@@ -65,7 +67,7 @@ void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* ds
           const int8_t q = quantize_value(row[k], s);
           uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKInt8) * kBTileBytes;
           const int64_t kk = k % kTileKInt8;
-          t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q);
+          t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q + 128);
         }
       }
     } else {
@@ -87,7 +89,7 @@ void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w) {
       if (L.fmt == WeightFormat::Int8) {
         const uint8_t* t = L.tile(mat, nb, k / kTileKInt8);
         const int64_t kk = k % kTileKInt8;
-        const int8_t q = static_cast<int8_t>(t[(kk / 4) * 64 + lane * 4 + kk % 4]);
+        const int q = static_cast<int>(t[(kk / 4) * 64 + lane * 4 + kk % 4]) - 128;
         v = static_cast<float>(q) * L.scales(mat, nb)[(k / L.group) * kTileN + lane];
       } else {
         const uint8_t* t = L.tile(mat, nb, k / kTileKBF16);
@@ -101,12 +103,14 @@ void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w) {
   }
 }
 
-void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales) {
+void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr) {
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
     const float s = k0 < k1 ? group_scale(x, k0, k1) : 0.0f;
     scales[g] = s;
-    for (int64_t k = k0; k < k1; ++k) q[k] = quantize_value(x[k], s);
+    int32_t sum = 0;
+    for (int64_t k = k0; k < k1; ++k) sum += q[k] = quantize_value(x[k], s);
+    corr[g] = 128 * sum;
   }
   if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);
 }

@@ -23,8 +23,9 @@ void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* ds
 // Packed matrix -> W [N, K] f32 (int8: q * scale).
 void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w);
 
-// x [K] -> q [Kp] int8 (zero beyond K) and one scale per group (amax / 127; q = rne(x / scale)).
-void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales);
+// x [K] -> q [Kp] int8 (zero beyond K), one scale per group (amax / 127; q = rne(x / scale)) and 128 * sum(q) per
+// group (the correction for the weights' +128 bias).
+void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
 // x [K] -> [Kp] bf16 (round to nearest even, zero beyond K).
 void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q);
 

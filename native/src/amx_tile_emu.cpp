@@ -132,20 +132,26 @@ void tilestored(int t, void* base, std::ptrdiff_t stride) {
   s.cfg.start_row = 0;
 }
 
-void tdpbssd(int c, int a, int b) {
-  check_dp(c, a, b, "tdpbssd");
+namespace {
+
+// TDPBSSD / TDPBSUD: DPBD with tsrc1 signed and tsrc2 signed or unsigned (zero-extended), int32 wrap-around.
+template <bool kBSigned>
+void dp_int8(int c, int a, int b, const char* op) {
+  check_dp(c, a, b, op);
   TileState& s = state();
   const int rows = s.cfg.rows[c], kq = s.cfg.colsb[a] / 4, nq = s.cfg.colsb[c] / 4;
   for (int m = 0; m < rows; ++m) {
     uint8_t* crow = s.data[c] + m * kMaxColsb;
     const int8_t* arow = reinterpret_cast<const int8_t*>(s.data[a] + m * kMaxColsb);
     for (int n = 0; n < nq; ++n) {
-      // DPBD(tmp.dword[n], tsrc1.row[m].dword[k], tsrc2.row[k].dword[n]) for k = 0..kq-1, int32 wrap-around.
+      // DPBD(tmp.dword[n], tsrc1.row[m].dword[k], tsrc2.row[k].dword[n]) for k = 0..kq-1
       uint32_t acc = static_cast<uint32_t>(load_i32(crow + 4 * n));
       for (int k = 0; k < kq; ++k) {
-        const int8_t* bq = reinterpret_cast<const int8_t*>(s.data[b] + k * kMaxColsb + 4 * n);
-        for (int q = 0; q < 4; ++q)
-          acc += static_cast<uint32_t>(static_cast<int32_t>(arow[4 * k + q]) * static_cast<int32_t>(bq[q]));
+        const uint8_t* bq = s.data[b] + k * kMaxColsb + 4 * n;
+        for (int q = 0; q < 4; ++q) {
+          const int32_t bv = kBSigned ? static_cast<int32_t>(static_cast<int8_t>(bq[q])) : static_cast<int32_t>(bq[q]);
+          acc += static_cast<uint32_t>(static_cast<int32_t>(arow[4 * k + q]) * bv);
+        }
       }
       std::memcpy(crow + 4 * n, &acc, 4);
     }
@@ -153,6 +159,11 @@ void tdpbssd(int c, int a, int b) {
   zero_outside_shape(c);
   s.cfg.start_row = 0;
 }
+
+}  // namespace
+
+void tdpbssd(int c, int a, int b) { dp_int8<true>(c, a, b, "tdpbssd"); }
+void tdpbsud(int c, int a, int b) { dp_int8<false>(c, a, b, "tdpbsud"); }
 
 float bf16_to_fp32_daz(uint16_t x) {
   // make_fp32: the bf16 bits in the upper half of a dword; input denormals are treated as zero.

@@ -32,6 +32,7 @@ void tilezero(int t);
 void tileloadd(int t, const void* base, std::ptrdiff_t stride);
 void tilestored(int t, void* base, std::ptrdiff_t stride);
 void tdpbssd(int c, int a, int b);
+void tdpbsud(int c, int a, int b);
 void tdpbf16ps(int c, int a, int b);
 
 // The scalar arithmetic of TDPBF16PS, exposed for tests: an fp32 FMA / add with DAZ on inputs, FTZ on the output
@@ -50,6 +51,7 @@ struct TileEmu {
   template <int T> static void load(const void* p, std::ptrdiff_t stride) { emu::tileloadd(T, p, stride); }
   template <int T> static void store(void* p, std::ptrdiff_t stride) { emu::tilestored(T, p, stride); }
   template <int C, int A, int B> static void dpbssd() { emu::tdpbssd(C, A, B); }
+  template <int C, int A, int B> static void dpbsud() { emu::tdpbsud(C, A, B); }
   template <int C, int A, int B> static void dpbf16ps() { emu::tdpbf16ps(C, A, B); }
 };
 

@@ -32,6 +32,9 @@ struct TileHw {
   template <int C, int A, int B> static void dpbssd() {
     __asm__ volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
   }
+  template <int C, int A, int B> static void dpbsud() {
+    __asm__ volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+  }
   template <int C, int A, int B> static void dpbf16ps() {
     __asm__ volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
   }

@@ -3,8 +3,9 @@
 // AVX-512 VNNI/BF16 (amx_vec_avx512.cpp, its own translation unit) and a portable scalar twin (amx_vec_scalar.cpp).
 //
 // Contract (both formats): for rows m < M and outputs n in [nb0*16, min(nb1*16, N)),
-//   int8: C[m*ldc + n] = sum_g ((float)acc_g[m][n] * wscale[g][n]) * ascale[m*ngroups + g]   (sum in g order from 0)
-//         where acc_g is the exact int32 dot product of A row m and W row n over group g;
+//   int8: C[m*ldc + n] = sum_g ((float)(acc_g[m][n] - corr[m*ngroups + g]) * wscale[g][n]) * ascale[m*ngroups + g]
+//         (sum in g order from 0) where acc_g is the int32 dot product of A row m with the stored (+128) weight bytes
+//         of row n over group g and corr = 128 * sum of A's group: the difference is the exact signed dot product;
 //   bf16: C[m*ldc + n] = the VDPBF16PS accumulation (odd element of each pair, then even; DAZ/FTZ, RNE) from 0.
 // A rows hold Kp elements at stride lda (elements); C is the row base (column n at C[m*ldc + n]).
 #pragma once
@@ -18,13 +19,13 @@ namespace tessera::amx {
 struct VecKernels {
   const char* name;
   void (*gemm_i8)(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
-                  int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
+                  const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
   void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
                     int64_t nb1, float* C, int64_t ldc);
   // The tile path's int8 group epilogue over a stored C tile: for r < rows, n < 16:
-  //   facc[r*ldf + n] += ((float)acc[r*16 + n] * wscale[n]) * ascale[r*as_stride]   (as i8_group_epilogue)
-  void (*i8_epilogue)(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
-                      float* facc, int64_t ldf);
+  //   facc[r*ldf + n] += ((float)(acc[r*16 + n] - corr[r*as_stride]) * wscale[n]) * ascale[r*as_stride]
+  void (*i8_epilogue)(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
+                      int64_t as_stride, int rows, float* facc, int64_t ldf);
 };
 
 const VecKernels& vec_scalar();
@@ -34,8 +35,8 @@ const VecKernels* vec_avx512();
 const VecKernels& vec_best();
 
 // The int8 epilogue of one group for 16 lanes, shared by every path (tiles included) so all round identically.
-inline void i8_group_epilogue(const int32_t* acc, const float* wscale, float ascale, float* facc) {
-  for (int n = 0; n < 16; ++n) facc[n] += (static_cast<float>(acc[n]) * wscale[n]) * ascale;
+inline void i8_group_epilogue(const int32_t* acc, const float* wscale, float ascale, int32_t corr, float* facc) {
+  for (int n = 0; n < 16; ++n) facc[n] += (static_cast<float>(acc[n] - corr) * wscale[n]) * ascale;
 }
 
 }  // namespace tessera::amx

@@ -13,10 +13,10 @@ namespace {
 
 constexpr int kRowsPerPass = 4;  // token rows sharing each loaded weight row
 
-inline __m512i bcast_u8_quad(const int8_t* p) {
+inline __m512i bcast_quad(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v ^ static_cast<int32_t>(0x80808080u));  // s8 -> u8 (+128); corrected by the column sums
+  return _mm512_set1_epi32(v);
 }
 
 inline __mmask16 lane_mask(const MatLayout& L, int64_t nb) {
@@ -24,17 +24,16 @@ inline __mmask16 lane_mask(const MatLayout& L, int64_t nb) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
 }
 
+// VPDPBUSD with the stored (+128, unsigned) weight row as the u8 operand and 4 activation bytes broadcast as s8.
 template <int MR>
-void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t nb,
-             float* C, int64_t ldc) {
+void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
+             const int32_t* corr, int64_t nb, float* C, int64_t ldc) {
   const int64_t kpg = L.kblocks_per_group();
   __m512 facc[MR];
   for (int i = 0; i < MR; ++i) facc[i] = _mm512_setzero_ps();
   const float* ws = L.scales(W, nb);
-  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t g = 0; g < L.ngroups; ++g) {
     __m512i acc0[MR], acc1[MR];
-    __m512i cs0 = _mm512_setzero_si512(), cs1 = _mm512_setzero_si512();  // column sums of the weights (u8 ones . w)
     for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_si512();
     for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
       const uint8_t* t = L.tile(W, nb, kb);
@@ -42,18 +41,16 @@ void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
       for (int r = 0; r < 16; r += 2) {
         const __m512i b0 = _mm512_load_si512(t + r * 64);
         const __m512i b1 = _mm512_load_si512(t + (r + 1) * 64);
-        cs0 = _mm512_dpbusd_epi32(cs0, ones, b0);
-        cs1 = _mm512_dpbusd_epi32(cs1, ones, b1);
         for (int i = 0; i < MR; ++i) {
-          acc0[i] = _mm512_dpbusd_epi32(acc0[i], bcast_u8_quad(A + i * lda + k0 + 4 * r), b0);
-          acc1[i] = _mm512_dpbusd_epi32(acc1[i], bcast_u8_quad(A + i * lda + k0 + 4 * r + 4), b1);
+          acc0[i] = _mm512_dpbusd_epi32(acc0[i], b0, bcast_quad(A + i * lda + k0 + 4 * r));
+          acc1[i] = _mm512_dpbusd_epi32(acc1[i], b1, bcast_quad(A + i * lda + k0 + 4 * r + 4));
         }
       }
     }
-    const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(cs0, cs1), 7);  // 128 * sum_k w: undoes the +128
     const __m512 wsv = _mm512_load_ps(ws + g * kTileN);
     for (int i = 0; i < MR; ++i) {
-      const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(acc0[i], acc1[i]), corr);
+      const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(acc0[i], acc1[i]),
+                                           _mm512_set1_epi32(corr[i * L.ngroups + g]));
       const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), wsv),
                                      _mm512_set1_ps(ascale[i * L.ngroups + g]));
       facc[i] = _mm512_add_ps(facc[i], p);
@@ -63,19 +60,20 @@ void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, facc[i]);
 }
 
-void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t M,
-             int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
+             const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
   for (int64_t m = 0; m < M; m += kRowsPerPass) {
     const int64_t mr = M - m < kRowsPerPass ? M - m : kRowsPerPass;
     const int8_t* a = A + m * lda;
     const float* as = ascale + m * L.ngroups;
+    const int32_t* cr = corr + m * L.ngroups;
     float* c = C + m * ldc;
     for (int64_t nb = nb0; nb < nb1; ++nb) {
       switch (mr) {
-        case 4: i8_rows<4>(L, W, a, lda, as, nb, c, ldc); break;
-        case 3: i8_rows<3>(L, W, a, lda, as, nb, c, ldc); break;
-        case 2: i8_rows<2>(L, W, a, lda, as, nb, c, ldc); break;
-        default: i8_rows<1>(L, W, a, lda, as, nb, c, ldc); break;
+        case 4: i8_rows<4>(L, W, a, lda, as, cr, nb, c, ldc); break;
+        case 3: i8_rows<3>(L, W, a, lda, as, cr, nb, c, ldc); break;
+        case 2: i8_rows<2>(L, W, a, lda, as, cr, nb, c, ldc); break;
+        default: i8_rows<1>(L, W, a, lda, as, cr, nb, c, ldc); break;
       }
     }
   }
@@ -119,12 +117,12 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t 
   }
 }
 
-void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
-                 float* facc, int64_t ldf) {
+void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
+                 int64_t as_stride, int rows, float* facc, int64_t ldf) {
   const __m512 ws = _mm512_loadu_ps(wscale);
   for (int r = 0; r < rows; ++r) {
-    const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + r * 16)), ws),
-                                   _mm512_set1_ps(ascale[r * as_stride]));
+    const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + r * 16), _mm512_set1_epi32(corr[r * as_stride]));
+    const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), ws), _mm512_set1_ps(ascale[r * as_stride]));
     _mm512_storeu_ps(facc + r * ldf, _mm512_add_ps(_mm512_loadu_ps(facc + r * ldf), p));
   }
 }

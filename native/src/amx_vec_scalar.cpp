@@ -9,8 +9,8 @@ namespace tessera::amx {
 
 namespace {
 
-void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale, int64_t M,
-             int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
+void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
+             const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
   const int64_t kpg = L.kblocks_per_group();
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* a = A + m * lda;
@@ -19,13 +19,14 @@ void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
       for (int64_t g = 0; g < L.ngroups; ++g) {
         int32_t acc[16] = {};
         for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
-          const int8_t* t = reinterpret_cast<const int8_t*>(L.tile(W, nb, kb));
+          const uint8_t* t = L.tile(W, nb, kb);
           const int8_t* ak = a + kb * kTileKInt8;
           for (int r = 0; r < 16; ++r)
             for (int n = 0; n < 16; ++n)
               for (int q = 0; q < 4; ++q) acc[n] += int32_t(ak[4 * r + q]) * int32_t(t[r * 64 + 4 * n + q]);
         }
-        i8_group_epilogue(acc, L.scales(W, nb) + g * kTileN, ascale[m * L.ngroups + g], facc);
+        i8_group_epilogue(acc, L.scales(W, nb) + g * kTileN, ascale[m * L.ngroups + g], corr[m * L.ngroups + g],
+                          facc);
       }
       for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = facc[n];
     }
@@ -56,9 +57,10 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t 
   }
 }
 
-void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, int64_t as_stride, int rows,
-                 float* facc, int64_t ldf) {
-  for (int r = 0; r < rows; ++r) i8_group_epilogue(acc + r * 16, wscale, ascale[r * as_stride], facc + r * ldf);
+void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
+                 int64_t as_stride, int rows, float* facc, int64_t ldf) {
+  for (int r = 0; r < rows; ++r)
+    i8_group_epilogue(acc + r * 16, wscale, ascale[r * as_stride], corr[r * as_stride], facc + r * ldf);
 }
 
 }  // namespace

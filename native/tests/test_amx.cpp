@@ -118,9 +118,10 @@ void test_load_store_stride_and_zeroing() {
 
 // ------------------------------------------------------------------------------------------------ emulator: TDPBSSD
 
-void test_tdpbssd_matches_definition_and_wraps() {
+void test_tdpbssd_tdpbsud_match_definition_and_wrap() {
   std::mt19937 rng(2);
   for (int iter = 0; iter < 200; ++iter) {
+    const bool b_signed = iter % 2 == 0;  // TDPBSSD, else TDPBSUD (tsrc2's bytes zero-extended)
     const int M = 1 + rng() % 16, Kq = 1 + rng() % 16, Nq = 1 + rng() % 16;
     TileConfig c;
     c.tile(0, M, 4 * Kq).tile(1, Kq, 4 * Nq).tile(2, M, 4 * Nq);
@@ -130,12 +131,15 @@ void test_tdpbssd_matches_definition_and_wraps() {
     for (auto& v : A) v = int8_t(rng());
     for (auto& v : B) v = int8_t(rng());
     for (auto& v : C) v = int32_t(rng());
-    if (iter % 4 == 0)
+    if (iter % 4 < 2)
       for (auto& v : C) v = INT32_MAX - int32_t(rng() % 1000);  // products push past INT32_MAX: must wrap
     emu::tileloadd(0, A.data(), 64);
     emu::tileloadd(1, B.data(), 64);
     emu::tileloadd(2, C.data(), 64);
-    emu::tdpbssd(2, 0, 1);
+    if (b_signed)
+      emu::tdpbssd(2, 0, 1);
+    else
+      emu::tdpbsud(2, 0, 1);
     std::vector<int32_t> out(16 * 16, -1);
     c.tile(2, M, 4 * Nq);
     emu::tilestored(2, out.data(), 64);
@@ -143,7 +147,9 @@ void test_tdpbssd_matches_definition_and_wraps() {
       for (int n = 0; n < Nq; ++n) {
         int64_t acc = C[m * 16 + n];
         for (int k = 0; k < Kq; ++k)
-          for (int q = 0; q < 4; ++q) acc += int64_t(A[m * 64 + 4 * k + q]) * B[k * 64 + 4 * n + q];
+          for (int q = 0; q < 4; ++q)
+            acc += int64_t(A[m * 64 + 4 * k + q]) * (b_signed ? int64_t(B[k * 64 + 4 * n + q])
+                                                              : int64_t(uint8_t(B[k * 64 + 4 * n + q])));
         CHECK(out[m * 16 + n] == int32_t(uint32_t(uint64_t(acc))));
       }
     // bytes beyond the C shape are zero after the instruction
@@ -312,6 +318,7 @@ Packed make_packed(WeightFormat fmt, int64_t N, int64_t K, int64_t group, std::m
 
 // Independent int8 reference from unpacked int8 values: exact int64 dots per group, then the documented epilogue.
 void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float* C) {
+  // (the +128 bias of the stored bytes is removed here per weight, not through the activation sums)
   const MatLayout& L = p.L;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < L.N; ++n) {
@@ -320,7 +327,7 @@ void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float*
         int64_t acc = 0;
         for (int64_t k = g * L.group; k < (g + 1) * L.group && k < L.K; ++k) {
           const uint8_t* t = L.tile(p.W, n / 16, k / 64);
-          acc += int64_t(A[m * L.Kp + k]) * int8_t(t[((k % 64) / 4) * 64 + (n % 16) * 4 + k % 4]);
+          acc += int64_t(A[m * L.Kp + k]) * (int(t[((k % 64) / 4) * 64 + (n % 16) * 4 + k % 4]) - 128);
         }
         facc += (float(acc) * L.scales(p.W, n / 16)[g * 16 + n % 16]) * as[m * L.ngroups + g];
       }
@@ -339,16 +346,20 @@ void test_tile_gemm_i8_edges_bit_exact() {
       for (auto& f : x) f = std::normal_distribution<float>()(rng);
       std::vector<int8_t> A(M * p.L.Kp);
       std::vector<float> as(M * p.L.ngroups);
-      for (int64_t m = 0; m < M; ++m) quantize_row_i8(p.L, x.data() + m * K, A.data() + m * p.L.Kp, as.data() + m * p.L.ngroups);
+      std::vector<int32_t> cr(M * p.L.ngroups);
+      for (int64_t m = 0; m < M; ++m)
+        quantize_row_i8(p.L, x.data() + m * K, A.data() + m * p.L.Kp, as.data() + m * p.L.ngroups,
+                        cr.data() + m * p.L.ngroups);
       std::vector<float> want(M * N), tiles(M * N, NAN), vs(M * N, NAN), vv(M * N, NAN);
       ref_i8(p, A.data(), as.data(), M, want.data());
       // the slab is split in two calls to cover nb0 > 0 and odd n-block counts
       const int64_t mid = p.L.nblocks / 2;
       for (auto [nb0, nb1] : {std::pair<int64_t, int64_t>{0, mid}, {mid, p.L.nblocks}}) {
         if (nb0 == nb1) continue;
-        TileGemm<TileEmu>::i8(vec_best(), p.L, p.W, A.data(), p.L.Kp, as.data(), M, nb0, nb1, tiles.data(), N);
-        vec_scalar().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), M, nb0, nb1, vs.data(), N);
-        vec_best().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), M, nb0, nb1, vv.data(), N);
+        TileGemm<TileEmu>::i8(vec_best(), p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1,
+                              tiles.data(), N);
+        vec_scalar().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1, vs.data(), N);
+        vec_best().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1, vv.data(), N);
       }
       for (int64_t i = 0; i < M * N; ++i) {
         CHECK(bits(tiles[i]) == bits(want[i]));
@@ -445,7 +456,7 @@ int tessera_amx_tests() {
   const std::pair<const char*, void (*)()> tests[] = {
       {"ldtilecfg_validation", test_ldtilecfg_validation},
       {"load_store_stride_and_zeroing", test_load_store_stride_and_zeroing},
-      {"tdpbssd_matches_definition_and_wraps", test_tdpbssd_matches_definition_and_wraps},
+      {"tdpbssd_tdpbsud_match_definition_and_wrap", test_tdpbssd_tdpbsud_match_definition_and_wrap},
       {"tdpbf16ps_matches_ftz_daz_hardware_model", test_tdpbf16ps_matches_ftz_daz_hardware_model},
       {"fma_ftz_tininess_after_rounding", test_fma_ftz_tininess_after_rounding},
       {"avx512_vdpbf16ps_matches_scalar_twin", test_avx512_vdpbf16ps_matches_scalar_twin},
