@@ -14,6 +14,7 @@ class JobPage(QWizardPage):
 
     finished_ok = Signal(object)
     finished_bad = Signal(str)  # the error or "cancelled" line shown on the page
+    job_started = Signal(object)  # the Job, just before its thread starts (connect to its signals here)
 
     def __init__(self, title: str, subtitle: str, parent=None):
         super().__init__(parent)
@@ -74,6 +75,7 @@ class JobPage(QWizardPage):
         self.job.succeeded.connect(self._on_success)
         self.job.failed.connect(self._on_failure)
         self.job.cancelled.connect(self._on_cancelled)
+        self.job_started.emit(self.job)
         self.job.start()
         self.completeChanged.emit()
 
