@@ -286,6 +286,12 @@ def gguf_metadata(folder: Path, cfg: dict, dims: Dims, qtype: gguf.GGMLQuantizat
     return add
 
 
+def output_bytes(source: Source, dtype: str) -> int:
+    """Bytes of tensor data the GGUF of `source` in `dtype` will hold (metadata adds a few MB): for the wizard's
+    free-space line."""
+    return sum(t.nbytes for t in plan_tensors(source.dims, lambda name: torch.empty(0), parse_dtype(dtype)))
+
+
 def parse_dtype(name: str) -> gguf.GGMLQuantizationType:
     try:
         return DTYPE_NAMES[name.lower()]

@@ -392,3 +392,12 @@ def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
     assert packed, "nothing written to the packed-weight cache"
     assert main(["convert", str(sources["moe"]), str(out), "--prepack", "Torch"]) == 0
     assert "nothing to pack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+def test_output_bytes_predicts_the_file_size(tmp_path, sources, dtype):
+    from engine.convert import output_bytes, read_source
+
+    predicted = output_bytes(read_source(sources["moe"]), dtype)
+    size = convert(sources["moe"], tmp_path / "m.gguf", dtype=dtype).stat().st_size
+    assert 0 < size - predicted < 200_000  # header, metadata (tokens, merges, template) and 32-byte alignment
