@@ -5,6 +5,8 @@
 --screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
 --screenshot-target T    window (default) | settings | graphs
 --quit-after MS          quit MS milliseconds after start-up (after the model loaded, when one was given)
+--screenshot-at-token N  with --prompt: take the screenshot (and quit) when the last prompt's reply has N tokens,
+                         i.e. in the middle of a streamed reply
 --no-demo                do not open the demo model when no --model is given
 """
 
@@ -24,6 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window, then quit")
     p.add_argument("--screenshot-target", choices=("window", "settings", "graphs"), default="window")
     p.add_argument("--quit-after", metavar="MS", type=int, help="quit after MS milliseconds")
+    p.add_argument("--screenshot-at-token", metavar="N", type=int,
+                   help="with --prompt: screenshot when the last reply has streamed N tokens")
     p.add_argument("--no-demo", action="store_true", help="do not open the demo model automatically")
     p.add_argument("--theme", choices=("light", "dark"), help="override the theme setting for this run")
     p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
@@ -75,13 +79,27 @@ def main(argv: list[str] | None = None) -> int:
             window.chat.send_button.click()
 
     window.controller.busy_changed.connect(send_next)
+    done = [False]
+
+    def finish_once() -> None:
+        if not done[0]:
+            done[0] = True
+            finish()
+
+    def at_token(_index: int, message) -> None:
+        n = args.screenshot_at_token
+        if (n and not prompts and message.state == "streaming"
+                and message.metrics.get("generated_tokens", 0) >= n):
+            finish_once()
+
+    window.controller.message_changed.connect(at_token)
 
     def arm_quit(_ok: bool = True) -> None:
         send_next()
         if args.screenshot_target == "settings":
             window.open_settings()
         if args.quit_after is not None or args.screenshot:
-            QTimer.singleShot(args.quit_after if args.quit_after is not None else 500, finish)
+            QTimer.singleShot(args.quit_after if args.quit_after is not None else 500, finish_once)
 
     window.show()
     if model:
@@ -109,6 +127,10 @@ def save_screenshot(window, target: str, path: str) -> None:
     if target == "settings" and window.settings_dialog is not None:
         widget = window.settings_dialog
     elif target == "graphs":
+        from PySide6.QtCore import Qt
+
+        window.resizeDocks([window.graphs_dock], [max(250, window.height() // 2)], Qt.Orientation.Vertical)
+        QApplication.processEvents()
         widget = window.graphs_dock
     else:
         widget = window

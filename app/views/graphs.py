@@ -124,6 +124,8 @@ class GraphsPanel(QWidget):
         xs = list(range(1, self.requests + 1))
         self.ttft_bars.setOpts(x=xs, height=self.ttft, width=0.6)
         self.prefix_curve.setData(xs, self.prefix_hit)
+        for w in (self.ttft_plot, self.hit_plot):
+            w.setXRange(0.5, max(5, self.requests) + 0.5, padding=0)
         hit = m.get("expert_cache_hit_rate")
         if hit is not None:
             self.expert_hit.append(100.0 * float(hit))
