@@ -11,9 +11,10 @@ constexpr const char* kInt8Name = "AMXInt8";
 constexpr const char* kBF16Name = "AMXBF16";
 
 bool amx_usable(const CpuFeatures& c, bool need_int8, bool need_bf16, std::string* why) {
-  if (!c.amx_tile) return *why = "CPU lacks amx_tile", false;
+  // The backend's own instruction set is named first ("backend AMXInt8: CPU lacks amx_int8").
   if (need_int8 && !c.amx_int8) return *why = "CPU lacks amx_int8", false;
   if (need_bf16 && !c.amx_bf16) return *why = "CPU lacks amx_bf16", false;
+  if (!c.amx_tile) return *why = "CPU lacks amx_tile", false;
   if (!c.os_amx) return *why = "OS does not enable AMX state (XCR0 bits 17/18)", false;
   if (!c.amx_permitted) return *why = c.amx_reason.empty() ? "kernel refused XTILEDATA permission" : c.amx_reason, false;
   // The decode half runs AVX-512 VNNI / BF16 on the same packing (every AMX CPU so far has both).

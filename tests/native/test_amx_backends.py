@@ -184,10 +184,12 @@ def test_registration_and_reasons():
     by_name = {b["name"]: b for b in _native.backends()}
     for n in EMULATED:
         assert by_name[n]["emulated"] and by_name[n]["available"]
-    for n in HARDWARE:
+    for n, flag in zip(HARDWARE, ("amx_int8", "amx_bf16")):
         assert not by_name[n]["emulated"]
-        if not f["flags"]["amx_tile"]:
-            assert not by_name[n]["available"] and by_name[n]["reason"] == "CPU lacks amx_tile"
+        if not f["flags"][flag]:
+            assert not by_name[n]["available"] and by_name[n]["reason"] == f"CPU lacks {flag}"
+        elif not f["amx_permitted"]:
+            assert not by_name[n]["available"] and by_name[n]["reason"]
     auto = _native.auto_backend()
     assert auto is None or auto[0] not in EMULATED
 
