@@ -67,7 +67,6 @@ _DENSE: list[tuple[str, str, Shape]] = [
 
 # HF stores routed experts one by one under this name; the loader stacks them into model.layers.{i}.mlp.experts.{proj}
 HF_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 Progress = Callable[[ProgressEvent], None] | None
 
