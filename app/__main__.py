@@ -123,7 +123,8 @@ def save_screenshot(window, target: str, path: str) -> None:
     from PySide6.QtWidgets import QApplication
 
     window.chat.flush()
-    QApplication.processEvents()
+    for _ in range(5):  # let the layout settle (message heights follow their text)
+        QApplication.processEvents()
     if target == "settings" and window.settings_dialog is not None:
         widget = window.settings_dialog
     elif target == "graphs":

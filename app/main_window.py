@@ -323,6 +323,7 @@ class MainWindow(QMainWindow):
             app = QApplication.instance()
             if app is not None:
                 apply_theme(app, str(value))
+            self.graphs.set_dark(is_dark(str(value)))
             self.chat.dark = is_dark(str(value))  # code colours: re-render the transcript
             self.chat.set_messages(list(self.controller.messages))
         elif key == "chat/thinking":

@@ -134,7 +134,7 @@ class EngineWorker(QObject):
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self, timeout_ms: int = 10000) -> None:
+    def shutdown(self, timeout_ms: int = 30000) -> None:
         """Stop whatever runs, end the thread, then close the session (the thread is gone, so this is safe)."""
         self.stop()
         self.cancel_load()

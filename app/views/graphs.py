@@ -36,13 +36,11 @@ class GraphsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         grid = QGridLayout()
         layout.addLayout(grid, 1)
-        bg, fg = ("#1e1e1e", "#dddddd") if dark else ("#ffffff", "#333333")
+        self._titles: dict[pg.PlotWidget, tuple[str, str, str]] = {}
 
         def plot(title: str, left: str, bottom: str) -> pg.PlotWidget:
-            w = pg.PlotWidget(background=bg)
-            w.setTitle(title, color=fg, size="9pt")
-            w.setLabel("left", left, color=fg)
-            w.setLabel("bottom", bottom, color=fg)
+            w = pg.PlotWidget()
+            self._titles[w] = (title, left, bottom)
             w.showGrid(x=True, y=True, alpha=0.2)
             w.setMinimumHeight(120)
             w.setAccessibleName(title)
@@ -75,6 +73,7 @@ class GraphsPanel(QWidget):
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(2, 1)
 
+        self.set_dark(dark)
         self.expert_label = QLabel(f"Expert cache: {NO_EXPERT_CACHE}")
         self.expert_label.setAccessibleName("Expert cache status")
         self.bandwidth_label = QLabel()
@@ -83,6 +82,16 @@ class GraphsPanel(QWidget):
             lab.setStyleSheet("color: gray;")
             layout.addWidget(lab)
         self._show_bandwidth(None)
+
+    def set_dark(self, dark: bool) -> None:
+        bg, fg = ("#1e1e1e", "#dddddd") if dark else ("#ffffff", "#333333")
+        for w, (title, left, bottom) in self._titles.items():
+            w.setBackground(bg)
+            w.setTitle(title, color=fg, size="9pt")
+            w.setLabel("left", left, color=fg)
+            w.setLabel("bottom", bottom, color=fg)
+            for axis in ("left", "bottom"):
+                w.getAxis(axis).setTextPen(fg)
 
     def set_measured_bandwidth(self, gbs: float) -> None:
         self.measured_gbs = float(gbs)

@@ -46,11 +46,6 @@ def format_value(key: str, value) -> str:
     return str(value)
 
 
-def is_model_path(path: str) -> bool:
-    p = Path(path)
-    return (p.is_file() and p.suffix.lower() == ".gguf") or (p.is_dir() and (p / "config.json").is_file())
-
-
 class ModelPanel(QWidget):
     inspect_requested = Signal(str)
     load_requested = Signal(str)
