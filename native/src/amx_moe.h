@@ -6,7 +6,8 @@
 //
 // forward: rows grouped by expert; per expert with M rows, gate/up/down run on AMX tiles when M >= the tile threshold
 // and on the vector kernels (amx_vec.h, same packing) otherwise. Every output element is computed by one task in a
-// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path.
+// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path. bf16:
+// tiles take bf16 activations (TDPBF16PS), vectors keep them f32 (fp32 FMA on the widened bf16 weights).
 #pragma once
 
 #include <algorithm>
@@ -211,8 +212,12 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   for (int64_t e = 0; e < E; ++e)
     if (offs[e + 1] > offs[e]) active.push_back(e);
 
-  // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H].
-  const size_t ab = kInt8 ? 1 : 2;
+  // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H]. bf16 rows take 4 bytes per element:
+  // an expert on tiles reads its rows as bf16 (stride 2*Kp elements), one on vectors as f32 (stride Kp).
+  const size_t ab = kInt8 ? 1 : 4;
+  std::vector<char> row_tiles(R);
+  for (int64_t e : active)
+    std::fill(row_tiles.begin() + offs[e], row_tiles.begin() + offs[e + 1], offs[e + 1] - offs[e] >= min_rows);
   thread_local Scratch scratch;
   scratch.reset(Scratch::need(R * GU.Kp, ab) + 2 * Scratch::need(R * GU.ngroups, 4) + 2 * Scratch::need(R * I, 4) +
                 Scratch::need(R * D.Kp, ab) + 2 * Scratch::need(R * D.ngroups, 4) + Scratch::need(R * H, 4));
@@ -235,8 +240,10 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
         if constexpr (kInt8)
           quantize_row_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups,
                           cr + r * ML.ngroups);
+        else if (row_tiles[r])
+          convert_row_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * 2 * ML.Kp);
         else
-          convert_row_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * ML.Kp);
+          pad_row_f32(ML, v, reinterpret_cast<float*>(dst) + r * ML.Kp);
       }
     });
   };
@@ -249,12 +256,10 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
         TileGemm<Tiles>::i8(vec, ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
       else
         vec.gemm_i8(ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
+    } else if (M >= min_rows) {
+      TileGemm<Tiles>::bf16(ML, W, reinterpret_cast<const uint16_t*>(Ain), 2 * ML.Kp, M, nb0, nb1, C, ldc);
     } else {
-      const uint16_t* a = reinterpret_cast<const uint16_t*>(Ain);
-      if (M >= min_rows)
-        TileGemm<Tiles>::bf16(ML, W, a, ML.Kp, M, nb0, nb1, C, ldc);
-      else
-        vec.gemm_bf16(ML, W, a, ML.Kp, M, nb0, nb1, C, ldc);
+      vec.gemm_bf16(ML, W, reinterpret_cast<const float*>(Ain), ML.Kp, M, nb0, nb1, C, ldc);
     }
   };
   // Tasks (active expert, slab of n-blocks) over a matrix with nblocks.
@@ -266,7 +271,7 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     });
   };
 
-  // 1. activations of every routed row: int8 per (row, group) with scales, or bf16.
+  // 1. activations of every routed row: int8 per (row, group) with scales; bf16 (tiles) or f32 (vectors).
   convert_rows(GU, x, H, row_tok.data(), A, as, acorr);
   // 2. gate and up, then h = silu(gate) * up on the same slab.
   for_expert_slabs(GU.nblocks, [&](int64_t e, int64_t nb0, int64_t nb1) {

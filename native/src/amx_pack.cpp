@@ -120,6 +120,11 @@ void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q) {
   for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
 }
 
+void pad_row_f32(const MatLayout& L, const float* x, float* out) {
+  std::memcpy(out, x, L.K * sizeof(float));
+  for (int64_t k = L.K; k < L.Kp; ++k) out[k] = 0.0f;
+}
+
 LayerLayout layer_layout(WeightFormat fmt, const MoeDims& d) {
   return LayerLayout::make(fmt, d.E, d.H, d.I, fmt == WeightFormat::Int8 ? kInt8Group : 0);
 }

@@ -28,6 +28,8 @@ void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w);
 void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
 // x [K] -> [Kp] bf16 (round to nearest even, zero beyond K).
 void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q);
+// x [K] -> [Kp] f32 (zero beyond K): the bf16 vector path keeps activations in full precision.
+void pad_row_f32(const MatLayout& L, const float* x, float* out);
 
 // The whole layer (BackendOps pack / unpack / packed_bytes for AMXInt8 and AMXBF16).
 LayerLayout layer_layout(WeightFormat fmt, const MoeDims& dims);

@@ -6,8 +6,10 @@
 //   int8: C[m*ldc + n] = sum_g ((float)(acc_g[m][n] - corr[m*ngroups + g]) * wscale[g][n]) * ascale[m*ngroups + g]
 //         (sum in g order from 0) where acc_g is the int32 dot product of A row m with the stored (+128) weight bytes
 //         of row n over group g and corr = 128 * sum of A's group: the difference is the exact signed dot product;
-//   bf16: C[m*ldc + n] = the VDPBF16PS accumulation (odd element of each pair, then even; DAZ/FTZ, RNE) from 0.
-// A rows hold Kp elements at stride lda (elements); C is the row base (column n at C[m*ldc + n]).
+//   bf16: A is f32 (decode keeps full-precision activations; only the tiles need bf16 ones):
+//         C[m*ldc + n] = e + o, where e and o start at 0 and take, for k = 0, 2, 4, ... in order,
+//         e = fma(A[m][k], W[n][k], e) and o = fma(A[m][k+1], W[n][k+1], o)   (IEEE fp32, RNE, no flushing).
+// A rows hold Kp elements (zero beyond K) at stride lda (elements); C is the row base (column n at C[m*ldc + n]).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,7 @@ struct VecKernels {
   const char* name;
   void (*gemm_i8)(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
                   const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
-  void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+  void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda, int64_t M, int64_t nb0,
                     int64_t nb1, float* C, int64_t ldc);
   // The tile path's int8 group epilogue over a stored C tile: for r < rows, n < 16:
   //   facc[r*ldf + n] += ((float)(acc[r*16 + n] - corr[r*as_stride]) * wscale[n]) * ascale[r*as_stride]

@@ -1,6 +1,6 @@
-// AVX-512 VNNI / BF16 vector kernels of the AMX backends on the tile packing (contract in amx_vec.h). Compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -ffp-contract=off; called only when vec_best() saw the
-// CPU and OS support all of them.
+// AVX-512 vector kernels of the AMX backends on the tile packing (contract in amx_vec.h): VNNI for int8, fp32 FMA on
+// widened bf16 weights for bf16. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16
+// -ffp-contract=off; called only when vec_best() saw the CPU and OS support all of them.
 #include <immintrin.h>
 
 #include <cstring>
@@ -79,32 +79,35 @@ void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
   }
 }
 
+// fp32 FMA on the bf16 pairs of each tile row: the even elements (low halves) and the odd ones (high halves) widened
+// by a shift / mask, two accumulators per row (one per element of the pair).
 template <int MR>
-void bf16_rows(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t nb, float* C,
-               int64_t ldc) {
-  __m512 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+void bf16_rows(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda, int64_t nb, float* C, int64_t ldc) {
+  __m512 e[MR], o[MR];
+  for (int i = 0; i < MR; ++i) e[i] = o[i] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
   for (int64_t kb = 0; kb < L.kblocks; ++kb) {
     const uint8_t* t = L.tile(W, nb, kb);
     const int64_t k0 = kb * kTileKBF16;
     for (int r = 0; r < 16; ++r) {
-      const __m512bh b = (__m512bh)_mm512_load_si512(t + r * 64);
+      const __m512i b = _mm512_load_si512(t + r * 64);
+      const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+      const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
       for (int i = 0; i < MR; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, A + i * lda + k0 + 2 * r, 4);
-        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(pair), b);
+        e[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * lda + k0 + 2 * r]), w0, e[i]);
+        o[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * lda + k0 + 2 * r + 1]), w1, o[i]);
       }
     }
   }
   const __mmask16 mask = lane_mask(L, nb);
-  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, acc[i]);
+  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, _mm512_add_ps(e[i], o[i]));
 }
 
-void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+void gemm_bf16(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda, int64_t M, int64_t nb0,
                int64_t nb1, float* C, int64_t ldc) {
   for (int64_t m = 0; m < M; m += kRowsPerPass) {
     const int64_t mr = M - m < kRowsPerPass ? M - m : kRowsPerPass;
-    const uint16_t* a = A + m * lda;
+    const float* a = A + m * lda;
     float* c = C + m * ldc;
     for (int64_t nb = nb0; nb < nb1; ++nb) {
       switch (mr) {

@@ -1,8 +1,10 @@
 // Portable scalar twin of the AMX backends' vector kernels (contract in amx_vec.h).
+#include <cmath>
 #include <cstring>
 
 #include "amx_tile_emu.h"
 #include "amx_vec.h"
+#include "tessera/bf16.h"
 #include "tessera/cpu.h"
 
 namespace tessera::amx {
@@ -33,26 +35,25 @@ void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
   }
 }
 
-void gemm_bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
+void gemm_bf16(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda, int64_t M, int64_t nb0,
                int64_t nb1, float* C, int64_t ldc) {
   for (int64_t m = 0; m < M; ++m) {
-    const uint16_t* a = A + m * lda;
+    const float* a = A + m * lda;
     for (int64_t nb = nb0; nb < nb1; ++nb) {
-      float acc[16] = {};
+      float e[16] = {}, o[16] = {};
       for (int64_t kb = 0; kb < L.kblocks; ++kb) {
         const uint8_t* t = L.tile(W, nb, kb);
         for (int r = 0; r < 16; ++r) {
-          const float a0 = emu::bf16_to_fp32_daz(a[kb * kTileKBF16 + 2 * r]);
-          const float a1 = emu::bf16_to_fp32_daz(a[kb * kTileKBF16 + 2 * r + 1]);
+          const float a0 = a[kb * kTileKBF16 + 2 * r], a1 = a[kb * kTileKBF16 + 2 * r + 1];
           for (int n = 0; n < 16; ++n) {
             uint16_t b[2];
             std::memcpy(b, t + r * 64 + 4 * n, 4);
-            acc[n] = emu::fma_daz_ftz(a1, emu::bf16_to_fp32_daz(b[1]), acc[n]);
-            acc[n] = emu::fma_daz_ftz(a0, emu::bf16_to_fp32_daz(b[0]), acc[n]);
+            e[n] = std::fma(a0, bf16_to_f32(b[0]), e[n]);
+            o[n] = std::fma(a1, bf16_to_f32(b[1]), o[n]);
           }
         }
       }
-      for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = acc[n];
+      for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = e[n] + o[n];
     }
   }
 }

@@ -262,7 +262,7 @@ void test_fma_ftz_tininess_after_rounding() {
 
 // ------------------------------------------------------------------------------------------------ vector half
 
-void test_avx512_vdpbf16ps_matches_scalar_twin() {
+void test_avx512_bf16_decode_matches_scalar_twin() {
   const VecKernels* v = vec_avx512();
   const CpuFeatures& c = cpu_features();
   if (!v || !(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni && c.avx512_bf16)) return;
@@ -272,12 +272,12 @@ void test_avx512_vdpbf16ps_matches_scalar_twin() {
   std::vector<float> w(N * K), x(M * K);
   for (auto& f : w) f = std::normal_distribution<float>()(rng);
   for (auto& f : x) f = std::normal_distribution<float>()(rng);
-  x[5] = std::ldexp(1.0f, -130);  // a denormal activation
+  x[5] = std::ldexp(1.0f, -130);  // a denormal activation: kept, not flushed
   std::vector<uint8_t> buf(L.bytes + 64);
   uint8_t* W = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
   pack_matrix(L, WeightType::F32, w.data(), W);
-  std::vector<uint16_t> A(M * L.Kp);
-  for (int64_t m = 0; m < M; ++m) convert_row_bf16(L, x.data() + m * K, A.data() + m * L.Kp);
+  std::vector<float> A(M * L.Kp);
+  for (int64_t m = 0; m < M; ++m) pad_row_f32(L, x.data() + m * K, A.data() + m * L.Kp);
   std::vector<float> c1(M * N, NAN), c2(M * N, NAN);
   v->gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c1.data(), N);
   vec_scalar().gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c2.data(), N);
@@ -379,25 +379,30 @@ void test_tile_gemm_bf16_edges() {
     std::vector<float> x(M * K);
     for (auto& f : x) f = std::normal_distribution<float>()(rng);
     std::vector<uint16_t> A(M * p.L.Kp);
-    for (int64_t m = 0; m < M; ++m) convert_row_bf16(p.L, x.data() + m * K, A.data() + m * p.L.Kp);
+    std::vector<float> A32(M * p.L.Kp);
+    for (int64_t m = 0; m < M; ++m) {
+      convert_row_bf16(p.L, x.data() + m * K, A.data() + m * p.L.Kp);
+      pad_row_f32(p.L, x.data() + m * K, A32.data() + m * p.L.Kp);
+    }
     std::vector<float> tiles(M * N, NAN), vec(M * N, NAN);
     TileGemm<TileEmu>::bf16(p.L, p.W, A.data(), p.L.Kp, M, 0, p.L.nblocks, tiles.data(), N);
-    vec_scalar().gemm_bf16(p.L, p.W, A.data(), p.L.Kp, M, 0, p.L.nblocks, vec.data(), N);
-    // exact products of bf16 summed in double: both roundings must sit within fp32 accumulation error of it
+    vec_scalar().gemm_bf16(p.L, p.W, A32.data(), p.L.Kp, M, 0, p.L.nblocks, vec.data(), N);
+    // each against its exact sum in double (tiles: bf16 activations; vectors: f32 ones), within fp32 accumulation
     std::vector<float> back(N * K);
     unpack_matrix(p.L, p.W, back.data());
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
-        double exact = 0, mag = 0;
+        double exact16 = 0, exact32 = 0, mag = 0;
         for (int64_t k = 0; k < K; ++k) {
           uint32_t u = uint32_t(A[m * p.L.Kp + k]) << 16;
           float a;
           std::memcpy(&a, &u, 4);
-          exact += double(a) * back[n * K + k];
-          mag += std::fabs(double(a) * back[n * K + k]);
+          exact16 += double(a) * back[n * K + k];
+          exact32 += double(x[m * K + k]) * back[n * K + k];
+          mag += std::fabs(double(x[m * K + k]) * back[n * K + k]);
         }
-        CHECK(std::fabs(tiles[m * N + n] - exact) <= 1e-6 * mag + 1e-30);
-        CHECK(std::fabs(vec[m * N + n] - exact) <= 1e-6 * mag + 1e-30);
+        CHECK(std::fabs(tiles[m * N + n] - exact16) <= 1e-6 * mag + 1e-30);
+        CHECK(std::fabs(vec[m * N + n] - exact32) <= 1e-6 * mag + 1e-30);
       }
   }
 }
@@ -459,7 +464,7 @@ int tessera_amx_tests() {
       {"tdpbssd_tdpbsud_match_definition_and_wrap", test_tdpbssd_tdpbsud_match_definition_and_wrap},
       {"tdpbf16ps_matches_ftz_daz_hardware_model", test_tdpbf16ps_matches_ftz_daz_hardware_model},
       {"fma_ftz_tininess_after_rounding", test_fma_ftz_tininess_after_rounding},
-      {"avx512_vdpbf16ps_matches_scalar_twin", test_avx512_vdpbf16ps_matches_scalar_twin},
+      {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},
       {"layer_forward_vs_reference", test_layer_forward_vs_reference},
