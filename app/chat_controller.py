@@ -168,6 +168,8 @@ class ChatController(QObject):
         if a is None or chunk.request_id != a.request_id:
             return
         a.raw += chunk.text
+        if a.first_t is None:
+            a.first_t = chunk.t  # the first chunk holds the first token alone: its time is the TTFT
         a.tokens = chunk.total_tokens
         a.pending += chunk.tokens
         self._apply(a, chunk.t)
@@ -219,11 +221,12 @@ class ChatController(QObject):
         split = split_thinking(a.raw)
         m = a.message
         m.thinking, m.content = split.thinking, split.answer
+        start = a.first_t or 0.0  # thinking starts with the first generated token
         if split.open and t is not None:
-            m.thinking_s = t  # still thinking: time so far
+            m.thinking_s = max(0.0, t - start)  # still thinking: time so far
         elif split.thinking and a.think_end is None and t is not None:
-            a.think_end = t
-            m.thinking_s = t
+            a.think_end = max(0.0, t - start)
+            m.thinking_s = a.think_end
         elif split.thinking and a.think_end is not None:
             m.thinking_s = a.think_end
         m.metrics = {**m.metrics, "generated_tokens": a.tokens}
@@ -257,3 +260,4 @@ class _Active:
         self.pending = 0
         self.last_write = time.monotonic()
         self.think_end: float | None = None
+        self.first_t: float | None = None

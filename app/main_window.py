@@ -166,6 +166,7 @@ class MainWindow(QMainWindow):
         w.progress.connect(self.model_panel.show_progress)
         w.state_changed.connect(self.on_state)
         w.tokens.connect(self.graphs.add_chunk)
+        w.tokens.connect(self._live_speed)
         w.finished.connect(self.on_finished)
         w.failed.connect(self.on_failed)
         w.inspected.connect(self.on_inspected)
@@ -276,6 +277,11 @@ class MainWindow(QMainWindow):
         m = result.metrics
         if m.get("decode_tok_s") or m.get("prefill_tok_s"):
             self.status.set_speed(float(m.get("decode_tok_s", 0.0)), float(m.get("prefill_tok_s", 0.0)))
+
+    def _live_speed(self, _chunk) -> None:
+        """While a reply streams, the status bar shows the decode speed of the last steps (the graph's last point)."""
+        if self.graphs.decode_y and self.graphs.decode_y[-1] == self.graphs.decode_y[-1]:
+            self.status.set_speed(self.graphs.decode_y[-1])
 
     def on_failed(self, error: WorkerError) -> None:
         self.last_error = error
