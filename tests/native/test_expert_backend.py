@@ -1,0 +1,77 @@
+"""engine.native.make_backend: the ExpertBackend the model calls, its async submit/sync, and the packed-weight disk
+cache (keyed by model identity + backend + layout version; cold packs and stores, warm memory-maps)."""
+
+import pytest
+import torch
+
+import engine.native as N
+from engine.errors import BackendUnavailableError
+from engine.experts import ExpertBackend, TorchExperts
+
+from native_cases import native_backends, nmse, random_layer
+
+LAYERS = {1: random_layer(6, 40, 24, seed=1), 3: random_layer(6, 40, 24, seed=3)}
+
+
+def inputs(T=5, k=2, E=6, H=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, H, generator=g), torch.randint(0, E, (T, k), generator=g), torch.rand(T, k, generator=g)
+
+
+@pytest.mark.parametrize("name", ["Reference"] + native_backends())
+def test_make_backend_is_an_expert_backend_close_to_torch(name):
+    b = N.make_backend(name, LAYERS, threads=2)
+    assert isinstance(b, ExpertBackend) and b.name == name and b.reason
+    ref = TorchExperts(LAYERS)
+    for layer in LAYERS:
+        x, ids, w = inputs(seed=layer)
+        assert nmse(b.forward(layer, x, ids, w), ref.forward(layer, x, ids, w)) < 1e-3
+
+
+def test_auto_resolves_to_the_best_available_non_emulated_backend():
+    b = N.make_backend("Auto", LAYERS, threads=1)
+    assert b.name == N.auto_backend()[0]
+    assert not next(x for x in N.backends() if x["name"] == b.name)["emulated"]
+
+
+def test_torch_name_gives_the_pure_torch_experts():
+    assert isinstance(N.make_backend("Torch", LAYERS), TorchExperts)
+
+
+def test_unavailable_backend_by_name_raises_and_names_it():
+    missing = [n for n, (ok, _) in N.backend_status().items() if not ok]
+    if not missing:
+        pytest.skip("every backend runs here")
+    with pytest.raises(BackendUnavailableError, match=f"backend {missing[0]}: "):
+        N.make_backend(missing[0], LAYERS)
+
+
+def test_submit_then_sync_equals_forward():
+    b = N.make_backend("Reference", LAYERS, threads=2)
+    x, ids, w = inputs(T=7)
+    want = b.forward(1, x, ids, w)
+    b.submit(1, x, ids, w)
+    with pytest.raises(RuntimeError, match="sync"):
+        b.submit(1, x, ids, w)
+    assert torch.equal(b.sync(), want)
+
+
+def test_disk_cache_cold_then_warm(tmp_path):
+    name = N.auto_backend()[0]
+    events = []
+    cold = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456", progress=events.append)
+    assert cold.load_stats.packed_layers == 2 and cold.load_stats.cached_layers == 0
+    assert [(e.done, e.total) for e in events] == [(1, 2), (2, 2)]
+    files = sorted(tmp_path.rglob("*.pack"))
+    assert len(files) == 2 and f"-v{N.layout_version()}" in str(files[0].parent)
+    warm = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456")
+    assert warm.load_stats.cached_layers == 2 and warm.load_stats.packed_layers == 0
+    x, ids, w = inputs()
+    assert torch.equal(warm.forward(3, x, ids, w), cold.forward(3, x, ids, w))
+    # Another model identity does not reuse the files; a corrupt file is repacked, not trusted.
+    other = N.make_backend(name, LAYERS, threads=1, cache_dir=tmp_path, model_id="/m/other.gguf:1:2")
+    assert other.load_stats.packed_layers == 2
+    files[0].write_bytes(b"garbage" * 100)
+    again = N.make_backend(name, LAYERS, threads=1, cache_dir=tmp_path, model_id="/m/model.gguf:123:456")
+    assert again.load_stats.packed_layers == 1 and again.load_stats.cached_layers == 1
+    assert torch.equal(again.forward(3, x, ids, w), cold.forward(3, x, ids, w))
