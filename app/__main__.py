@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tessera")
     app.setOrganizationName("Tessera")
+    app.setDesktopFileName("tessera")
+    from PySide6.QtGui import QIcon
+
+    icon = QIcon()
+    for f in paths.app_icon_files():
+        icon.addFile(str(f))
+    app.setWindowIcon(icon)
     settings = Settings(paths.settings_path())
     if args.theme:
         settings.set("ui/theme", args.theme)

@@ -81,6 +81,9 @@ class MainWindow(QMainWindow):
         self._menus()
         self._connect()
         self._wizard_buttons()
+        icons = [p for p in paths.app_icon_files() if p.stem.endswith("-128")] or paths.app_icon_files()[-1:]
+        if icons:
+            self.welcome.set_logo(str(icons[0]))
         demo = paths.demo_model()
         self.welcome.set_available("demo", demo is not None, "not shipped in this build")
         self.model_panel.set_recent(settings.get("recent/models"))

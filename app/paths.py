@@ -44,6 +44,13 @@ def resources_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "resources"
 
 
+def app_icon_files() -> list[Path]:
+    """The app icon in every size shipped (resources/icons/tessera-*.png), smallest first."""
+    icons = resources_dir() / "icons"
+    found = list(icons.glob("tessera-*.png")) if icons.is_dir() else []
+    return sorted(found, key=lambda p: int(p.stem.rsplit("-", 1)[-1]) if p.stem.rsplit("-", 1)[-1].isdigit() else 0)
+
+
 def demo_model() -> Path | None:
     """The built-in demo model (resources/demo/*.gguf), or None when it is not shipped."""
     demo = resources_dir() / "demo"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import QLabel, QPushButton, QVBoxLayout, QWidget
 
 
@@ -17,6 +18,10 @@ class WelcomePage(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.logo = QLabel()
+        self.logo.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.logo.setVisible(False)
+        layout.addWidget(self.logo)
         title = QLabel("<h1>Tessera</h1>")
         title.setAlignment(Qt.AlignmentFlag.AlignCenter)
         layout.addWidget(title)
@@ -45,6 +50,12 @@ class WelcomePage(QWidget):
         self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.hint.setWordWrap(True)
         layout.addWidget(self.hint)
+
+    def set_logo(self, path: str) -> None:
+        pixmap = QPixmap(path)
+        if not pixmap.isNull():
+            self.logo.setPixmap(pixmap.scaledToHeight(96, Qt.TransformationMode.SmoothTransformation))
+            self.logo.setVisible(True)
 
     def set_available(self, key: str, available: bool, reason: str = "") -> None:
         b = self.buttons[key]

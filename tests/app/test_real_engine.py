@@ -110,3 +110,28 @@ def test_window_chats_with_a_real_model(qtbot, data_dir, tiny_gguf_model):  # no
         w.close()
         worker.shutdown()
         store.close()
+
+
+@pytest.mark.slow
+def test_test_drive_button_makes_and_loads_a_random_model(qtbot, data_dir):  # noqa: F811
+    from app import paths
+    from app.main_window import MainWindow
+    from app.settings import Settings
+    from app.store import ConversationStore
+
+    store = ConversationStore(paths.database_path())
+    worker = EngineWorker()
+    worker.start()
+    w = MainWindow(Settings(paths.settings_path()), store, worker)
+    qtbot.addWidget(w)
+    try:
+        with qtbot.waitSignal(w.model_ready, timeout=120000) as sig:
+            w.welcome.buttons["test_drive"].click()
+        assert sig.args[0] is True, w.last_error
+        made = list((data_dir / "test-drive").glob("*.gguf"))
+        assert len(made) == 1 and w.state.path == str(made[0])
+        assert w.pages.currentWidget() is w.chat
+    finally:
+        w.close()
+        worker.shutdown()
+        store.close()
