@@ -19,6 +19,7 @@ from engine.errors import BackendUnavailableError, Cancelled, TesseraError
 from engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
 from engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from engine.generate import check_prompt, generate
+from engine.hybrid import PlacementArg, model_devices, resolve_plan, wrap_experts
 from engine.kv_cache import KVCache, PrefixCache
 from engine.model import Qwen3MoeModel, layer_experts
 from engine.sampling import SamplingParams
@@ -35,6 +36,7 @@ def load(
     progress: Progress = None,
     cancel: threading.Event | None = None,
     prefix_cache_bytes: int | None = None,
+    placement: PlacementArg = None,
 ) -> Session:
     """Load a Qwen3-MoE GGUF file or HF folder. Raises TesseraError subclasses for bad files or settings, Cancelled."""
     from engine.model_info import inspect_model
@@ -52,7 +54,7 @@ def load(
     tokenizer = Tokenizer.from_path(path)
     _check_cancel(cancel)
     return Session(path, weights, tokenizer, info, backend=backend, threads=threads, context_length=context_length,
-                   progress=progress, prefix_cache_bytes=prefix_cache_bytes)
+                   progress=progress, prefix_cache_bytes=prefix_cache_bytes, placement=placement)
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -105,20 +107,29 @@ class Session:
     """A loaded model. Attributes: config, info, tokenizer, backend_name, backend_reason, context_length."""
 
     def __init__(self, path: Path, weights, tokenizer, info, *, backend: str = "Auto", threads: int | None = None,
-                 context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None):
+                 context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None,
+                 placement: PlacementArg = None):
         self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
         limit = self.config.max_position_embeddings
         if context_length is not None and not 1 < context_length <= limit:
             raise TesseraError("--context-length", f"must be in 2..{limit} for this model, got {context_length}")
         self.context_length = context_length or limit
         self._model_key = model_id(path)
+        # Where each part runs (CPU only unless a rules file or settings put parts on a GPU or its CPU twin).
+        self.placement = resolve_plan(placement, self.config, backend=backend)
+        backend = self.placement.experts_backend
         self._layers = layer_experts(self.config, weights.tensors)
         first = next(iter(self._layers.values()), None)
         self.bytes_per_expert = 0 if first is None else sum(
             t[0].numel() * t.element_size() for t in (first.gate_proj, first.up_proj, first.down_proj))
         experts, self.backend_name, self.backend_reason = make_expert_backend(
             backend, self._layers, threads=threads, model_key=self._model_key, progress=progress)
-        self.model = Qwen3MoeModel(weights, experts)
+        experts = wrap_experts(self.placement, experts, self._layers, self.config)
+        if progress is not None:
+            progress(ProgressEvent("prepare", 0, 1, "non-expert weights to float32"))
+        self.model = Qwen3MoeModel(weights, experts, model_devices(self.placement, self.config))
+        if progress is not None:
+            progress(ProgressEvent("prepare", 1, 1, ""))
         self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
         self._busy = threading.Lock()
 
@@ -134,11 +145,18 @@ class Session:
         try:
             experts, name, reason = make_expert_backend(
                 name, self._layers, threads=self.threads, model_key=self._model_key, progress=progress)
+            experts = wrap_experts(self.placement, experts, self._layers, self.config)
+            self.placement.experts_backend = name
             old, self.model.experts = self.model.experts, experts
             self.backend_name, self.backend_reason = name, reason
             getattr(old, "close", lambda: None)()
         finally:
             self._busy.release()
+
+    def explain(self) -> str:
+        """The placement plan as a table: where each part runs, the CPU backend and the hot-expert cache."""
+        text = self.placement.explain(self.config.num_experts)
+        return text + f"\n  CPU backend chosen: {self.backend_name} ({self.backend_reason})"
 
     def generate(
         self,

@@ -88,9 +88,12 @@ def test_prefix_reuse_across_conversations_and_backend_switch(hf_session):
 
 
 def test_auto_backend_is_resolved(tiny_hf_model):
-    s = engine.load(tiny_hf_model)
+    events = []
+    s = engine.load(tiny_hf_model, threads=1, progress=events.append)
     try:
         assert s.backend_name not in ("", "Auto") and s.backend_reason
+        stages = [e.stage for e in events]
+        assert "load" in stages and stages[-1] == "prepare" and events[-1].done == events[-1].total
         done = list(s.generate(ids_of(s), SamplingParams(temperature=0, max_tokens=4)))[-1]
         assert done.metrics.backend == s.backend_name
     finally:
