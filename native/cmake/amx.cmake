@@ -6,8 +6,8 @@
 foreach(f IN ITEMS src/amx_tile_emu.cpp src/amx_pack.cpp src/amx_vec_scalar.cpp src/moe_amx_emu.cpp)
   tessera_isa_source(${f} -ffp-contract=off)
 endforeach()
-# The AVX-512 VNNI/BF16 vector half (decode), called only after vec_best() saw the features.
-tessera_isa_source(src/amx_vec_avx512.cpp ${TESSERA_AVX512_VNNI_FLAGS} -mavx512bf16 -ffp-contract=off)
+# The AVX-512 VNNI / FMA vector half (decode), called only after vec_best() saw the features.
+tessera_isa_source(src/amx_vec_avx512.cpp ${TESSERA_AVX512_VNNI_FLAGS} -ffp-contract=off)
 # Real tile instructions, and nothing else ISA-specific: this TU's static registration runs on every CPU at import,
 # so it gets the AMX flags only (the compiler never emits tile instructions by itself). Its kernels run only after
 # supported() saw amx_tile/amx_int8/amx_bf16 in CPUID, XCR0 bits 17/18 and a granted arch_prctl(ARCH_REQ_XCOMP_PERM).

@@ -6,7 +6,7 @@
 //         TDPBSUD's B operand and the u8 operand of VPDPBUSD; the +128 is taken back once per (row, group) with the
 //         activations' sum, so no per-weight correction is stored or computed)
 //   bf16: tile (nb, kb) holds W[nb*16 + n][kb*32 + 2r + q] at row r, bytes 4n + 2q (K pairs, TDPBF16PS's B operand)
-// so one tile row is also one 512-bit vector of 16 output lanes for the AVX-512 VNNI / BF16 decode on the same bytes.
+// so one tile row is also one 512-bit vector of 16 output lanes for the AVX-512 VNNI / FMA decode on the same bytes.
 // K and N are zero-padded to whole tiles (the padded K bytes meet zero-padded activations; padded N lanes are never
 // stored). int8 matrices are followed by fp32 scales [Nb][ng][16] (4 bytes per 64 weights: decode streams 6 % more
 // than the int8 bytes).

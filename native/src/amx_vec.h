@@ -1,6 +1,6 @@
 // The vector half of the AMX backends: the same packed tiles read as 512-bit rows (one row = 16 output lanes), used
 // for experts with few tokens (decode) where tiles would sit mostly empty. Two implementations with one contract:
-// AVX-512 VNNI/BF16 (amx_vec_avx512.cpp, its own translation unit) and a portable scalar twin (amx_vec_scalar.cpp).
+// AVX-512 VNNI/FMA (amx_vec_avx512.cpp, its own translation unit) and a portable scalar twin (amx_vec_scalar.cpp).
 //
 // Contract (both formats): for rows m < M and outputs n in [nb0*16, min(nb1*16, N)),
 //   int8: C[m*ldc + n] = sum_g ((float)(acc_g[m][n] - corr[m*ngroups + g]) * wscale[g][n]) * ascale[m*ngroups + g]
@@ -33,7 +33,8 @@ struct VecKernels {
 const VecKernels& vec_scalar();
 // nullptr when the AVX-512 translation unit was not compiled (non-x86 builds).
 const VecKernels* vec_avx512();
-// AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni + avx512_bf16, else the scalar twin.
+// AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni (and TESSERA_MAX_ISA allows avx512), else the
+// scalar twin.
 const VecKernels& vec_best();
 
 // The int8 epilogue of one group for 16 lanes, shared by every path (tiles included) so all round identically.

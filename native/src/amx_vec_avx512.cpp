@@ -1,5 +1,5 @@
 // AVX-512 vector kernels of the AMX backends on the tile packing (contract in amx_vec.h): VNNI for int8, fp32 FMA on
-// widened bf16 weights for bf16. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16
+// widened bf16 weights for bf16. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma
 // -ffp-contract=off; called only when vec_best() saw the CPU and OS support all of them.
 #include <immintrin.h>
 

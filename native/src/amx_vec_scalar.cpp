@@ -73,7 +73,7 @@ const VecKernels& vec_scalar() {
 
 const VecKernels& vec_best() {
   const CpuFeatures& c = cpu_features();
-  const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni && c.avx512_bf16;
+  const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni;
   const VecKernels* v = vec_avx512();
   return (avx512 && v && int(max_isa_cap()) >= int(IsaLevel::AVX512)) ? *v : vec_scalar();
 }

@@ -17,9 +17,9 @@ bool amx_usable(const CpuFeatures& c, bool need_int8, bool need_bf16, std::strin
   if (!c.amx_tile) return *why = "CPU lacks amx_tile", false;
   if (!c.os_amx) return *why = "OS does not enable AMX state (XCR0 bits 17/18)", false;
   if (!c.amx_permitted) return *why = c.amx_reason.empty() ? "kernel refused XTILEDATA permission" : c.amx_reason, false;
-  // The decode half runs AVX-512 VNNI / BF16 on the same packing (every AMX CPU so far has both).
-  if (!(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni && c.avx512_bf16))
-    return *why = "CPU lacks avx512_vnni/avx512_bf16 for the decode path", false;
+  // The decode half runs AVX-512 VNNI / FMA on the same packing (every AMX CPU so far has them).
+  if (!(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni))
+    return *why = "CPU lacks avx512_vnni for the decode path", false;
   *why = "AMX tiles for prefill, AVX-512 for decode";
   return true;
 }

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2] / "native"
 PORTABLE = ["amx_tile_emu", "amx_pack", "amx_vec_scalar", "moe_amx_emu", "moe_ref", "cpu", "pool", "dispatch"]
 COMMON = ["-std=c++17", "-O0", "-g", "-ffp-contract=off", "-fsanitize=address,undefined",
           "-fno-sanitize-recover=undefined", f"-I{ROOT / 'include'}", f"-I{ROOT / 'src'}"]
-AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16"]
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"]
 
 
 @pytest.mark.slow
