@@ -363,6 +363,7 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sources):
     from transformers import Qwen3MoeForCausalLM
 
