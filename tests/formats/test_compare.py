@@ -54,3 +54,17 @@ def test_convert_verify(engine_io, tmp_path, capsys, src_dtype, dtype, lossless)
         assert report.max_abs_diff == 0.0
     else:
         assert 0 < report.mean_kl <= 0.02 and report.max_abs_diff > 0
+
+
+def test_converted_tokenizer_round_trips(engine_io, tiny_hf_model, tmp_path):
+    """The GGUF's tokenizer.ggml.* keys rebuild the same tokenizer as the folder's tokenizer.json."""
+    from engine.convert import convert
+    from engine.tokenizer import Tokenizer
+
+    out = convert(tiny_hf_model, tmp_path / "m.gguf", dtype="q8_0")
+    hf, gg = Tokenizer.from_path(tiny_hf_model), Tokenizer.from_path(out)
+    for text in ["Hello, world!  It's 42.", "今天天气很好 🙂👍🏽", "def f(x):\n\tif x:\n        return None\n\n\n",
+                 "<|im_start|>user\n<think>hi</think><|im_end|><|endoftext|>", "café naïve  \u00a0 nbsp"]:
+        ids = hf.encode(text)
+        assert gg.encode(text) == ids, text
+        assert gg.decode(ids) == hf.decode(ids)
