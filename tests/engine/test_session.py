@@ -150,3 +150,16 @@ def test_unavailable_backend_is_named(tiny_hf_model):
     with pytest.raises(BackendUnavailableError) as e:
         engine.load(tiny_hf_model, backend=missing[0])
     assert e.value.subject == f"backend {missing[0]}"
+
+
+def test_stop_string_with_real_tokenizer(hf_session):
+    ids = ids_of(hf_session, "Once upon a time")
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    full = list(hf_session.generate(ids, params))[-1]
+    assert len(full.text) > 6
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    events = list(hf_session.generate(ids, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop])))
+    done = events[-1]
+    assert done.metrics.stop_reason == "stop_string"
+    assert done.text == full.text[: full.text.index(stop)] == "".join(e.text for e in events[:-1])
+    assert done.token_ids == full.token_ids[: len(done.token_ids)]
