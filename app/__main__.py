@@ -7,6 +7,7 @@
 --quit-after MS          quit MS milliseconds after start-up (after the model loaded, when one was given)
 --screenshot-at-token N  with --prompt: take the screenshot (and quit) when the last prompt's reply has N tokens,
                          i.e. in the middle of a streamed reply
+--quit-when-done         with --prompt: quit (after any --screenshot) once the last reply is complete
 --no-demo                do not open the demo model when no --model is given
 """
 
@@ -28,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quit-after", metavar="MS", type=int, help="quit after MS milliseconds")
     p.add_argument("--screenshot-at-token", metavar="N", type=int,
                    help="with --prompt: screenshot when the last reply has streamed N tokens")
+    p.add_argument("--quit-when-done", action="store_true",
+                   help="with --prompt: quit once the last reply is complete")
     p.add_argument("--no-demo", action="store_true", help="do not open the demo model automatically")
     p.add_argument("--theme", choices=("light", "dark"), help="override the theme setting for this run")
     p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         if not busy and prompts and window.state.loaded:
             window.chat.prompt.setPlainText(prompts.pop(0))
             window.chat.send_button.click()
+        elif not busy and not prompts and args.quit_when_done and window.controller.messages:
+            finish_once()
 
     window.controller.busy_changed.connect(send_next)
     done = [False]
@@ -105,8 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         send_next()
         if args.screenshot_target == "settings":
             window.open_settings()
-        if args.quit_after is not None or args.screenshot:
-            QTimer.singleShot(args.quit_after if args.quit_after is not None else 500, finish_once)
+        waits = args.quit_when_done or args.screenshot_at_token
+        if args.quit_after is not None:
+            QTimer.singleShot(args.quit_after, finish_once)
+        elif args.screenshot and not waits:
+            QTimer.singleShot(500, finish_once)
+        if args.quit_when_done and not window.controller.busy and not prompts:
+            finish_once()  # nothing to wait for (no prompt, or the model did not load)
 
     window.show()
     if model:

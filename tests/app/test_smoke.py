@@ -38,3 +38,24 @@ def test_bad_model_argument_shows_an_error_not_a_traceback(tmp_path):
     proc = run_app(tmp_path, "--model", str(bad), "--quit-after", "300")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_model_and_prompt_from_the_command_line(tmp_path, tiny_gguf_model):
+    pytest.importorskip("engine.model_info")
+    from app.settings import Settings
+    from app.store import ConversationStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    s = Settings(data / "settings.ini")
+    s.set("sampling/max_tokens", 6)
+    s.sync()
+    proc = run_app(tmp_path, "--model", str(tiny_gguf_model), "--prompt", "Hello", "--quit-when-done",
+                   "--screenshot", str(tmp_path / "chat.png"))
+    assert_clean(proc)
+    store = ConversationStore(data / "conversations.sqlite3")
+    (conv,) = store.conversations()
+    user, reply = store.messages(conv.id)
+    assert user.content == "Hello" and reply.state == "done" and 1 <= reply.metrics["generated_tokens"] <= 6
+    assert Settings(data / "settings.ini").get("recent/models") == [str(tiny_gguf_model)]
