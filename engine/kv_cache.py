@@ -15,13 +15,18 @@ _CHUNK = 256  # positions added per growth step
 
 
 class KVCache:
-    """K/V of one token sequence for every layer, float32. Positions [0, length) are valid and belong to `tokens`."""
+    """K/V of one token sequence for every layer, float32. Positions [0, length) are valid and belong to `tokens`.
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = _CHUNK):
+    `devices` gives each layer's device (where its attention runs); default all on the CPU.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = _CHUNK,
+                 devices: list[torch.device] | None = None):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
         capacity = max(1, capacity)
-        self.k = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]  # L x [nkv, C, hd]
-        self.v = [torch.empty(kv_heads, capacity, head_dim) for _ in range(layers)]  # L x [nkv, C, hd]
+        self.k = [torch.empty(kv_heads, capacity, head_dim, device=d) for d in self.devices]  # L x [nkv, C, hd]
+        self.v = [torch.empty(kv_heads, capacity, head_dim, device=d) for d in self.devices]  # L x [nkv, C, hd]
         self.tokens: list[int] = []
 
     @property
@@ -43,7 +48,7 @@ class KVCache:
         new_cap = -(-positions // _CHUNK) * _CHUNK
         for bufs in (self.k, self.v):
             for i, old in enumerate(bufs):
-                new = torch.empty(self.kv_heads, new_cap, self.head_dim)  # [nkv, C', hd]
+                new = torch.empty(self.kv_heads, new_cap, self.head_dim, device=old.device)  # [nkv, C', hd]
                 new[:, : self.length] = old[:, : self.length]
                 bufs[i] = new
 
@@ -63,7 +68,7 @@ class KVCache:
 
     def copy_prefix(self, length: int) -> KVCache:
         """A new cache holding the first `length` positions of this one."""
-        out = KVCache(self.layers, self.kv_heads, self.head_dim, -(-max(length, 1) // _CHUNK) * _CHUNK)
+        out = KVCache(self.layers, self.kv_heads, self.head_dim, -(-max(length, 1) // _CHUNK) * _CHUNK, self.devices)
         for dst, src in ((out.k, self.k), (out.v, self.v)):
             for i in range(self.layers):
                 dst[i][:, :length] = src[i][:, :length]

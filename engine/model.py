@@ -19,8 +19,21 @@ from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
 
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float32).contiguous()
+def _f32(t: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    return t.to(device=device, dtype=torch.float32).contiguous()
+
+
+@dataclass(frozen=True)
+class ModelDevices:
+    """Where the dense parts run: the embedding table, each decoder layer (attention, norms, router, dense MLP, KV cache)
+    and the final norm + lm_head. The routed experts are the ExpertBackend's business. Built from a PlacementPlan."""
+
+    embed: str = "cpu"
+    layers: tuple[str, ...] = ()  # one per decoder layer; empty means all "cpu"
+    head: str = "cpu"
+
+    def layer(self, i: int) -> str:
+        return self.layers[i] if self.layers else "cpu"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,13 +71,14 @@ class RoutingStats:
 
 
 class Attention:
-    def __init__(self, cfg, p: dict[str, torch.Tensor], rope: Rope):
+    def __init__(self, cfg, p: dict[str, torch.Tensor], rope: Rope, device: str):
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.rope = rope
-        self.q_proj, self.k_proj = _f32(p["q_proj.weight"]), _f32(p["k_proj.weight"])  # [nh*hd, H], [nkv*hd, H]
-        self.v_proj, self.o_proj = _f32(p["v_proj.weight"]), _f32(p["o_proj.weight"])  # [nkv*hd, H], [H, nh*hd]
-        self.q_norm, self.k_norm = _f32(p["q_norm.weight"]), _f32(p["k_norm.weight"])  # [hd], [hd]
+        w = {name: _f32(t, device) for name, t in p.items()}
+        self.q_proj, self.k_proj = w["q_proj.weight"], w["k_proj.weight"]  # [nh*hd, H], [nkv*hd, H]
+        self.v_proj, self.o_proj = w["v_proj.weight"], w["o_proj.weight"]  # [nkv*hd, H], [H, nh*hd]
+        self.q_norm, self.k_norm = w["q_norm.weight"], w["k_norm.weight"]  # [hd], [hd]
 
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
@@ -85,8 +99,8 @@ class Attention:
 class Router:
     """softmax over experts -> top-k -> renormalise the k weights when norm_topk_prob."""
 
-    def __init__(self, cfg, weight: torch.Tensor):
-        self.weight = _f32(weight)  # [E, H]
+    def __init__(self, cfg, weight: torch.Tensor, device: str):
+        self.weight = _f32(weight, device)  # [E, H]
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +112,8 @@ class Router:
 
 
 class MoE:
-    def __init__(self, cfg, p: dict[str, torch.Tensor]):
-        self.router = Router(cfg, p["gate.weight"])
+    def __init__(self, cfg, p: dict[str, torch.Tensor], device: str):
+        self.router = Router(cfg, p["gate.weight"], device)
         self.num_experts = cfg.num_experts
 
     def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
@@ -111,23 +125,26 @@ class MoE:
 
 
 class DenseMLP:
-    def __init__(self, p: dict[str, torch.Tensor]):
-        self.gate_proj, self.up_proj = _f32(p["gate_proj.weight"]), _f32(p["up_proj.weight"])  # [Id, H], [Id, H]
-        self.down_proj = _f32(p["down_proj.weight"])  # [H, Id]
+    def __init__(self, p: dict[str, torch.Tensor], device: str):
+        self.gate_proj = _f32(p["gate_proj.weight"], device)  # [Id, H]
+        self.up_proj = _f32(p["up_proj.weight"], device)  # [Id, H]
+        self.down_proj = _f32(p["down_proj.weight"], device)  # [H, Id]
 
     def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
         return (F.silu(x @ self.gate_proj.T) * (x @ self.up_proj.T)) @ self.down_proj.T  # [T, H]
 
 
 class Block:
-    def __init__(self, cfg, layer: int, p: dict[str, torch.Tensor], rope: Rope):
-        self.layer, self.eps = layer, cfg.rms_norm_eps
-        self.input_layernorm = _f32(p["input_layernorm.weight"])  # [H]
-        self.post_attention_layernorm = _f32(p["post_attention_layernorm.weight"])  # [H]
-        self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope)
-        self.mlp = MoE(cfg, _sub(p, "mlp.")) if cfg.is_moe_layer(layer) else DenseMLP(_sub(p, "mlp."))
+    def __init__(self, cfg, layer: int, p: dict[str, torch.Tensor], rope: Rope, device: str):
+        self.layer, self.eps, self.device = layer, cfg.rms_norm_eps, torch.device(device)
+        self.input_layernorm = _f32(p["input_layernorm.weight"], device)  # [H]
+        self.post_attention_layernorm = _f32(p["post_attention_layernorm.weight"], device)  # [H]
+        self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope, device)
+        mlp = _sub(p, "mlp.")
+        self.mlp = MoE(cfg, mlp, device) if cfg.is_moe_layer(layer) else DenseMLP(mlp, device)
 
     def __call__(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
+        x = x.to(self.device)  # a no-op unless the previous layer ran elsewhere
         h = x + self.self_attn(self.layer, rms_norm(x, self.input_layernorm, self.eps), cos, sin, cache, mask)  # [T, H]
         return h + self.mlp(self.layer, rms_norm(h, self.post_attention_layernorm, self.eps), experts, stats)  # [T, H]
 
@@ -139,17 +156,20 @@ def _sub(p: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
 class Qwen3MoeModel:
     """Built from `ModelWeights` (config + canonical tensors). `experts` computes the routed experts of every MoE layer."""
 
-    def __init__(self, weights, experts: ExpertBackend):
+    def __init__(self, weights, experts: ExpertBackend, devices: ModelDevices = ModelDevices()):
         cfg = self.config = weights.config
         t = weights.tensors
         self.experts = experts
+        self.devices = devices
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
         # The embedding table stays as stored (rows are converted when looked up, which is exact for f16/bf16).
-        self.embed_tokens = t["model.embed_tokens.weight"]  # [V, H]
-        self.lm_head = _f32(t["model.embed_tokens.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"])  # [V, H]
-        self.norm = _f32(t["model.norm.weight"])  # [H]
+        self.embed_tokens = t["model.embed_tokens.weight"].to(devices.embed)  # [V, H]
+        head = t["model.embed_tokens.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
+        self.lm_head = _f32(head, devices.head)  # [V, H]
+        self.norm = _f32(t["model.norm.weight"], devices.head)  # [H]
         self.layers = [
-            Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope) for i in range(cfg.num_hidden_layers)
+            Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope, devices.layer(i))
+            for i in range(cfg.num_hidden_layers)
         ]
 
     def layer_experts(self, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:
@@ -157,7 +177,8 @@ class Qwen3MoeModel:
 
     def new_cache(self, capacity: int) -> KVCache:
         cfg = self.config
-        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity)
+        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity,
+                       [block.device for block in self.layers])
 
     @torch.inference_mode()
     def forward(
@@ -175,13 +196,18 @@ class Qwen3MoeModel:
         mask = None
         if T > 1:  # query t (at position start+t) sees keys 0..start+t
             mask = torch.arange(start + T)[None, :] <= positions[:, None]  # [T, S] bool
-        x = self.embed_tokens[input_ids].to(torch.float32)  # [T, H]
+        on_device = {}  # device -> (cos, sin, mask) copied there once per step
+        x = self.embed_tokens[input_ids.to(self.embed_tokens.device)].to(torch.float32)  # [T, H]
         for block in self.layers:
-            x = block(x, cos, sin, cache, mask, self.experts, stats)  # [T, H]
+            if block.device not in on_device:
+                on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
+            c, s, m = on_device[block.device]
+            x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
         cache.commit(input_ids.tolist())
         if last_only:
             x = x[-1:]  # [1, H]
-        return rms_norm(x, self.norm, self.config.rms_norm_eps) @ self.lm_head.T  # [T or 1, V]
+        x = x.to(self.lm_head.device)
+        return (rms_norm(x, self.norm, self.config.rms_norm_eps) @ self.lm_head.T).to("cpu")  # [T or 1, V]
 
 
 def layer_experts(cfg, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:

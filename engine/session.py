@@ -37,8 +37,13 @@ def load(
     cancel: threading.Event | None = None,
     prefix_cache_bytes: int | None = None,
     placement: PlacementArg = None,
+    twin: bool = False,
 ) -> Session:
-    """Load a Qwen3-MoE GGUF file or HF folder. Raises TesseraError subclasses for bad files or settings, Cancelled."""
+    """Load a Qwen3-MoE GGUF file or HF folder. Raises TesseraError subclasses for bad files or settings, Cancelled.
+
+    placement: None (everything on the CPU), a rules file, a PlacementPlan or PlacementSettings (engine.hybrid);
+    twin: run the plan's GPU half on the CPU with the same code path (the CPU twin).
+    """
     from engine.model_info import inspect_model
     from engine.tokenizer import Tokenizer
     from engine.weights import load_weights
@@ -54,7 +59,8 @@ def load(
     tokenizer = Tokenizer.from_path(path)
     _check_cancel(cancel)
     return Session(path, weights, tokenizer, info, backend=backend, threads=threads, context_length=context_length,
-                   progress=progress, prefix_cache_bytes=prefix_cache_bytes, placement=placement)
+                   progress=progress, prefix_cache_bytes=prefix_cache_bytes, placement=placement,
+                   twin=twin)
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -108,7 +114,7 @@ class Session:
 
     def __init__(self, path: Path, weights, tokenizer, info, *, backend: str = "Auto", threads: int | None = None,
                  context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None,
-                 placement: PlacementArg = None):
+                 placement: PlacementArg = None, twin: bool = False):
         self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
         limit = self.config.max_position_embeddings
         if context_length is not None and not 1 < context_length <= limit:
@@ -116,7 +122,7 @@ class Session:
         self.context_length = context_length or limit
         self._model_key = model_id(path)
         # Where each part runs (CPU only unless a rules file or settings put parts on a GPU or its CPU twin).
-        self.placement = resolve_plan(placement, self.config, backend=backend)
+        self.placement = resolve_plan(placement, self.config, backend=backend, twin=twin)
         backend = self.placement.experts_backend
         self._layers = layer_experts(self.config, weights.tensors)
         first = next(iter(self._layers.values()), None)
