@@ -25,6 +25,7 @@ class GraphsPanel(QWidget):
         self.ttft: list[float] = []
         self.prefix_hit: list[float] = []  # percent, one per request
         self.expert_hit: list[float] = []  # percent, one per request that had an expert cache
+        self.expert_x: list[int] = []  # request numbers of those
         self.requests = 0
         self.measured_gbs = 0.0
         self._req_bytes = 0
@@ -138,8 +139,8 @@ class GraphsPanel(QWidget):
         hit = m.get("expert_cache_hit_rate")
         if hit is not None:
             self.expert_hit.append(100.0 * float(hit))
-            self._expert_x = getattr(self, "_expert_x", []) + [self.requests]
-            self.expert_curve.setData(self._expert_x, self.expert_hit)
+            self.expert_x.append(self.requests)
+            self.expert_curve.setData(self.expert_x, self.expert_hit)
             self.expert_label.setText(f"Expert cache: {100.0 * float(hit):.0f}% of routed experts served on the GPU")
         elif not self.expert_hit:
             self.expert_label.setText(f"Expert cache: {NO_EXPERT_CACHE}")
