@@ -16,6 +16,17 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
     p.add_argument("--context-length", type=int, default=None, metavar="N",
                    help="context length in tokens (default: the model's)")
+    g = p.add_argument_group("placement (hybrid CPU/GPU)")
+    g.add_argument("--placement", default=None, metavar="RULES",
+                   help="placement rules file (KTransformers-style YAML; see resources/placement/); "
+                        "default: everything on the CPU, or --device")
+    g.add_argument("--device", default=None, choices=("cpu", "cuda"),
+                   help="where attention, norms, router and lm_head run (default cpu); experts stay on the CPU backend")
+    g.add_argument("--gpu-experts", type=int, default=None, metavar="N",
+                   help="hot-expert cache: experts per MoE layer kept on the GPU (with --device cuda or --twin)")
+    g.add_argument("--twin", action="store_true",
+                   help="run the GPU half on the CPU with the same code path (the CPU twin; no GPU needed)")
+    g.add_argument("--explain", action="store_true", help="print the placement plan on stderr before running")
 
 
 # The CLI's own sampling defaults (Qwen3's recommended thinking-mode values; never read from generation_config.json).
@@ -62,16 +73,36 @@ class UsageError(Exception):
 
 
 def check_load_arguments(args) -> None:
+    if args.placement is not None and (args.device is not None or args.gpu_experts is not None):
+        raise UsageError("--placement", "the rules file sets devices and the expert cache; drop --device/--gpu-experts")
+    if args.gpu_experts is not None and args.gpu_experts < 0:
+        raise UsageError("--gpu-experts", f"must be >= 0, got {args.gpu_experts}")
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads", f"must be >= 1, got {args.threads}")
     if args.context_length is not None and args.context_length < 2:
         raise UsageError("--context-length", f"must be >= 2, got {args.context_length}")
 
 
+def placement_of(args):
+    """The placement the flags describe: a rules file, settings, or None (all on the CPU)."""
+    from engine.hybrid import PlacementSettings
+
+    if args.placement is not None:
+        return args.placement
+    if args.device is None and args.gpu_experts is None and not args.twin:
+        return None
+    device = args.device or ("cuda" if args.twin or args.gpu_experts else "cpu")
+    return PlacementSettings(device=device, gpu_experts_per_layer=args.gpu_experts or 0, twin=args.twin)
+
+
 def load_session(args):
     import engine
 
-    return engine.load(args.model, backend=args.backend, threads=args.threads, context_length=args.context_length)
+    session = engine.load(args.model, backend=args.backend, threads=args.threads, context_length=args.context_length,
+                          placement=placement_of(args), twin=args.twin)
+    if args.explain:
+        print(session.explain(), file=sys.stderr)
+    return session
 
 
 def stats_line(m) -> str:
