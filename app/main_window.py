@@ -141,7 +141,7 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         self._action(m, "&Quit", self.close, "Ctrl+Q")
         m = bar.addMenu("&Model")
-        self.unload_action = self._action(m, "&Unload", self.worker.unload)
+        self.unload_action = self._action(m, "&Unload", lambda: self.worker.unload())
         self.settings_action = self._action(m, "&Settings…", self.open_settings, "Ctrl+,")
         m = bar.addMenu("&View")
         for dock in (self.sidebar_dock, self.model_dock, self.graphs_dock):
@@ -197,10 +197,12 @@ class MainWindow(QMainWindow):
         self.sidebar.export_requested.connect(self.export)
         self.sidebar.search_changed.connect(lambda _t: self.refresh_conversations())
         # model panel
-        self.model_panel.inspect_requested.connect(w.inspect)
+        # the worker's command methods only emit or set a flag; call them directly from this thread (a plain
+        # connection to a method of an object living in the worker thread would be queued behind the running job)
+        self.model_panel.inspect_requested.connect(lambda path: w.inspect(path))
         self.model_panel.load_requested.connect(self.load_model)
-        self.model_panel.cancel_requested.connect(w.cancel_load)
-        self.model_panel.unload_requested.connect(w.unload)
+        self.model_panel.cancel_requested.connect(lambda: w.cancel_load())
+        self.model_panel.unload_requested.connect(lambda: w.unload())
         # welcome
         self.welcome.open_requested.connect(self.model_panel.choose_file)
         self.welcome.demo_requested.connect(self.open_demo)
@@ -288,7 +290,12 @@ class MainWindow(QMainWindow):
 
     def on_failed(self, error: WorkerError) -> None:
         self.last_error = error
-        if error.operation in ("load", "make"):
+        if error.cancelled:
+            self._loading = False
+            self.model_panel.show_error(error.text)
+            self.statusBar().showMessage("Loading cancelled.", 5000)
+            self.model_ready.emit(False)
+        elif error.operation in ("load", "make"):
             self._loading = False
             self.model_panel.show_error(error.text)
             self.statusBar().showMessage(f"Could not load: {error.text}", 10000)

@@ -78,6 +78,7 @@ class WorkerError:
     subject: str
     message: str
     detail: str = ""  # traceback text for unexpected errors; "" for user-fixable ones
+    cancelled: bool = False  # the user cancelled the operation: not an error to put in a dialog
 
     @property
     def text(self) -> str:

@@ -230,7 +230,7 @@ class EngineWorker(QObject):
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             self._session = None
             if _is_cancelled(exc):
-                self.failed.emit(WorkerError("load", path, "loading cancelled"))
+                self.failed.emit(WorkerError("load", path, "loading cancelled", cancelled=True))
             else:
                 self.failed.emit(_error("load", exc))
             self.state_changed.emit(ModelState(False))

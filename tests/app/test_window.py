@@ -327,3 +327,16 @@ def test_export_from_the_window(harness, monkeypatch, tmp_path):
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(md), "")))
     w.export(w.controller.conversation_id, "markdown")
     assert "## Assistant" in md.read_text()
+
+
+def test_cancel_a_load_from_the_model_panel(harness, qtbot):
+    w = harness.window
+    harness.api.load_delay = 3.0
+    w.load_model("/models/slow.gguf")
+    assert w.model_panel.cancel_button.isVisibleTo(w.model_panel)
+    with qtbot.waitSignal(w.model_ready, timeout=10000) as sig:
+        w.model_panel.cancel_button.click()
+    assert sig.args[0] is False and not w.state.loaded
+    assert w.error_box is None  # a cancel is not an error dialog
+    assert "cancelled" in w.model_panel.error_label.text() and w.model_panel.load_button.isEnabled()
+    assert w.pages.currentWidget() is w.welcome
