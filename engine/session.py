@@ -159,6 +159,21 @@ class Session:
         finally:
             self._busy.release()
 
+    def warm_expert_cache(self, prompts: list[str], cancel: threading.Event | None = None) -> dict[int, list[int]]:
+        """Pick the hot experts from routing on the user's own recent prompts (prefill only, into a throwaway KV cache),
+        then make the most-used ones resident. Returns {layer: resident experts}; {} when no expert cache is in use."""
+        cache_backend = self.model.experts
+        if not hasattr(cache_backend, "rebalance") or not prompts:
+            return {}
+        with self._busy:
+            for text in prompts:
+                _check_cancel(cancel)
+                ids = self.tokenizer.encode(text)[: self.context_length - 1]
+                if ids:
+                    self.model.forward(torch.tensor(ids), self.model.new_cache(len(ids)))
+            cache_backend.take_step_stats()  # warm-up traffic is not part of any request's hit rate
+            return cache_backend.rebalance()
+
     def explain(self) -> str:
         """The placement plan as a table: where each part runs, the CPU backend and the hot-expert cache."""
         text = self.placement.explain(self.config.num_experts)

@@ -108,3 +108,25 @@ def test_original_rules_example_on_the_twin(tiny_gguf_model, reference, tmp_path
     finally:
         s.close()
 
+
+
+def test_warm_up_on_recent_prompts_makes_their_experts_resident(tiny_gguf_model):
+    s = engine.load(tiny_gguf_model, backend="Torch",
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2, twin=True))
+    try:
+        prompts = ["What is 12 + 30?", "Reverse the list 3, 1, 2."]
+        counts = {}
+        for text in prompts:  # independent count of routing on those prompts
+            stats = RoutingStats()
+            ids = s.tokenizer.encode(text)
+            s.model.forward(torch.tensor(ids), s.model.new_cache(len(ids)), stats=stats)
+            for layer, c in stats.counts.items():
+                counts[layer] = counts.get(layer, 0) + c
+        s.model.experts.counts = {layer: torch.zeros_like(c) for layer, c in s.model.experts.counts.items()}
+        resident = s.warm_expert_cache(prompts)
+        for layer, c in counts.items():
+            top = set(torch.topk(c.double() + 1e-6 * -torch.arange(c.numel()), 2).indices.tolist())
+            chosen = set(resident[layer])
+            assert sum(int(c[e]) for e in chosen) == sum(int(c[e]) for e in top)  # as good as the true top-2 (ties)
+    finally:
+        s.close()
