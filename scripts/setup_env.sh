@@ -27,3 +27,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   pip_quiet .venv/bin/python -m pip install -q --no-build-isolation -e ".${TESSERA_EXTRAS:+[$TESSERA_EXTRAS]}"
   echo "$want" > "$stamp"
 fi
+# tests/packaging validates the launcher's .desktop entry with desktop-file-validate (Debian: desktop-file-utils).
+if [ -n "$TESSERA_EXTRAS" ] && ! command -v desktop-file-validate >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "tessera: installing desktop-file-utils (desktop-file-validate, for tests/packaging)" >&2
+    { apt-get install -y -q desktop-file-utils || { apt-get update -q && apt-get install -y -q desktop-file-utils; }; } \
+      >/dev/null 2>&1 || echo "tessera: could not install desktop-file-utils; the .desktop validation test will skip" >&2
+  else
+    echo "tessera: desktop-file-validate is missing; 'sudo apt-get install desktop-file-utils' lets the tests validate" \
+      "the launcher's .desktop entry (that test skips without it)" >&2
+  fi
+fi

@@ -107,3 +107,18 @@ def test_bad_arguments_are_named(tmp_path):
     assert not (tmp_path / ".local").exists()  # nothing created before the checks pass
     u = subprocess.run(["bash", str(UNINSTALL)], env=_env(tmp_path), capture_output=True, text=True)
     assert u.returncode == 1 and "install-manifest.txt: not found" in u.stderr
+
+
+@pytest.mark.skipif(not shutil.which("desktop-file-validate"),
+                    reason="desktop-file-validate missing: install Debian's desktop-file-utils (scripts/setup_env.sh "
+                           "does it when run as root)")
+def test_entry_template_validates(tmp_path):
+    """The template as the installer fills it, with a quoted Exec path, passes desktop-file-validate cleanly."""
+    text = (ROOT / "packaging" / "tessera.desktop.in").read_text()
+    exe = tmp_path / "with space" / "tessera"
+    text = text.replace("@EXEC@", f'"{exe}"').replace("@TRYEXEC@", str(exe)).replace("@ICON@", "/opt/tessera.png")
+    assert "@" not in text
+    entry = tmp_path / "tessera.desktop"
+    entry.write_text(text)
+    v = subprocess.run(["desktop-file-validate", str(entry)], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.strip() == "", v.stdout
