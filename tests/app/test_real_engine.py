@@ -135,3 +135,16 @@ def test_test_drive_button_makes_and_loads_a_random_model(qtbot, data_dir):  # n
         w.close()
         worker.shutdown()
         store.close()
+
+
+def test_a_broken_file_fails_with_its_name_and_the_worker_survives(qtbot, real_worker, tmp_path, tiny_gguf_model):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 64)
+    errors: list[WorkerError] = []
+    real_worker.failed.connect(errors.append)
+    with qtbot.waitSignal(real_worker.state_changed, timeout=60000) as sig:
+        real_worker.load(str(bad))
+    assert not sig.args[0].loaded
+    assert errors and errors[0].operation == "load" and "broken.gguf" in errors[0].text
+    assert errors[0].detail == ""  # a TesseraError: shown as a message, no traceback
+    assert load(qtbot, real_worker, tiny_gguf_model).loaded
