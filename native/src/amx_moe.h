@@ -184,11 +184,10 @@ class Scratch {
   size_t used_ = 0;
 };
 
-// One layer forward (BackendOps::forward contract in tessera/backend.h).
+// One pass over at most kMaxTokensPerPass tokens (moe_forward below splits longer inputs).
 template <class Tiles, WeightFormat Fmt>
-void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
-                 const float* weights, const float* x, float* out, ThreadPool& pool) {
-  const LayerLayout L = read_layer(blob, backend, Fmt);
+void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
+                      const float* weights, const float* x, float* out, ThreadPool& pool) {
   const MatLayout& GU = L.gate_up;  // [I, H]
   const MatLayout& D = L.down;      // [H, I]
   const int64_t E = L.E, H = L.H, I = L.I;
@@ -305,6 +304,21 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
       for (int64_t h = 0; h < H; ++h) o[h] += w * y[h];
     }
   });
+}
+
+// Tokens are independent, so a long prefill runs in passes of this many: the scratch stays bounded (about 100 MB for
+// a Qwen3-30B-A3B layer, k = 8) while each expert still sees enough rows (~32 at E = 128) to fill its tiles.
+constexpr int64_t kMaxTokensPerPass = 512;
+
+// One layer forward (BackendOps::forward contract in tessera/backend.h).
+template <class Tiles, WeightFormat Fmt>
+void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
+                 const float* weights, const float* x, float* out, ThreadPool& pool) {
+  const LayerLayout L = read_layer(blob, backend, Fmt);
+  for (int64_t t0 = 0; t0 < T; t0 += kMaxTokensPerPass) {
+    const int64_t n = std::min(kMaxTokensPerPass, T - t0);
+    moe_forward_pass<Tiles, Fmt>(L, blob, n, k, ids + t0 * k, weights + t0 * k, x + t0 * L.H, out + t0 * L.H, pool);
+  }
 }
 
 }  // namespace tessera::amx
