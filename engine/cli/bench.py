@@ -56,6 +56,7 @@ def run(args) -> int:
         "load_s": load_s,
         "backend": m.backend,
         "threads": torch.get_num_threads(),
+        "expert_cache_hit_rate": m.expert_cache_hit_rate,  # None without a GPU expert cache (or its twin)
     }
     if args.json:
         print(json.dumps(result))
@@ -64,4 +65,6 @@ def run(args) -> int:
         print(f"backend  {m.backend}, {result['threads']} threads, loaded in {load_s:.1f} s")
         print(f"prefill  {m.prompt_tokens} tokens in {m.prefill_s:.3f} s: {m.prefill_tok_s:.1f} tok/s")
         print(f"decode   {m.generated_tokens - 1} tokens in {m.decode_s:.3f} s: {m.decode_tok_s:.2f} tok/s")
+        if m.expert_cache_hit_rate is not None:
+            print(f"experts  {100 * m.expert_cache_hit_rate:.1f} % of routed pairs served by the GPU expert cache")
     return 0
