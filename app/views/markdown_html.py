@@ -11,6 +11,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 _FENCE = re.compile(r"^```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^```[ \t]*$|\Z)", re.S | re.M)
 
 
@@ -24,6 +25,18 @@ def _lexer(lang: str, code: str):
         return guess_lexer(code) if len(code) > 40 else TextLexer()
     except ClassNotFound:
         return TextLexer()
+
+
+def _escape_html(text: str) -> str:
+    """Model output is text, not HTML: `<vector>` must show, and no tag may reach the renderer. Code spans are left to
+    Markdown, which escapes them itself."""
+    out, last = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(text[last:m.start()].replace("&", "&amp;").replace("<", "&lt;"))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(text[last:].replace("&", "&amp;").replace("<", "&lt;"))
+    return "".join(out)
 
 
 def render(text: str, dark: bool = False) -> tuple[str, list[str]]:
@@ -52,7 +65,7 @@ def render(text: str, dark: bool = False) -> tuple[str, list[str]]:
             f'<tr><td colspan="2"><pre style="margin:0;font-family:monospace">{body}</pre></td></tr></table>')
         return f"\n\nTESSERACODEBLOCK{n}X\n\n"
 
-    text = _FENCE.sub(cut, text)
+    text = _escape_html(_FENCE.sub(cut, text))
     out = markdown.markdown(text, extensions=["tables", "sane_lists"], output_format="html")
     for n, block in enumerate(rendered):
         out = out.replace(f"<p>TESSERACODEBLOCK{n}X</p>", block).replace(f"TESSERACODEBLOCK{n}X", block)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QPalette
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
                                QWidget)
 
@@ -75,6 +75,8 @@ class MarkdownBrowser(QTextBrowser):
             if 0 <= n < len(self._codes):
                 QGuiApplication.clipboard().setText(self._codes[n])
                 self.copy_code.emit(self._codes[n])
+        elif url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)  # the user's browser, on the user's click
 
     def _fit(self) -> None:
         self.document().setTextWidth(self.viewport().width())

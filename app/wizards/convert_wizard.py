@@ -8,11 +8,26 @@ The same conversion is `tessera-cli convert SRC OUT --dtype bf16|q8_0 --verify`.
 from __future__ import annotations
 
 import shutil
+from html import escape
 from pathlib import Path
 
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
-                               QLineEdit, QPushButton, QRadioButton, QVBoxLayout, QWidget, QWizard, QWizardPage)
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QRadioButton,
+    QVBoxLayout,
+    QWidget,
+    QWizard,
+    QWizardPage,
+)
 
 from app.wizards import jobs
 from app.wizards.job_page import JobPage
@@ -24,7 +39,15 @@ FREE_MARGIN = 64 * 1024 * 1024  # as the converter keeps
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
+    """Bytes, readably: GB for models, MB/kB for the small ones tests and demos make."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 class SourcePage(QWizardPage):
@@ -44,7 +67,7 @@ class SourcePage(QWizardPage):
         browse.clicked.connect(self._browse)
         self.info = QLabel("Choose a folder.")
         self.info.setWordWrap(True)
-        self.info.setTextFormat(self.info.textFormat().RichText)
+        self.info.setTextFormat(Qt.TextFormat.RichText)
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
         row.addWidget(browse)
@@ -89,16 +112,17 @@ class SourcePage(QWizardPage):
     def _on_summary(self, s: dict) -> None:
         self.summary = s
         self.info.setText(
-            f"<b>Qwen3-MoE</b>: {s['layers']} layers, {s['experts']} experts ({s['experts_per_token']} per token), "
+            f"<b>Qwen3-MoE</b> {escape(Path(s['folder']).name)}: {s['layers']} layers, {s['experts']} experts "
+            f"({s['experts_per_token']} per token), "
             f"hidden size {s['hidden_size']}, vocabulary {s['vocab_size']}<br>"
             f"{s['tensors']} tensors in {s['shards']} shard(s), {_gb(s['bytes'])} ({', '.join(s['dtypes'])}), "
-            f"about {s['params'] / 1e9:.2f} B parameters")
+            f"about {_count(s['params'])} parameters")
         self.info.setStyleSheet("")
         self.completeChanged.emit()
 
     def _on_error(self, subject: str, message: str) -> None:
         self.summary = None
-        self.info.setText(f"{subject}: {message}")
+        self.info.setText(escape(f"{subject}: {message}"))
         self.info.setStyleSheet("color: #c62828;")
         self.completeChanged.emit()
 
@@ -242,14 +266,14 @@ class DonePage(QWizardPage):
         self._run = run
         self.text = QLabel()
         self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(self.text.textInteractionFlags().TextSelectableByMouse)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)
         layout.addWidget(self.text)
         layout.addStretch(1)
 
     def initializePage(self) -> None:
         r = self._run.result
-        lines = [f"Wrote <b>{r['path']}</b> ({_gb(r['bytes'])}, {r['dtype'].upper()}) in {r['seconds']:.1f} s."]
+        lines = [f"Wrote <b>{escape(r['path'])}</b> ({_gb(r['bytes'])}, {r['dtype'].upper()}) in {r['seconds']:.1f} s."]
         v = r.get("verify")
         if v:
             colour = "#2e7d32" if v["passed"] else "#c62828"
@@ -257,11 +281,11 @@ class DonePage(QWizardPage):
                 f"<p style='color:{colour}'><b>Verification {'passed' if v['passed'] else 'FAILED'}</b> over "
                 f"{v['tokens']} tokens: max |Δlogit| {v['max_abs_diff']:.3g} ({v['rel_max_diff']:.2e} of the logit "
                 f"range), top-1 agreement {v['top1_agreement'] * 100:.1f} %, mean KL {v['mean_kl']:.2e} nats.</p>"
-                f"<p>Tolerance — {v['rule']}.</p>")
+                f"<p>Tolerance — {escape(v['rule'])}.</p>")
         else:
             lines.append("<p>Not verified. <code>tessera-cli compare SOURCE OUTPUT</code> does it later.</p>")
         if r.get("prepack"):
-            lines.append(f"<p>{r['prepack']}</p>")
+            lines.append(f"<p>{escape(r['prepack'])}</p>")
         lines.append("<p>Open the file from the model panel to chat with it.</p>")
         self.text.setText("".join(lines))
 

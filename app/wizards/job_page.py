@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout,
-                               QWizardPage)
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
 
 from app.wizards.jobs import Job
 
@@ -24,6 +23,7 @@ class JobPage(QWizardPage):
         self.result = None
         self.stage = QLabel("Waiting…")
         self.stage.setWordWrap(True)
+        self.stage.setTextFormat(Qt.TextFormat.PlainText)
         self.bar = QProgressBar()
         self.bar.setAccessibleName("Progress")
         self.log = QPlainTextEdit()
@@ -32,6 +32,7 @@ class JobPage(QWizardPage):
         self.log.setMaximumBlockCount(500)
         self.error = QLabel()
         self.error.setWordWrap(True)
+        self.error.setTextFormat(Qt.TextFormat.PlainText)
         self.error.setStyleSheet("color: #c62828;")
         self.error.hide()
         self.cancel_button = QPushButton("Cancel")

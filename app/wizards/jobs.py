@@ -34,7 +34,7 @@ class Job(QThread):
         self._cancel.set()
 
     def run(self) -> None:  # in the job's thread
-        from engine.errors import Cancelled, TesseraError  # noqa: PLC0415
+        from engine.errors import Cancelled, TesseraError
 
         def progress(ev) -> None:
             self.progressed.emit(int(ev.done), int(ev.total), str(ev.stage), str(ev.detail))
@@ -58,7 +58,7 @@ def hardware_probe(*, seconds: float, model: str | None, preset: str | None, gpu
     """A job function: the hardware report plus its Markdown and JSON renderings."""
 
     def fn(progress, cancel) -> dict:
-        from engine import hardware  # noqa: PLC0415
+        from engine import hardware
 
         report = hardware.probe(seconds=seconds, model=model, preset=preset, gpu=gpu, progress=progress,
                                 cancel=cancel)
@@ -71,7 +71,7 @@ def inspect_source(folder: str):
     """A job function: check a Hugging Face folder and summarise it for the conversion wizard."""
 
     def fn(progress, cancel) -> dict:
-        from engine.convert import read_source  # noqa: PLC0415
+        from engine.convert import read_source
 
         src = read_source(folder)  # checks config, tokenizer and every tensor header; named errors
         shards = sorted(Path(src.folder).glob("*.safetensors"))
@@ -92,7 +92,7 @@ def inspect_source(folder: str):
 def _backends() -> dict[str, tuple[bool, str]]:
     """Backends a converted model can be pre-packed for ({name: (available, reason)}; empty without engine.native)."""
     try:
-        from engine import native  # noqa: PLC0415
+        from engine import native
 
         return {k: v for k, v in native.backend_status().items() if k != "Auto"}
     except Exception:  # noqa: BLE001 - pre-packing is optional; the page says why it is off
@@ -104,22 +104,22 @@ def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str 
     (optionally) fill the packed-weight cache for one backend so the first load is fast."""
 
     def fn(progress, cancel) -> dict:
-        from engine.convert import convert  # noqa: PLC0415
+        from engine.convert import convert
 
         t0 = time.perf_counter()
         path = convert(src, out, dtype=dtype, progress=progress, cancel=cancel)
         result = {"path": str(path), "bytes": Path(path).stat().st_size, "seconds": time.perf_counter() - t0,
                   "dtype": dtype, "verify": None}
         if verify and not cancel.is_set():
-            from engine.compare import verify_conversion  # noqa: PLC0415
-            from engine.events import ProgressEvent  # noqa: PLC0415
+            from engine.compare import verify_conversion
+            from engine.events import ProgressEvent
 
             progress(ProgressEvent("verify", 0, 1, "running the same text through the source and the output"))
             rep, ok, rule = verify_conversion(src, path, dtype)
             result["verify"] = {**rep.as_dict(), "passed": ok, "rule": rule}
             progress(ProgressEvent("verify", 1, 1, "passed" if ok else "outside the tolerance"))
         if prepack and not cancel.is_set():
-            from engine.convert import prepack as do_prepack  # noqa: PLC0415
+            from engine.convert import prepack as do_prepack
 
             result["prepack"] = do_prepack(path, prepack, progress)
         return result

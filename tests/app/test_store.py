@@ -76,5 +76,7 @@ def test_markdown_code_blocks_are_highlighted_with_copy_links():
     html, codes = render("Use:\n\n```python\ndef f():\n    return 1\n```\n\nthen `x`.")
     assert codes == ["def f():\n    return 1"]
     assert 'href="copy-code:0"' in html and "<span style=" in html and "<code>x</code>" in html
+    html, _ = render("use <vector> & <img src=x>, not `<b>`")  # text stays text; no tag reaches the renderer
+    assert "&lt;vector&gt;" in html and "<img" not in html and "<code>&lt;b&gt;</code>" in html
     html, codes = render("```js\nlet a = 1")  # an unterminated fence while streaming is still code
     assert codes == ["let a = 1"] and "copy-code:0" in html
