@@ -241,6 +241,7 @@ class MainWindow(QMainWindow):
 
     def on_state(self, state: ModelState) -> None:
         was_loading, self._loading = self._loading, False
+        switched = self.state.loaded and state.loaded and state.path == self.state.path and not was_loading
         self.state = state
         self.status.set_state(state)
         self.model_panel.set_state(state)
@@ -249,7 +250,10 @@ class MainWindow(QMainWindow):
         if state.loaded:
             self.settings.add_recent_model(state.path)
             self.model_panel.set_recent(self.settings.get("recent/models"))
-            self.statusBar().showMessage(f"Loaded {state.name} with backend {state.backend}", 5000)
+            if switched:
+                self.statusBar().showMessage(f"Backend {state.backend}: {state.backend_reason}", 8000)
+            else:
+                self.statusBar().showMessage(f"Loaded {state.name} with backend {state.backend}", 5000)
             self.setWindowTitle(f"Tessera — {state.name}")
         else:
             self.setWindowTitle("Tessera")
