@@ -12,7 +12,7 @@ Letters: T tokens, H hidden, I moe_intermediate, E experts in a layer, k experts
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +31,16 @@ class CacheStats:
 
     def hit_rate(self) -> float:
         return self.total_on_device / self.total_pairs if self.total_pairs else 0.0
+
+
+class _Pending:
+    """A submitted native computation, with the `result()` of a Future."""
+
+    def __init__(self, sync):
+        self._sync = sync
+
+    def result(self) -> torch.Tensor:
+        return self._sync()
 
 
 @dataclass
@@ -192,7 +202,7 @@ class HotExpertCache:
             self._host_buffers[name] = buf
         return buf[:n].view(like.shape)
 
-    def _submit_cpu(self, layer, x, topk_ids, topk_weights, on_device) -> Future:
+    def _submit_cpu(self, layer, x, topk_ids, topk_weights, on_device):
         """Copy the non-resident pairs to host buffers and start the CPU backend on them; returns at once."""
         ids_cpu, w_cpu = self._cpu_routing(topk_ids, topk_weights, on_device)  # [T, k'] each
         x_host = self._host("x", x)
@@ -201,17 +211,14 @@ class HotExpertCache:
         ids_host.copy_(ids_cpu, non_blocking=not self.twin)
         w_host = self._host("w", w_cpu)
         w_host.copy_(w_cpu, non_blocking=not self.twin)
-        ready = None
         if not self.twin:
-            ready = torch.cuda.Event()
-            ready.record()
-
-        def run() -> torch.Tensor:
-            if ready is not None:
-                ready.synchronize()
-            return self.cpu_backend.forward(layer, x_host.float(), ids_host, w_host.float())  # [T, H]
-
-        return self._pool.submit(run)
+            torch.cuda.current_stream().synchronize()  # the host copies above have landed (a few KB per token)
+        submit = getattr(self.cpu_backend, "submit", None)
+        if submit is not None:
+            # The native backend runs on its own thread pool: submit returns at once, sync() waits for the result.
+            submit(layer, x_host, ids_host, w_host)
+            return _Pending(self.cpu_backend.sync)
+        return self._pool.submit(self.cpu_backend.forward, layer, x_host, ids_host, w_host)  # [T, H] when done
 
     def _receive(self, y_cpu: torch.Tensor) -> torch.Tensor:
         if self.twin:

@@ -111,3 +111,21 @@ def test_layerwise_prefill_serves_every_pair_on_the_accelerator_and_matches():
     cache.forward(1, x[:1], ids1, w1)
     assert cache.take_step_stats() == (K, int((ids1 == 0).sum()))  # decode uses the resident set only
     cache.close()
+
+
+def test_twin_over_a_native_backend_uses_its_submit_and_sync(tmp_path):
+    from engine import native
+
+    layers = make_layers()
+    cpu = native.make_backend("Reference", layers, threads=1, cache_dir=tmp_path, model_id="twin-test")
+    calls = []
+    submit = cpu.submit
+    cpu.submit = lambda *a: (calls.append(a[0]), submit(*a))[1]
+    cache = HotExpertCache(cpu, layers, device="cpu", experts_per_layer=3, rebalance_every=0)
+    x = torch.randn(T, H)
+    for layer in layers:
+        ids, w = routing(T, seed=20 + layer)
+        torch.testing.assert_close(cache.forward(layer, x, ids, w), TorchExperts(layers).forward(layer, x, ids, w),
+                                   rtol=1e-4, atol=1e-4)
+    assert calls == [0, 1]
+    cache.close()
