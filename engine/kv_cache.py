@@ -1,8 +1,8 @@
 """KV cache of one token sequence, and the prefix cache that keeps several of them across turns and conversations.
 
 `KVCache` holds per-layer K/V buffers, allocated ahead in chunks and written in place, plus the token ids whose K/V they
-hold. `PrefixCache` is a bounded LRU (by bytes) of such caches: a request takes the cache sharing the longest common token
-prefix with its prompt, so a chat's second turn prefills only the new tokens.
+hold. `PrefixCache` is a bounded LRU (by bytes) of such caches: a request takes the cache sharing the longest common
+token prefix with its prompt, so a chat's second turn prefills only the new tokens.
 
 Letters: L layers, nkv key/value heads, C capacity (positions allocated), S positions filled, T new tokens, hd head dim.
 """
@@ -87,8 +87,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class PrefixCache:
     """Bounded LRU of KV caches (most recently used last), sized by bytes.
 
-    `acquire(prompt)` returns a cache to extend and how many prompt tokens it already holds. A cache that matches the whole
-    of its tokens is continued in place; one that matches only part is copied (the original stays for other
+    `acquire(prompt)` returns a cache to extend and how many prompt tokens it already holds. A cache that matches the
+    whole of its tokens is continued in place; one that matches only part is copied (the original stays for other
     conversations). `release(cache)` puts it back as the most recent entry and evicts the oldest beyond the budget.
     """
 

@@ -1,11 +1,11 @@
 """The Qwen3-MoE forward pass in PyTorch, top to bottom, for one sequence at a time (batch 1).
 
 Order: RMSNorm, RoPE, Attention (per-head q/k norm, GQA, KV cache), Router, MoE, dense MLP, Block, Model.
-Non-expert weights are converted to float32 once at construction; the routed experts stay as stored and are computed by an
-`engine.experts.ExpertBackend`, which the model only calls (no backend branches here).
+Non-expert weights are converted to float32 once at construction; the routed experts stay as stored and are computed
+by an `engine.experts.ExpertBackend`, which the model only calls (no backend branches here).
 
-Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value heads,
-hd head dim, E experts, k experts per token, Id dense intermediate size.
+Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value
+heads, hd head dim, E experts, k experts per token, Id dense intermediate size.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ def _f32(t: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ModelDevices:
-    """Where the dense parts run: the embedding table, each decoder layer (attention, norms, router, dense MLP, KV cache)
-    and the final norm + lm_head. The routed experts are the ExpertBackend's business. Built from a PlacementPlan."""
+    """Where the dense parts run: the embedding table, each decoder layer (attention, norms, router, dense MLP, KV
+    cache) and the final norm + lm_head. The routed experts are the ExpertBackend's business. Built from a
+    PlacementPlan."""
 
     embed: str = "cpu"
     layers: tuple[str, ...] = ()  # one per decoder layer; empty means all "cpu"
@@ -154,7 +155,8 @@ def _sub(p: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
 
 
 class Qwen3MoeModel:
-    """Built from `ModelWeights` (config + canonical tensors). `experts` computes the routed experts of every MoE layer."""
+    """Built from `ModelWeights` (config + canonical tensors). `experts` computes the routed experts of every MoE
+    layer."""
 
     def __init__(self, weights, experts: ExpertBackend, devices: ModelDevices = ModelDevices()):
         cfg = self.config = weights.config

@@ -16,8 +16,8 @@ from engine.errors import TesseraError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What to sample and when to stop. Defaults are Tessera's own (Qwen3's recommended thinking-mode values), never read
-    from a model's generation_config.json. top_k 0 and top_p 1 and min_p 0 disable those filters."""
+    """What to sample and when to stop. Defaults are Tessera's own (Qwen3's recommended thinking-mode values), never
+    read from a model's generation_config.json. top_k 0 and top_p 1 and min_p 0 disable those filters."""
 
     temperature: float = 0.6
     top_k: int = 20
@@ -65,7 +65,8 @@ class SamplingParams:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style, as transformers: a seen token's logit is divided by `penalty` when positive, multiplied when negative."""
+    """CTRL-style, as transformers: a seen token's logit is divided by `penalty` when positive, multiplied when
+    negative."""
     if penalty == 1.0 or seen.numel() == 0:
         return logits
     out = logits.clone()  # [V]
@@ -110,7 +111,8 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator) -> int:
-    """The next token id from the last position's logits [V] (float32), the ids seen so far [n] and a seeded generator."""
+    """The next token id from the last position's logits [V] (float32), the ids seen so far [n] and a seeded
+    generator."""
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)  # [V]
     if params.greedy:
         return int(torch.argmax(logits))

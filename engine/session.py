@@ -1,7 +1,7 @@
 """A loaded model ready to generate: weights, tokenizer, the expert backend and the prefix cache, behind one object.
 
-`load(path)` reads a GGUF file or a Hugging Face folder; `Session.generate` takes raw token ids, `Session.chat` renders the
-chat template first. Both reuse the K/V of the longest cached token prefix. One request at a time per session.
+`load(path)` reads a GGUF file or a Hugging Face folder; `Session.generate` takes raw token ids, `Session.chat` renders
+the chat template first. Both reuse the K/V of the longest cached token prefix. One request at a time per session.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ class Session:
         return self.model.new_cache(capacity)
 
     def set_backend(self, name: str, progress: Progress = None) -> None:
-        """Switch the expert backend (repacks the experts); the KV and prefix caches are kept. On error the old stays."""
+        """Switch the expert backend (repacks the experts); the KV and prefix caches are kept. On error the old one
+        stays."""
         if self.model is None:
             raise TesseraError("session", "is closed")
         if not self._busy.acquire(blocking=False):

@@ -24,7 +24,8 @@ def run(args) -> int:
         if args.prompt_tokens < 1:
             raise UsageError("--prompt-tokens", f"must be >= 1, got {args.prompt_tokens}")
         if args.gen_tokens < 2:
-            raise UsageError("--gen-tokens", f"must be >= 2 (the first token belongs to prefill), got {args.gen_tokens}")
+            raise UsageError("--gen-tokens",
+                             f"must be >= 2 (the first token belongs to prefill), got {args.gen_tokens}")
     except UsageError as e:
         return e.report()
     import torch

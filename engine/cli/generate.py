@@ -1,4 +1,4 @@
-"""`tessera-cli generate MODEL --prompt TEXT`: print a continuation (or a chat answer with --chat), then a stats line."""
+"""`tessera-cli generate MODEL --prompt TEXT`: print a continuation (or a chat answer with --chat), then stats."""
 
 from __future__ import annotations
 

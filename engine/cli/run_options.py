@@ -37,7 +37,8 @@ DEFAULTS = argparse.Namespace(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0, 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int) -> None:
     d = DEFAULTS
     p.add_argument("--max-tokens", type=int, default=max_tokens, metavar="N", help=f"default {max_tokens}")
-    p.add_argument("--temperature", type=float, default=d.temperature, metavar="T", help=f"0 is greedy (default {d.temperature})")
+    p.add_argument("--temperature", type=float, default=d.temperature, metavar="T",
+                   help=f"0 is greedy (default {d.temperature})")
     p.add_argument("--top-k", type=int, default=d.top_k, metavar="K", help=f"0 disables (default {d.top_k})")
     p.add_argument("--top-p", type=float, default=d.top_p, metavar="P", help=f"in (0, 1] (default {d.top_p})")
     p.add_argument("--min-p", type=float, default=d.min_p, metavar="P", help=f"in [0, 1) (default {d.min_p})")

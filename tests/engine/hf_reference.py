@@ -1,4 +1,5 @@
-"""Tiny random Qwen3-MoE models built with transformers (the test oracle), and their weights in Tessera's canonical form."""
+"""Tiny random Qwen3-MoE models built with transformers (the test oracle), and their weights in Tessera's canonical
+form."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def hf_model(overrides: dict, seed: int = 0):
     hf_cfg._attn_implementation = "eager"
     model = Qwen3MoeForCausalLM(hf_cfg).eval()
     with torch.no_grad():  # larger-than-init weights and non-trivial norms, so mistakes show in the logits
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
             else:

@@ -1,4 +1,4 @@
-"""The prefill + decode loop: greedy equality, seeded sampling, cancellation, stop tokens and strings, guards, metrics."""
+"""The prefill + decode loop: greedy equality, seeded sampling, cancellation, stop tokens/strings, guards, metrics."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def run(model, params, prompt=PROMPT, ctx=512, **kw):
 def test_greedy_matches_transformers_generate(models):
     ref, model = models
     with torch.no_grad():
-        out = ref.generate(torch.tensor([PROMPT]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = ref.generate(torch.tensor([PROMPT]), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
     tokens, done = run(model, SamplingParams(temperature=0, max_tokens=32))
     assert done.token_ids == out[0, len(PROMPT):].tolist() == [e.token_id for e in tokens]
     assert done.metrics.stop_reason == "max_tokens" and done.metrics.generated_tokens == 32

@@ -1,4 +1,4 @@
-"""KV cache growth and the prefix cache: longest common prefix, copy on partial match, LRU by bytes, same logits as cold."""
+"""KV cache growth and the prefix cache: longest common prefix, copy on partial match, LRU by bytes, cold logits."""
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def logits_row(seed=0, v=50):
 def test_greedy_is_argmax_and_ignores_seed():
     x = logits_row()
     for seed in (1, 2, None):
-        assert sample(x, SamplingParams(temperature=0, seed=seed), torch.tensor([]), make_generator(seed)) == int(x.argmax())
+        picked = sample(x, SamplingParams(temperature=0, seed=seed), torch.tensor([]), make_generator(seed))
+        assert picked == int(x.argmax())
 
 
 def test_repetition_penalty_equals_transformers():
@@ -73,7 +74,8 @@ def test_top_p_keeps_the_same_tokens_as_transformers(p):
 def test_top_k_and_min_p():
     x = logits_row(3)
     kept = torch.isfinite(filter_top_k(x, 5))
-    assert int(kept.sum()) == 5 and set(torch.nonzero(kept).flatten().tolist()) == set(torch.topk(x, 5).indices.tolist())
+    assert int(kept.sum()) == 5
+    assert set(torch.nonzero(kept).flatten().tolist()) == set(torch.topk(x, 5).indices.tolist())
     probs = torch.softmax(x, -1)
     kept = torch.isfinite(filter_min_p(x, 0.2))
     assert torch.equal(kept, probs >= 0.2 * probs.max())
