@@ -18,7 +18,7 @@ def render(svg: Path = ICONS / "tessera.svg", out_dir: Path = ICONS, sizes=SIZES
     from PySide6.QtGui import QGuiApplication, QImage, QPainter
     from PySide6.QtSvg import QSvgRenderer
 
-    _app = QGuiApplication.instance() or QGuiApplication(sys.argv[:1])  # noqa: F841 - QPainter needs one
+    _app = QGuiApplication.instance() or QGuiApplication(sys.argv[:1])  # QPainter needs one
     renderer = QSvgRenderer(str(svg))
     if not renderer.isValid():
         raise SystemExit(f"error: {svg}: not a valid SVG")

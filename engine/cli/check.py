@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import hardware  # noqa: PLC0415 - heavy imports inside run()
-    from engine.errors import TesseraError  # noqa: PLC0415
+    from engine import hardware  # heavy imports inside run()
+    from engine.errors import TesseraError
 
     if args.seconds is not None and args.seconds <= 0:
         raise TesseraError("--seconds", f"must be positive, got {args.seconds}")

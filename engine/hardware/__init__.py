@@ -28,7 +28,7 @@ from engine.hardware.memory import SLICES_PER_RUN, probe_memory
 from engine.hardware.render import to_json, to_markdown
 from engine.hardware.verdict import backends, estimate, model_shape, remedies
 
-__all__ = ["probe", "to_json", "to_markdown", "DEFAULT_SECONDS", "QUICK_SECONDS"]
+__all__ = ["DEFAULT_SECONDS", "QUICK_SECONDS", "probe", "to_json", "to_markdown"]
 
 DEFAULT_SECONDS = 3.0  # multi-threaded bandwidth measurement; the single-thread one takes half
 QUICK_SECONDS = 0.4

@@ -73,7 +73,7 @@ def topology(cpuinfo_text: str | None = None, sys_root: str = "/sys/devices/syst
 
 def _from_native() -> dict | None:
     try:
-        from engine import native  # noqa: PLC0415 - optional until the native module is built
+        from engine import native  # optional until the native module is built
     except ImportError:
         return None
     fn = getattr(native, "cpu_features", None)

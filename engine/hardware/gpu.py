@@ -42,7 +42,7 @@ def probe_gpus(*, copy_bytes: int = COPY_BYTES, progress: Callable[[ProgressEven
                cancel: threading.Event | None = None) -> tuple[list[dict], str]:
     """([{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, ...}], status line)."""
     try:
-        import torch  # noqa: PLC0415 - heavy; only when the GPU section is probed
+        import torch  # heavy; only when the GPU section is probed
     except ImportError as e:
         return [], f"no CUDA device: torch is not installed ({e})"
     if torch.version.cuda is None:

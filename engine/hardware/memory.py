@@ -55,10 +55,10 @@ def hugepages(meminfo_text: str | None = None, thp_root: str = "/sys/kernel/mm/t
 
 
 def _native_probe() -> Callable[[int, float], float] | None:
-    from engine.errors import TesseraError  # noqa: PLC0415
+    from engine.errors import TesseraError
 
     try:
-        from engine import native  # noqa: PLC0415 - optional until the native module is built
+        from engine import native  # optional until the native module is built
 
         native.layout_version()  # raises BackendUnavailableError when engine._native is not built
     except (ImportError, AttributeError, TesseraError):
@@ -68,7 +68,7 @@ def _native_probe() -> Callable[[int, float], float] | None:
 
 def _numpy_probe(threads: int, seconds: float, buffers: list) -> float:
     """GB/s read by `threads` threads, each OR-reducing its own buffer for `seconds`."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     counts = [0] * threads
     barrier = threading.Barrier(threads + 1)
@@ -131,12 +131,12 @@ def measure_read_bandwidth(threads: int, seconds: float, *, stage: str = "bandwi
     if native is not None:
         # Short runs use a smaller buffer (still far beyond a desktop L3) so setting it up does not dominate.
         mib = 256.0 if seconds < 1.0 else 1024.0
-        probe = lambda n, s: native(n, s, mib)  # noqa: E731
+        probe = lambda n, s: native(n, s, mib)
         gbs = _native_with_ticks(probe, threads, seconds, stage, progress)
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         return gbs, "native"
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     buffers = [np.ones(FALLBACK_BUFFER_BYTES // 8, dtype=np.uint64) for _ in range(threads)]  # [N] per thread
     slice_s = max(0.02, seconds / SLICES_PER_RUN)

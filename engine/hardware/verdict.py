@@ -37,7 +37,7 @@ def predicted_backend(name: str, flags: dict[str, bool], amx_usable: bool, amx_r
 def backends(cpu: dict) -> tuple[dict[str, dict], str, str, str]:
     """({name: {available, reason}}, auto pick, auto reason, source) from engine.native, else predicted from CPUID."""
     try:
-        from engine import native  # noqa: PLC0415 - optional until the native module is built
+        from engine import native  # optional until the native module is built
         status_fn, auto_fn = native.backend_status, native.auto_backend
     except (ImportError, AttributeError):
         why = "native module not built (engine.native has no backend_status)"
@@ -79,9 +79,9 @@ def model_shape(model: str | None, preset_name: str | None) -> tuple[MoeShape, s
 def _gguf_shape(path: Path) -> tuple[MoeShape, str]:
     """Shape and dominant expert type from a GGUF header (the gguf package reads the header; no weights are loaded)."""
     try:
-        import gguf  # noqa: PLC0415
+        import gguf
         reader = gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # noqa: BLE001 - any parse failure is a user-facing file problem
+    except Exception as e:  # any parse failure is a user-facing file problem
         raise TesseraError(str(path), f"not a readable GGUF file: {e}") from e
 
     def field(key: str, default=None):
@@ -151,7 +151,7 @@ def estimate(shape: MoeShape, stored: str, *, auto: str, memory: dict, gpus: lis
     return out
 
 
-_AMX_GENERATION = re.compile(r"Xeon.*\b(\d[4-9]\d\d[A-Z+]*|w[3579]-[23][4-9]\d\d)", re.I)
+_AMX_GENERATION = re.compile(r"Xeon.*\b(\d[4-9]\d\d[A-Z+]*|w[3579]-[23][4-9]\d\d)", re.IGNORECASE)
 
 
 def remedies(report: dict) -> list[dict]:

@@ -3,9 +3,8 @@ verification, and leaves nothing behind when cancelled."""
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 import shutil
+from collections import namedtuple
 
 import gguf
 import pytest
