@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,17 +35,30 @@ void row_to_f32(WeightType type, const void* base, int64_t row, int64_t K, float
   }
 }
 
-inline int8_t quantize_value(float v, float scale) {
-  if (scale == 0.0f) return 0;
-  const float q = std::nearbyint(v / scale);  // round to nearest even (default rounding mode)
-  return static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+// round-to-nearest-even of |v| < 2^22 without a libm call (vectorizes; exact under the default rounding mode, which
+// -ffp-contract=off and no -ffast-math keep the compiler from reassociating).
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
 }
 
+inline int8_t quantize_value(float v, float inv_scale) {
+  const float c = std::clamp(v * inv_scale, -127.0f, 127.0f);
+  return c == c ? static_cast<int8_t>(round_even(c)) : 0;  // NaN: its group's scale is NaN and carries it instead
+}
+
+inline float inverse(float scale) { return scale == 0.0f ? 0.0f : 1.0f / scale; }
+
 // amax / 127 over x[k0, k1) of the real (unpadded) columns.
+// A NaN anywhere in the group makes the scale NaN, so the products of the group stay NaN as in float arithmetic.
 inline float group_scale(const float* x, int64_t k0, int64_t k1) {
   float amax = 0.0f;
-  for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
-  return amax / 127.0f;
+  bool nan = false;
+  for (int64_t k = k0; k < k1; ++k) {
+    amax = std::max(amax, std::fabs(x[k]));
+    nan |= x[k] != x[k];
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
 }
 
 }  // namespace
@@ -63,8 +77,9 @@ void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* ds
         const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
         const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
         scales[g * kTileN + lane] = s;
+        const float inv = inverse(s);
         for (int64_t k = k0; k < k1; ++k) {
-          const int8_t q = quantize_value(row[k], s);
+          const int8_t q = quantize_value(row[k], inv);
           uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKInt8) * kBTileBytes;
           const int64_t kk = k % kTileKInt8;
           t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q + 128);
@@ -108,8 +123,10 @@ void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scale
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
     const float s = k0 < k1 ? group_scale(x, k0, k1) : 0.0f;
     scales[g] = s;
+    const float inv = inverse(s);
+    for (int64_t k = k0; k < k1; ++k) q[k] = quantize_value(x[k], inv);
     int32_t sum = 0;
-    for (int64_t k = k0; k < k1; ++k) sum += q[k] = quantize_value(x[k], s);
+    for (int64_t k = k0; k < k1; ++k) sum += q[k];
     corr[g] = 128 * sum;
   }
   if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);

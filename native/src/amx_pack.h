@@ -18,13 +18,13 @@ namespace tessera::amx {
 constexpr int64_t kInt8Group = 64;
 
 // W [N, K] of `type` -> one packed matrix at dst (L.bytes, 64-byte aligned). int8: scale = amax / 127 per (n, group),
-// q = round-to-nearest-even(w / scale) clamped to [-127, 127].
+// q = round-to-nearest-even(clamp(w * (1 / scale), -127, 127)).
 void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst);
 // Packed matrix -> W [N, K] f32 (int8: q * scale).
 void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w);
 
-// x [K] -> q [Kp] int8 (zero beyond K), one scale per group (amax / 127; q = rne(x / scale)) and 128 * sum(q) per
-// group (the correction for the weights' +128 bias).
+// x [K] -> q [Kp] int8 (zero beyond K), one scale per group (amax / 127; q as for the weights) and 128 * sum(q)
+// per group (the correction for the weights' +128 bias).
 void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
 // x [K] -> [Kp] bf16 (round to nearest even, zero beyond K).
 void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q);

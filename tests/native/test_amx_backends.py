@@ -209,3 +209,16 @@ def test_packed_blob_of_another_backend_is_refused(layer, pool):
     ids, w, x = _routing(2, 1, seed=1)
     with pytest.raises(ValueError, match="AMXBF16-emulated"):
         _native.forward("AMXBF16-emulated", blob, ids, w, x, torch.empty_like(x), pool)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("rows", [1, 10**9], ids=["tiles", "vectors"])
+def test_nan_in_a_token_stays_in_that_token(name, rows, layer, pool, tile_rows):
+    blob = _pack(name, layer, pool)
+    ids, w, x = _routing(20, 3, seed=17)
+    x[4, 7] = float("nan")
+    tile_rows(rows)
+    out = torch.full_like(x, 0.0)
+    _native.forward(name, blob, ids, w, x, out, pool)
+    bad = torch.isnan(out).any(dim=1)  # [T]
+    assert bad[4] and not bad[torch.arange(20) != 4].any()
