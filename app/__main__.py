@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quit-when-done", action="store_true",
                    help="with --prompt: quit once the last reply is complete")
     p.add_argument("--no-demo", action="store_true", help="do not open the demo model automatically")
-    p.add_argument("--theme", choices=("light", "dark"), help="override the theme setting for this run")
+    p.add_argument("--theme", choices=("light", "dark"), help="set the theme (saved in the settings)")
     p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
     return p.parse_args(argv)
 
