@@ -115,3 +115,32 @@ def test_cancel_leaves_no_file(qtbot, bf16_hf_model, tmp_path):
     assert blocker.args[0].startswith("Cancelled") and cancelled_at == [0]
     assert list(tmp_path.iterdir()) == []  # neither the output nor a partial temporary file
     assert not page.isComplete()
+
+
+def test_prepack_fills_the_packed_weight_cache(qtbot, bf16_hf_model, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))  # platformdirs' user cache dir, where the packed weights go
+    w = _open(qtbot, bf16_hf_model)
+    w.next()
+    opts = w.options_page
+    opts.out.setText(str(tmp_path / "out" / "m.gguf"))
+    (tmp_path / "out").mkdir()
+    opts.verify.setChecked(False)
+    model = opts.prepack.model()
+    usable = [i for i in range(1, opts.prepack.count()) if model.item(i).isEnabled()]
+    disabled = [opts.prepack.itemText(i) for i in range(1, opts.prepack.count()) if not model.item(i).isEnabled()]
+    assert all("unavailable:" in text for text in disabled)  # shown with the reason, not dropped
+    if not usable:
+        pytest.skip("no native backend available to pre-pack for")
+    opts.prepack.setCurrentIndex(usable[0])
+    backend = opts.prepack.currentData()
+    ended = []
+    w.converted.connect(ended.append)
+    w.run_page.finished_bad.connect(ended.append)
+    w.next()
+    qtbot.waitUntil(lambda: bool(ended), timeout=300_000)
+    assert w.run_page.result is not None, w.run_page.error.text()
+    w.next()
+    assert "packed" in w.done_page.text.text()
+    if backend != "Torch":
+        assert any(p.is_file() for p in cache.rglob("*")), "nothing was written to the packed-weight cache"
