@@ -228,14 +228,24 @@ def plan_tensors(dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGM
     return [PlannedTensor(t.name, t.shape, tensor_qtype(t, qtype), producer(t)) for t in gguf_tensors(dims)]
 
 
+def _looks_special(token: str) -> bool:
+    """llama.cpp's does_token_look_special: added tokens it types CONTROL even when not marked special."""
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+        or (token.startswith("<unused") and token.endswith(">"))
+    )
+
+
 def _token_list(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
     """Tokens and token types as llama.cpp's gpt2 vocab writes them: vocab padded to vocab_size with [PAD{i}] (UNUSED),
-    added tokens CONTROL when special or shaped like <|...|>, else USER_DEFINED."""
+    added tokens CONTROL when special or shaped like a control token (see _looks_special), else USER_DEFINED."""
     data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     by_id: dict[int, tuple[str, int]] = {i: (tok, gguf.TokenType.NORMAL) for tok, i in data["model"]["vocab"].items()}
     for added in data.get("added_tokens", []):
         content = added["content"]
-        looks_special = content.startswith("<|") and content.endswith("|>")
+        looks_special = _looks_special(content)
         kind = gguf.TokenType.CONTROL if added.get("special") or looks_special else gguf.TokenType.USER_DEFINED
         by_id[added["id"]] = (content, kind)
     if by_id and max(by_id) >= vocab_size:
