@@ -104,11 +104,12 @@ class PrefixCache:
     def acquire(self, prompt: list[int]) -> tuple[KVCache, int]:
         """A cache for `prompt` and the number of its leading tokens whose K/V it holds (at most len(prompt) - 1, so the
         last prompt token is always computed and gives the logits of the first new token)."""
-        best, best_n = None, 0
-        for entry in self.entries:
+        best, best_n, best_key = None, 0, (0, False)
+        for entry in reversed(self.entries):  # most recent first
             n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
-            if n > best_n:
-                best, best_n = entry, n
+            key = (n, n == entry.length)  # the longest match; on a tie one that is continued in place, not copied
+            if n > 0 and key > best_key:
+                best, best_n, best_key = entry, n, key
         if best is None:
             return self._new_cache(len(prompt)), 0
         if best_n == best.length:

@@ -51,6 +51,15 @@ def test_acquire_longest_prefix_in_place_or_copy():
     assert n == 0 and cache.length == 0
 
 
+def test_tie_prefers_the_cache_continued_in_place():
+    pc = PrefixCache(lambda n: KVCache(2, 1, 4, n), budget_bytes=1 << 30)
+    longer, exact = filled([1, 2, 3, 4, 5]), filled([1, 2, 3])
+    pc.release(exact)
+    pc.release(longer)  # most recent, but would need a copy
+    cache, n = pc.acquire([1, 2, 3, 9])
+    assert n == 3 and cache is exact and pc.entries == [longer]
+
+
 def test_lru_evicts_oldest_beyond_budget():
     one = filled([1]).nbytes
     pc = PrefixCache(lambda n: KVCache(2, 1, 4, n), budget_bytes=2 * one)
