@@ -49,6 +49,16 @@ def report_html(report: dict) -> str:
                                     f'<span style="color:{MUTED}">({escape(mem["bandwidth_source"])})</span>'))
     h.append(_row("Huge pages", f"THP {escape(str(mem['thp_enabled']))}, pool {mem['hugepages_total']} x "
                                 f"{mem['hugepage_size_kb']} kB"))
+    dimms = mem.get("dimms") or []
+    if dimms:
+        d = dimms[0]
+        mods = (f"{len(dimms)} x {d['size_gb']:g} GB {escape(d['type'])} at {d['configured_mts'] or '?'} MT/s "
+                f"(rated {d['rated_mts'] or '?'})")
+        if mem.get("theoretical_gbs"):
+            mods += f", {mem['theoretical_gbs']:.0f} GB/s peak at one module per channel"
+    else:
+        mods = f'<span style="color:{MUTED}">{escape(mem.get("dimms_note") or "unknown")}</span>'
+    h.append(_row("Modules", mods))
     h.append("</table><h3>GPUs</h3>")
     if not report["gpus"]:
         h.append(f"<p>{escape(report['gpu_status'])}</p>")

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from engine.errors import Cancelled
+from engine.hardware.dimms import read_dimms, theoretical_gbs
 from engine.events import ProgressEvent
 
 GB = 1e9
@@ -156,6 +157,8 @@ def probe_memory(threads: int, seconds: float, *, progress=None, cancel=None) ->
     vm = psutil.virtual_memory()
     multi, source = measure_read_bandwidth(threads, seconds, stage="bandwidth", progress=progress, cancel=cancel)
     single, _ = measure_read_bandwidth(1, seconds / 2, stage="bandwidth-1t", progress=progress, cancel=cancel)
+    dimms, dimms_note = read_dimms()
+    peak = theoretical_gbs(dimms)
     return {
         "total_gb": round(vm.total / GB, 2),
         "available_gb": round(vm.available / GB, 2),
@@ -164,4 +167,7 @@ def probe_memory(threads: int, seconds: float, *, progress=None, cancel=None) ->
         "bandwidth_threads": threads,
         "bandwidth_source": source,
         **hugepages(),
+        "dimms": dimms,
+        "dimms_note": dimms_note,
+        "theoretical_gbs": None if peak is None else round(peak, 1),
     }

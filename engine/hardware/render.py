@@ -13,6 +13,18 @@ def _yes(v: bool) -> str:
     return "yes" if v else "no"
 
 
+def _modules(mem: dict) -> str:
+    dimms = mem.get("dimms") or []
+    if not dimms:
+        return mem.get("dimms_note") or "unknown"
+    d = dimms[0]
+    text = (f"{len(dimms)} x {d['size_gb']:g} GB {d['type']}, {d['configured_mts'] or '?'} MT/s "
+            f"(rated {d['rated_mts'] or '?'})")
+    if mem.get("theoretical_gbs"):
+        text += f"; {mem['theoretical_gbs']:.0f} GB/s peak at one module per channel"
+    return text
+
+
 def to_markdown(report: dict) -> str:
     cpu, mem = report["cpu"], report["memory"]
     lines = ["# Tessera hardware report", "",
@@ -28,7 +40,8 @@ def to_markdown(report: dict) -> str:
              f"- Read bandwidth: {mem['read_bandwidth_gbs']:.1f} GB/s with {mem['bandwidth_threads']} threads, "
              f"{mem['read_bandwidth_1t_gbs']:.1f} GB/s with one (probe: {mem['bandwidth_source']})",
              f"- Transparent huge pages: {mem['thp_enabled']} (defrag {mem['thp_defrag']}); hugepage pool "
-             f"{mem['hugepages_total']} x {mem['hugepage_size_kb']} kB", "", "## GPUs", ""]
+             f"{mem['hugepages_total']} x {mem['hugepage_size_kb']} kB",
+             f"- Modules: {_modules(mem)}", "", "## GPUs", ""]
     if not report["gpus"]:
         lines.append(f"- {report['gpu_status']}")
     for g in report["gpus"]:

@@ -178,7 +178,19 @@ def remedies(report: dict) -> list[dict]:
             "through to this virtual machine.")
     multi, single = mem["read_bandwidth_gbs"], mem["read_bandwidth_1t_gbs"]
     cores = cpu["physical_cores"]
-    if cores >= 4 and single > 0 and multi < 1.5 * single:
+    dimms, peak = mem.get("dimms") or [], mem.get("theoretical_gbs")
+    slow = [d for d in dimms if d["rated_mts"] and d["configured_mts"] and d["configured_mts"] < 0.95 * d["rated_mts"]]
+    if slow:
+        d = slow[0]
+        add("Memory speed", f"{len(slow)} memory module(s) run at {d['configured_mts']} MT/s although rated for "
+            f"{d['rated_mts']} MT/s.", "Enable the XMP/EXPO memory profile in the BIOS (or set the rated speed): "
+            "decode speed follows memory bandwidth.")
+    if peak and cores >= 4 and multi < 0.3 * peak:
+        add("Memory bandwidth", f"All cores together read {multi:.0f} GB/s, under a third of the {peak:.0f} GB/s that "
+            f"{len(dimms)} module(s) give at one module per channel.",
+            "Check that the modules sit in different channels (the board manual's slot order, matched pairs), that "
+            "the XMP/EXPO profile is on, and that other programs are not busy.")
+    elif not peak and cores >= 4 and single > 0 and multi < 1.5 * single:
         add("Memory bandwidth", f"All cores together read only {multi:.0f} GB/s, about what one core reads "
             f"({single:.0f} GB/s).",
             "Decode speed follows memory bandwidth: populate every memory channel (one DIMM per channel, matched "
