@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "chat": "engine.cli.chat",
     "bench": "engine.cli.bench",
     "eval-demo": "engine.cli.eval_demo",
+    "bench-moe": "engine.cli.bench_moe",
 }
 
 

@@ -1,0 +1,147 @@
+"""`tessera-cli bench-moe`: one real Qwen3-MoE expert layer with random bf16 weights, timed per native backend.
+
+Decode (T=1) as microseconds and effective GB/s of packed expert weights read, also as a percentage of this machine's
+read bandwidth measured by the same command (native multi-threaded probe, same thread count); prefill (T=128, 512) as
+GFLOP/s; the naive pure-torch experts side by side. Each timed iteration draws fresh random experts, so weights come
+from memory, not cache. Emulated backends (the AMX emulator) and the scalar Reference are checked for error but not
+timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
+"""
+
+from __future__ import annotations
+
+HELP = "benchmark the CPU MoE kernels on one real Qwen3-MoE layer shape (random weights)"
+
+SHAPES = {  # E, H, I, k: published config.json values
+    "qwen3-30b-a3b": (128, 2048, 768, 8),
+    "qwen3-235b-a22b": (128, 4096, 1536, 8),
+    "tiny": (16, 64, 32, 4),  # for tests of the command itself
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b", help="layer shape (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="threads for kernels and the bandwidth probe "
+                   "(default: physical cores)")
+    p.add_argument("--backends", default=None, help="comma-separated subset to time (default: every available one)")
+    p.add_argument("--seconds", type=float, default=2.0, help="time budget per decode measurement (default %(default)s)")
+    p.add_argument("--no-torch", action="store_true", help="skip the naive torch baseline")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run(args) -> int:
+    import json
+    import time
+
+    import torch
+
+    import engine.native as N
+    from engine.errors import TesseraError
+    from engine.experts import LayerExperts, TorchExperts
+
+    E, H, I, k = SHAPES[args.shape]
+    threads = args.threads or N.physical_cores()
+    if threads < 1:
+        raise TesseraError("--threads", f"must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    info = {b["name"]: b for b in N.backends()}
+    if args.backends:
+        wanted = [n.strip() for n in args.backends.split(",") if n.strip()]
+        for n in wanted:
+            N.resolve_backend(n)  # named error for unknown/unavailable ones
+    else:
+        wanted = [n for n, b in info.items() if b["available"]]
+    timed = [n for n in wanted if not info[n]["emulated"] and n != "Reference"]
+    checked_only = [n for n in wanted if n not in timed]
+
+    log(f"bench-moe {args.shape}: E={E} H={H} I={I} k={k}, {threads} threads")
+    bandwidth = N.read_bandwidth(threads, seconds=min(1.0, args.seconds), buffer_mib=1024 if E * H * I > 1e6 else 64)
+    peaks = {w: N.peak_gflops(w, threads, seconds=min(0.5, args.seconds)) for w in ("bf16_dot", "fp32_fma")}
+    log(f"read bandwidth {bandwidth:.1f} GB/s; register peaks: vdpbf16ps {peaks['bf16_dot']:.0f} GFLOP/s, "
+        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s")
+
+    gen = torch.Generator().manual_seed(0)
+
+    def weights(*shape):  # [.., out, in] bf16, unit-variance outputs
+        return (torch.randn(*shape, generator=gen) * shape[-1] ** -0.5).to(torch.bfloat16)
+
+    layer = LayerExperts(gate_proj=weights(E, I, H), up_proj=weights(E, I, H), down_proj=weights(E, H, I))
+    layers = {0: layer}
+    flops_per_token = 2 * k * 3 * H * I
+
+    def draw(T):  # [T, k] distinct random experts per token, fresh per iteration
+        return torch.argsort(torch.rand(T, E, generator=gen), dim=1)[:, :k].contiguous()
+
+    def inputs(T):
+        return torch.randn(T, H, generator=gen), torch.softmax(torch.randn(T, k, generator=gen), -1)
+
+    def time_decode(backend):
+        x, w = inputs(1)
+        backend.forward(0, x, draw(1), w)
+        ids = [draw(1) for _ in range(2000)]
+        n, t0 = 0, time.perf_counter()
+        while n < len(ids) and (n < 10 or time.perf_counter() - t0 < args.seconds):
+            backend.forward(0, x, ids[n], w)
+            n += 1
+        return (time.perf_counter() - t0) / n
+
+    def time_prefill(backend, T, budget):
+        x, w = inputs(T)
+        backend.forward(0, x, draw(T), w)  # warm-up (scratch buffers, pages)
+        n, t0 = 0, time.perf_counter()
+        while n < 1 or (n < 5 and time.perf_counter() - t0 < budget):
+            backend.forward(0, x, draw(T), w)
+            n += 1
+        return (time.perf_counter() - t0) / n
+
+    # Error reference: fp32 torch on the same bf16 weights, T=1 and T=128 (prefill path).
+    ref_torch = TorchExperts(layers)
+    err_inputs = []
+    for T in (1, 128):
+        x, w = inputs(T)
+        ids = draw(T)
+        err_inputs.append((x, ids, w, ref_torch.forward(0, x, ids, w)))
+
+    def max_rel_err(backend):
+        return max(float((backend.forward(0, x, ids, w) - ref).norm() / ref.norm()) for x, ids, w, ref in err_inputs)
+
+    results = {}
+    for name in timed + checked_only:
+        t0 = time.perf_counter()
+        backend = N.make_backend(name, layers, threads=threads)
+        pack_s = time.perf_counter() - t0
+        bytes_per_expert = backend.load_stats.packed_bytes / E
+        r = {"max_rel_err": max_rel_err(backend), "pack_s": pack_s}
+        if name in timed:
+            dt = time_decode(backend)
+            gbs = k * bytes_per_expert / dt / 1e9
+            r.update(decode_us=dt * 1e6, decode_gbs=gbs, decode_pct_of_bandwidth=100 * gbs / bandwidth)
+            for T in (128, 512):
+                r[f"prefill{T}_gflops"] = flops_per_token * T / time_prefill(backend, T, args.seconds) / 1e9
+            log(f"{name:>11}: decode {r['decode_us']:8.0f} us {gbs:6.1f} GB/s ({r['decode_pct_of_bandwidth']:4.0f} % of "
+                f"bandwidth) | prefill T=128 {r['prefill128_gflops']:6.1f} GFLOP/s, T=512 {r['prefill512_gflops']:6.1f} "
+                f"GFLOP/s | max rel err {100 * r['max_rel_err']:.2f} % | pack {pack_s:.1f} s")
+        else:
+            r["timed"] = False
+            why = "emulated" if info[name]["emulated"] else "scalar correctness twin"
+            log(f"{name:>11}: not timed ({why}) | max rel err {100 * r['max_rel_err']:.2f} %")
+        results[name] = r
+        del backend
+
+    torch_baseline = None
+    if not args.no_torch:
+        naive = TorchExperts(layers)
+        dt = time_decode(naive)
+        gbs = k * 3 * H * I * 2 / dt / 1e9
+        torch_baseline = {"decode_us": dt * 1e6, "decode_gbs": gbs, "decode_pct_of_bandwidth": 100 * gbs / bandwidth}
+        for T in (128, 512):
+            torch_baseline[f"prefill{T}_gflops"] = flops_per_token * T / time_prefill(naive, T, args.seconds) / 1e9
+        log(f"{'torch':>11}: decode {torch_baseline['decode_us']:8.0f} us {gbs:6.1f} GB/s "
+            f"({torch_baseline['decode_pct_of_bandwidth']:4.0f} % of bandwidth) | prefill T=128 "
+            f"{torch_baseline['prefill128_gflops']:6.1f} GFLOP/s, T=512 {torch_baseline['prefill512_gflops']:6.1f} GFLOP/s "
+            "(naive: bf16 -> f32 per expert per call)")
+    if args.json:
+        print(json.dumps({"shape": args.shape, "threads": threads, "bandwidth_gbs": bandwidth,
+                          "peak_bf16_gflops": peaks["bf16_dot"], "peak_fp32_gflops": peaks["fp32_fma"],
+                          "backends": results, "torch_baseline": torch_baseline}))
+    return 0
