@@ -64,34 +64,40 @@ inline float group_scale(const float* x, int64_t k0, int64_t k1) {
 }  // namespace
 
 void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst) {
-  std::memset(dst, 0, L.bytes);
-  if (L.fmt == WeightFormat::Int8)  // zero weights are stored as 128, the padding included
-    std::memset(dst, 128, L.tile_bytes);
+  std::memset(dst + L.tile_bytes, 0, L.bytes - L.tile_bytes);
+  // One n-block at a time: its 16 rows converted into a row-major staging block [16][Kp] of the stored element
+  // (int8 + 128, or bf16; zero weights beyond N and K), then each tile row gathered as 4-byte quads / pairs.
   std::vector<float> row(L.K);
-  for (int64_t n = 0; n < L.N; ++n) {
-    row_to_f32(type, w, n, L.K, row.data());
-    const int64_t nb = n / kTileN, lane = n % kTileN;
+  std::vector<uint32_t> stage(static_cast<size_t>(kTileN) * L.Kp / (L.fmt == WeightFormat::Int8 ? 4 : 2));
+  const size_t stage_row = stage.size() / kTileN;  // dwords per staged row
+  for (int64_t nb = 0; nb < L.nblocks; ++nb) {
     if (L.fmt == WeightFormat::Int8) {
+      std::memset(stage.data(), 128, stage.size() * 4);
       float* scales = reinterpret_cast<float*>(dst + L.scale_offset) + nb * L.ngroups * kTileN;
-      for (int64_t g = 0; g < L.ngroups; ++g) {
-        const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
-        const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
-        scales[g * kTileN + lane] = s;
-        const float inv = inverse(s);
-        for (int64_t k = k0; k < k1; ++k) {
-          const int8_t q = quantize_value(row[k], inv);
-          uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKInt8) * kBTileBytes;
-          const int64_t kk = k % kTileKInt8;
-          t[(kk / 4) * 64 + lane * 4 + kk % 4] = static_cast<uint8_t>(q + 128);
+      for (int64_t lane = 0; lane < kTileN && nb * kTileN + lane < L.N; ++lane) {
+        row_to_f32(type, w, nb * kTileN + lane, L.K, row.data());
+        uint8_t* out = reinterpret_cast<uint8_t*>(stage.data() + lane * stage_row);
+        for (int64_t g = 0; g < L.ngroups; ++g) {
+          const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+          const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
+          scales[g * kTileN + lane] = s;
+          const float inv = inverse(s);
+          for (int64_t k = k0; k < k1; ++k) out[k] = static_cast<uint8_t>(quantize_value(row[k], inv) + 128);
         }
       }
     } else {
-      for (int64_t k = 0; k < L.K; ++k) {
-        uint8_t* t = dst + static_cast<size_t>(nb * L.kblocks + k / kTileKBF16) * kBTileBytes;
-        const int64_t kk = k % kTileKBF16;
-        const uint16_t b = f32_to_bf16(row[k]);
-        std::memcpy(t + (kk / 2) * 64 + lane * 4 + (kk % 2) * 2, &b, 2);
+      std::memset(stage.data(), 0, stage.size() * 4);
+      for (int64_t lane = 0; lane < kTileN && nb * kTileN + lane < L.N; ++lane) {
+        row_to_f32(type, w, nb * kTileN + lane, L.K, row.data());
+        uint16_t* out = reinterpret_cast<uint16_t*>(stage.data() + lane * stage_row);
+        for (int64_t k = 0; k < L.K; ++k) out[k] = f32_to_bf16(row[k]);
       }
+    }
+    // tile (nb, kb) row r, dword n = staged row n, dword kb*16 + r (a K quad of int8 or a K pair of bf16)
+    for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+      uint32_t* t = reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(nb * L.kblocks + kb) * kBTileBytes);
+      for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < kTileN; ++n) t[r * 16 + n] = stage[n * stage_row + kb * 16 + r];
     }
   }
 }
