@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.wizards import jobs
-from app.wizards.job_page import JobPage
+from app.wizards.job_page import JobPage, keep_until_finished
 
 # Output bytes per weight: matrices take the requested type; norms and routers stay F32 (a rounding error in size).
 BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32}
@@ -99,10 +99,12 @@ class SourcePage(QWizardPage):
         if not folder:
             self.info.setText("Choose a folder.")
             return
-        if self._job is not None:
+        if self._job is not None:  # an older check still running: ignore its answer, let it end on its own
             self._job.cancel()
             self._job.succeeded.disconnect()
             self._job.failed.disconnect()
+            if self._job.isRunning():
+                keep_until_finished(self._job)
         self.info.setText("Checking…")
         self._job = jobs.Job(jobs.inspect_source(folder), self)
         self._job.succeeded.connect(self._on_summary)
@@ -129,9 +131,9 @@ class SourcePage(QWizardPage):
     def isComplete(self) -> bool:
         return self.summary is not None and self.summary["folder"] == str(Path(self.path.text().strip()))
 
-    def wait_for_job(self, ms: int = 30000) -> None:
-        if self._job is not None:
-            self._job.wait(ms)
+    def wait_for_job(self, ms: int = 10000) -> None:
+        if self._job is not None and not self._job.wait(ms):
+            keep_until_finished(self._job)
 
 
 class OptionsPage(QWizardPage):

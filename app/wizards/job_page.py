@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
 
 from app.wizards.jobs import Job
+
+class _Keeper(QObject):
+    """Jobs still running when their wizard closed (a step that cannot stop mid-way, such as verification), kept alive
+    until their thread ends: destroying a running QThread aborts the process. Lives in the UI thread, so `_release`
+    runs there (queued) after the job's thread has finished."""
+
+    def __init__(self):
+        super().__init__()
+        self.jobs: set[Job] = set()
+
+    @Slot()
+    def _release(self) -> None:
+        self.jobs.discard(self.sender())
+
+
+_KEEPER: _Keeper | None = None
+
+
+def keep_until_finished(job: Job) -> None:
+    global _KEEPER
+    if _KEEPER is None:
+        _KEEPER = _Keeper()
+    job.setParent(None)
+    _KEEPER.jobs.add(job)
+    job.finished.connect(_KEEPER._release)
+    if job.isFinished():
+        _KEEPER.jobs.discard(job)
+
+
+def kept_jobs() -> set[Job]:
+    return set(_KEEPER.jobs) if _KEEPER is not None else set()
 
 
 class JobPage(QWizardPage):
@@ -85,11 +116,12 @@ class JobPage(QWizardPage):
             self.stage.setText("Cancelling…")
             self.job.cancel()
 
-    def wait_for_job(self, ms: int = 30000) -> None:
-        """Block until the job thread ends (closing the wizard must not leave a thread running)."""
+    def wait_for_job(self, ms: int = 10000) -> None:
+        """Cancel the job and wait up to `ms` for its thread; one that is still busy then is kept alive on its own."""
         if self.job is not None:
             self.job.cancel()
-            self.job.wait(ms)
+            if not self.job.wait(ms):
+                keep_until_finished(self.job)
 
     # --- Job signals (queued into the UI thread)
     def _on_progress(self, done: int, total: int, stage: str, detail: str) -> None:
