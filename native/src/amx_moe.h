@@ -25,8 +25,10 @@
 namespace tessera::amx {
 
 // Experts with at least this many rows use tiles; TESSERA_AMX_TILE_MIN_ROWS overrides it (tests force either path).
-// Not measured on AMX hardware yet (none here): 4 follows KTransformers' qlen > 4*E/k rule at its per-expert mean.
-constexpr int64_t kDefaultTileMinRows = 4;
+// Not measured on AMX hardware yet (none was available): below 16 rows a tile op runs partly empty while the vector
+// path, which shares each weight row among 4 token rows, is still bound by the same weight stream; KTransformers'
+// rule (tiles when qlen > 4*E/k) switches at a mean of 4 rows per expert. Measure with bench-moe on AMX and adjust.
+constexpr int64_t kDefaultTileMinRows = 16;
 constexpr int64_t kSlabBlocks = 4;  // n-blocks (16 outputs each) per task
 
 inline int64_t tile_min_rows() {
