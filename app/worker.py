@@ -189,13 +189,14 @@ class EngineWorker(QObject):
 
     # ---- slots (worker thread)
     def _progress_cb(self, operation: str):
-        last = [0.0]
+        last = [0.0, None]  # time and stage of the last emitted event
 
         def report(event) -> None:
             now = time.monotonic()
             done, total = int(getattr(event, "done", 0)), int(getattr(event, "total", 0))
-            if now - last[0] >= PROGRESS_SECONDS or done >= total:
-                last[0] = now
+            stage = str(getattr(event, "stage", ""))
+            if now - last[0] >= PROGRESS_SECONDS or done >= total or stage != last[1]:
+                last[0], last[1] = now, stage
                 self.progress.emit(LoadProgress(operation, str(getattr(event, "stage", "")), done, total,
                                                 str(getattr(event, "detail", ""))))
 
