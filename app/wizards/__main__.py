@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.wizard == "hardware":
         _shot(app, w, out / "hardware-wizard-start.png")
         w.next()
+        bar = w.probe_page.bar
+        _wait(app, lambda: bar.maximum() > 0 and bar.value() >= bar.maximum() // 3 or w.probe_page.result is not None)
+        _shot(app, w, out / "hardware-wizard-probe.png")
         _wait(app, lambda: w.probe_page.result is not None or w.probe_page.error.isVisible())
         w.next()
         _shot(app, w, out / "hardware-wizard-report.png")

@@ -52,6 +52,7 @@ class JobPage(QWizardPage):
         self.setSubTitle(subtitle)
         self.job: Job | None = None
         self.result = None
+        self._last_line = ""
         self.stage = QLabel("Waiting…")
         self.stage.setWordWrap(True)
         self.stage.setTextFormat(Qt.TextFormat.PlainText)
@@ -99,6 +100,7 @@ class JobPage(QWizardPage):
         self.result = None
         self.error.hide()
         self.log.clear()
+        self._last_line = ""
         self.bar.setRange(0, 0)  # busy until the first progress event gives a total
         self.stage.setText("Starting…")
         self.cancel_button.setEnabled(True)
@@ -129,8 +131,10 @@ class JobPage(QWizardPage):
             self.bar.setRange(0, total)
             self.bar.setValue(min(done, total))
         self.stage.setText(f"{stage}: {detail}" if detail else stage)
-        if detail:
-            self.log.appendPlainText(f"[{stage}] {detail}")
+        line = f"[{stage}] {detail}"
+        if detail and line != self._last_line:  # ticks that repeat the same words are not news
+            self.log.appendPlainText(line)
+            self._last_line = line
 
     def _on_success(self, result) -> None:
         self.result = result
