@@ -102,3 +102,26 @@ def test_switching_backend_keeps_the_session_and_names_unavailable_ones(session)
         with pytest.raises(engine.errors.BackendUnavailableError, match=f"backend {missing[0]}: "):
             session.set_backend(missing[0])
         assert session.backend_name == "Reference"  # the old backend stays on error
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, capsys, tmp_path, monkeypatch):
+    missing = [n for n, (ok, _) in N.backend_status().items() if not ok]
+    if not missing:
+        pytest.skip("every backend runs here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from engine.cli import main
+
+    extra = ["--prompt", "hi", "--max-tokens", "2"] if command == "generate" else ["--prompt-tokens", "4", "--gen-tokens", "2"]
+    assert main([command, str(tiny_gguf_model), "--backend", missing[0], *extra]) == 1
+    reason = N.backend_status()[missing[0]][1]
+    assert f"error: backend {missing[0]}: {reason}" in capsys.readouterr().err
+
+
+def test_cli_generate_runs_on_every_native_backend(tiny_gguf_model, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from engine.cli import main
+
+    for name in ["Auto", "Reference"] + [n for n in N.backend_status() if n in N.available_backends()]:
+        assert main(["generate", str(tiny_gguf_model), "--backend", name, "--prompt", "hello", "--max-tokens", "3",
+                     "--temperature", "0"]) == 0, name
