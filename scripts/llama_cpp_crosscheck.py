@@ -8,7 +8,7 @@ llama.cpp's CPU build) in a throw-away folder:
 
 For each file and each prompt it loads the model in llama.cpp (a fresh context per prompt), asks for the next-token
 distribution (temperature 1, no truncation, top 5), and compares it with Tessera's teacher-forced softmax on the same
-token ids; it also compares the two tokenizations. Prints one line per file; exit 1 when llama.cpp refuses a file or
+token ids (relative difference of the top-5 probabilities); it also compares the two tokenizations. Prints one line per file; exit 1 when llama.cpp refuses a file or
 the tokenizations differ. Probabilities are reported, not judged: llama.cpp keeps the KV cache in f16 and, for bf16 and
 quantized weights, rounds the activations too, so only f32 files are expected to agree to ~1e-4.
 """
@@ -79,14 +79,14 @@ def main() -> int:
                     same_tokens &= got["tokens"] == ids
                     p = torch.softmax(teacher_forced_logits(path, ids)[-1].double(), -1)  # [V]
                     top = torch.topk(p, len(got["probs"]))
-                    worst = max(worst, *(abs(e["prob"] - float(v)) for e, v in zip(got["probs"], top.values)))
+                    worst = max(worst, *(abs(e["prob"] / float(v) - 1) for e, v in zip(got["probs"], top.values)))
             except RuntimeError as e:
                 print(f"{path}: llama.cpp refused it: {e}")
                 status = 1
                 continue
             status |= 0 if same_tokens else 1
             print(f"{path}: loads in llama.cpp; tokenization {'identical' if same_tokens else 'DIFFERENT'}; "
-                  f"max |p_llama.cpp - p_tessera| over the top-5 next tokens of {len(PROMPTS)} prompts = {worst:.2e}")
+                  f"max |p_llama.cpp / p_tessera - 1| over the top-5 next tokens of {len(PROMPTS)} prompts = {worst:.2e}")
     finally:
         os.unlink(script)
     return status
