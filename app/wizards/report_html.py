@@ -7,6 +7,20 @@ from html import escape
 OK, BAD, MUTED = "#2e7d32", "#c62828", "#757575"
 
 
+def _count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return str(int(n))
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 def _chip(name: str, on: bool) -> str:
     colour = OK if on else BAD
     mark = "&#10003;" if on else "&#10007;"
@@ -77,15 +91,15 @@ def report_html(report: dict) -> str:
     m = report.get("model")
     if m:
         h.append(f"<h3>Model: {escape(m['name'])}</h3><table>")
-        h.append(_row("Size", f"{m['total_params_b']:.1f} B parameters, {m['active_params_b']:.1f} B active per token"))
+        h.append(_row("Size", f"{_count(m['total_params'])} parameters, {_count(m['active_params'])} active per token"))
         h.append(_row("Placement", escape(m["placement"])))
-        h.append(_row("RAM", f"needs about {m['ram_needed_gb']:.1f} GB, {m['ram_available_gb']:.1f} GB available "
+        h.append(_row("RAM", f"needs about {_size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB available "
                              + _chip("fits" if m["fits_ram"] else "does not fit", m["fits_ram"])))
         if "fits_vram" in m:
             h.append(_row("VRAM", f"needs about {m['vram_needed_gb']:.1f} GB, {m['vram_free_gb']:.1f} GB free "
                                   + _chip("fits" if m["fits_vram"] else "does not fit", m["fits_vram"])))
         h.append(_row("Decode", f"at most <b>{m['decode_tok_s_upper_bound']:.1f} tokens/s</b>: "
-                                f"{m['active_expert_gb_per_token']:.2f} GB of {escape(m['expert_format'])} expert "
+                                f"{_size(m['active_expert_bytes_per_token'])} of {escape(m['expert_format'])} expert "
                                 f"weights per token / {mem['read_bandwidth_gbs']:.1f} GB/s"))
         if "decode_tok_s_upper_bound_cpu_only" in m:
             h.append(_row("", f"at most {m['decode_tok_s_upper_bound_cpu_only']:.1f} tokens/s counting the attention "

@@ -9,6 +9,22 @@ def to_json(report: dict) -> str:
     return json.dumps(report, indent=2, sort_keys=False)
 
 
+def count(n: float) -> str:
+    """A parameter count, readably (30.5 B, 994.2 M, 12.0 k)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(int(n))
+
+
+def size(n: float) -> str:
+    """Bytes, readably (61.1 GB, 2.0 MB)."""
+    for unit, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= s:
+            return f"{n / s:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 def _yes(v: bool) -> str:
     return "yes" if v else "no"
 
@@ -55,16 +71,16 @@ def to_markdown(report: dict) -> str:
     m = report.get("model")
     if m:
         lines += ["", f"## Model: {m['name']}", "",
-                  f"- {m['total_params_b']:.1f} B parameters, {m['active_params_b']:.1f} B active per token; stored "
+                  f"- {count(m['total_params'])} parameters, {count(m['active_params'])} active per token; stored "
                   f"{m['stored_dtype']}, experts as {m['expert_format']} for {m['backend']}",
                   f"- Placement: {m['placement']}",
-                  f"- RAM: needs about {m['ram_needed_gb']:.1f} GB, {m['ram_available_gb']:.1f} GB available: "
+                  f"- RAM: needs about {size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB available: "
                   + ("fits" if m["fits_ram"] else "does NOT fit")]
         if "fits_vram" in m:
             lines.append(f"- VRAM: needs about {m['vram_needed_gb']:.1f} GB, {m['vram_free_gb']:.1f} GB free: "
                          + ("fits" if m["fits_vram"] else "does NOT fit"))
         lines.append(f"- Expected decode speed: at most {m['decode_tok_s_upper_bound']:.1f} tokens/s "
-                     f"({m['active_expert_gb_per_token']:.2f} GB of expert weights per token at "
+                     f"({size(m['active_expert_bytes_per_token'])} of expert weights per token at "
                      f"{mem['read_bandwidth_gbs']:.1f} GB/s; an upper bound)")
         if "decode_tok_s_upper_bound_cpu_only" in m:
             lines.append(f"- Counting the non-expert weights the CPU also reads without a GPU: at most "

@@ -127,6 +127,10 @@ def estimate(shape: MoeShape, stored: str, *, auto: str, memory: dict, gpus: lis
     bw = memory["read_bandwidth_gbs"] * GB
     out = {
         "name": shape.name,
+        "total_params": shape.dense_params() + shape.expert_params(),
+        "active_params": shape.dense_params() - shape.vocab_size * shape.hidden_size + shape.active_expert_params(),
+        "ram_needed_bytes": int(ram_need),
+        "active_expert_bytes_per_token": int(active),
         "total_params_b": round((shape.dense_params() + shape.expert_params()) / 1e9, 2),
         "active_params_b": round((shape.dense_params() - shape.vocab_size * shape.hidden_size
                                   + shape.active_expert_params()) / 1e9, 2),
