@@ -112,12 +112,10 @@ def hf_config(preset: str, *, layers: int | None, dtype: str, tok: BuiltTokenize
     cfg["max_window_layers"] = cfg["num_hidden_layers"]
     cfg["vocab_size"] = max(cfg["vocab_size"], tok.total_size)
     for key, value in (overrides or {}).items():
-        if value is None and key != "head_dim":
-            cfg.pop(key, None)
+        if value is None:
+            cfg.pop(key, None)  # e.g. head_dim: None leaves it to default to hidden_size / num_attention_heads
         else:
             cfg[key] = value
-    if cfg.get("head_dim") is None:
-        cfg.pop("head_dim", None)
     if cfg["vocab_size"] < tok.total_size:
         raise TesseraError("vocab_size", f"{cfg['vocab_size']} is smaller than the tokenizer's {tok.total_size} tokens")
     return cfg

@@ -25,6 +25,7 @@ CONFIGS = {
     "moe": {},
     "dense-tied-headdim": {"mlp_only_layers": [1], "tie_word_embeddings": True, "head_dim": 24},
     "wide-kv": {"num_key_value_heads": 3, "num_hidden_layers": 2, "num_experts": 5, "num_experts_per_tok": 3},
+    "no-head-dim": {"head_dim": None, "hidden_size": 120, "num_attention_heads": 5, "num_key_value_heads": 1},
 }
 
 
@@ -95,8 +96,8 @@ def test_conversion_follows_llama_cpp_qwen3moe(tmp_path, sources, name, dtype):
         K.LLM.EXPERT_USED_COUNT.format(arch=arch): cfg["num_experts_per_tok"],
         K.Attention.HEAD_COUNT.format(arch=arch): cfg["num_attention_heads"],
         K.Attention.HEAD_COUNT_KV.format(arch=arch): cfg["num_key_value_heads"],
-        K.Attention.KEY_LENGTH.format(arch=arch): cfg["head_dim"],
-        K.Attention.VALUE_LENGTH.format(arch=arch): cfg["head_dim"],
+        K.Attention.KEY_LENGTH.format(arch=arch): cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]),
+        K.Attention.VALUE_LENGTH.format(arch=arch): cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]),
         K.Rope.FREQ_BASE.format(arch=arch): cfg["rope_theta"],
         K.General.FILE_TYPE: int({"bf16": 32, "q8_0": 7, "f16": 1, "f32": 0}[dtype]),
         K.General.QUANTIZATION_VERSION: gguf.GGML_QUANT_VERSION,
