@@ -23,7 +23,7 @@ import gguf
 import torch
 
 from engine.checkpoint_layout import Dims, GGUFTensor, arch_name, gguf_tensors, hf_shapes, is_norm
-from engine.errors import ModelFormatError, TesseraError
+from engine.errors import Cancelled, ModelFormatError, TesseraError
 from engine.events import ProgressEvent
 from engine.gguf_writer import DTYPE_NAMES, FILE_TYPES, PlannedTensor, quantizable, write_gguf
 
@@ -325,8 +325,14 @@ def convert(
         raise TesseraError(str(out), "is a folder; give the path of the .gguf file to write")
     source = read_source(src)
     reader = source.reader()
+
+    def get(name: str) -> torch.Tensor:  # cancel is also honoured between the experts of one stacked tensor
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("conversion cancelled")
+        return reader.get(name)
+
     try:
-        tensors = plan_tensors(source.dims, reader.get, qtype)
+        tensors = plan_tensors(source.dims, get, qtype)
         meta = gguf_metadata(source.folder, source.config, source.dims, qtype)
         return write_gguf(out, arch_name(), meta, tensors, progress=progress, cancel=cancel)
     finally:

@@ -403,3 +403,23 @@ def test_output_bytes_predicts_the_file_size(tmp_path, sources, dtype):
     predicted = output_bytes(read_source(sources["moe"]), dtype)
     size = convert(sources["moe"], tmp_path / "m.gguf", dtype=dtype).stat().st_size
     assert 0 < size - predicted < 200_000  # header, metadata (tokens, merges, template) and 32-byte alignment
+
+
+def test_cancel_inside_an_expert_stack(tmp_path, sources, monkeypatch):
+    from engine import convert as convert_mod
+
+    cancel = threading.Event()
+    real_get = convert_mod.SourceReader.get
+    seen = []
+
+    def get(self, name):
+        seen.append(name)
+        if name.endswith("experts.2.up_proj.weight"):
+            cancel.set()
+        return real_get(self, name)
+
+    monkeypatch.setattr(convert_mod.SourceReader, "get", get)
+    with pytest.raises(Cancelled):
+        convert(sources["moe"], tmp_path / "m.gguf", cancel=cancel)
+    assert seen[-1] == "model.layers.0.mlp.experts.2.up_proj.weight"  # stopped at the next expert, not the next tensor
+    assert list(tmp_path.iterdir()) == []
