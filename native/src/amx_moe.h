@@ -37,8 +37,6 @@ inline int64_t tile_min_rows() {
   return std::max<int64_t>(1, std::atoll(v));
 }
 
-inline float silu_mul(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
-
 // Tiles 0,1: A rows m0..m0+15 and m0+16..m0+31; 2,3: B n-blocks nb, nb+1; 4..7: C = (A0|A1) x (B0|B1).
 inline TileConfig gemm_tile_config(int ra0, int ra1) {
   TileConfig c;
@@ -282,9 +280,8 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
     const int32_t* cr = acorr + r0 * GU.ngroups;
     gemm(GU, L.gate(blob, e), a, sc, cr, M, nb0, nb1, Hb + r0 * I, I);
     gemm(GU, L.up(blob, e), a, sc, cr, M, nb0, nb1, Ub + r0 * I, I);
-    const int64_t n1 = std::min(I, nb1 * kTileN);
-    for (int64_t r = r0; r < r0 + M; ++r)
-      for (int64_t n = nb0 * kTileN; n < n1; ++n) Hb[r * I + n] = silu_mul(Hb[r * I + n], Ub[r * I + n]);
+    const int64_t c0 = nb0 * kTileN, c1 = std::min(I, nb1 * kTileN);
+    for (int64_t r = r0; r < r0 + M; ++r) vec.silu_mul(Hb + r * I + c0, Ub + r * I + c0, c1 - c0);
   });
   // 3. h rows converted for the down projection.
   convert_rows(D, Hb, I, nullptr, Hq, hs, hcorr);

@@ -28,6 +28,8 @@ struct VecKernels {
   //   facc[r*ldf + n] += ((float)(acc[r*16 + n] - corr[r*as_stride]) * wscale[n]) * ascale[r*as_stride]
   void (*i8_epilogue)(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
                       int64_t as_stride, int rows, float* facc, int64_t ldf);
+  // g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u with exp as exp_poly below: the same bits on either variant.
+  void (*silu_mul)(float* g, const float* u, int64_t n);
 };
 
 const VecKernels& vec_scalar();
@@ -36,6 +38,34 @@ const VecKernels* vec_avx512();
 // AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni (and TESSERA_MAX_ISA allows avx512), else the
 // scalar twin.
 const VecKernels& vec_best();
+
+// exp(x) for the activation, one operation sequence for every variant (the AVX-512 one repeats it lane-wise, and
+// -ffp-contract=off keeps both unfused): Cephes' expf polynomial after x = n ln2 + r, relative error ~1e-7; inputs are
+// clamped to [-88, 88] (exp(-88) is a normal float, exp(88) finite), which silu's quotient absorbs.
+namespace exp_poly {
+constexpr float kLo = -88.0f, kHi = 88.0f, kLog2e = 1.44269504088896341f, kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f, kRound = 12582912.0f;  // 1.5 * 2^23
+inline float exp(float x) {
+  x = x < kLo ? kLo : (x > kHi ? kHi : x);
+  const float n = (x * kLog2e + kRound) - kRound;  // round to nearest even
+  float r = x - n * kC1;
+  r = r - n * kC2;
+  float p = kP0;
+  p = p * r + kP1;
+  p = p * r + kP2;
+  p = p * r + kP3;
+  p = p * r + kP4;
+  p = p * r + kP5;
+  const float y = (p * (r * r) + r) + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-127, 127]
+  float two_n;
+  __builtin_memcpy(&two_n, &bits, 4);
+  return y * two_n;
+}
+}  // namespace exp_poly
+
+inline float silu_mul(float g, float u) { return g / (1.0f + exp_poly::exp(-g)) * u; }
 
 // The int8 epilogue of one group for 16 lanes, shared by every path (tiles included) so all round identically.
 inline void i8_group_epilogue(const int32_t* acc, const float* wscale, float ascale, int32_t corr, float* facc) {

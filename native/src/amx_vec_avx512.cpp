@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <initializer_list>
 
 #include "amx_vec.h"
 
@@ -130,10 +131,36 @@ void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, c
   }
 }
 
+// exp_poly::exp and silu_mul (amx_vec.h) lane-wise, operation for operation.
+inline __m512 exp16(__m512 x) {
+  using namespace exp_poly;
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kLo)), _mm512_set1_ps(kHi));
+  const __m512 rnd = _mm512_set1_ps(kRound);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), rnd), rnd);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kC1)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(kC2)));
+  __m512 p = _mm512_set1_ps(kP0);
+  for (float c : {kP1, kP2, kP3, kP4, kP5}) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+  const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+void silu_mul_rows(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    const __m512 q = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(q, _mm512_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = silu_mul(g[i], u[i]);
+}
+
 }  // namespace
 
 const VecKernels* vec_avx512() {
-  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue};
+  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows};
   return &k;
 }
 

@@ -64,10 +64,14 @@ void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, c
     i8_group_epilogue(acc + r * 16, wscale, ascale[r * as_stride], corr[r * as_stride], facc + r * ldf);
 }
 
+void silu_mul_rows(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = silu_mul(g[i], u[i]);
+}
+
 }  // namespace
 
 const VecKernels& vec_scalar() {
-  static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue};
+  static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows};
   return k;
 }
 

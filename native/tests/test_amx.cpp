@@ -284,6 +284,30 @@ void test_avx512_bf16_decode_matches_scalar_twin() {
   for (int64_t i = 0; i < M * N; ++i) CHECK(bits(c1[i]) == bits(c2[i]));
 }
 
+void test_silu_variants_agree_and_are_accurate() {
+  std::mt19937 rng(8);
+  const int64_t n = 4099;  // not a multiple of 16: the AVX-512 tail runs too
+  std::vector<float> g(n), u(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), int(rng() % 9) - 2);  // |g| up to 64
+    u[i] = std::normal_distribution<float>()(rng);
+  }
+  g[0] = 100.0f;  // beyond the clamp both ways
+  g[1] = -100.0f;
+  g[2] = 0.0f;
+  std::vector<float> a = g, b = g;
+  vec_scalar().silu_mul(a.data(), u.data(), n);
+  if (const VecKernels* v = vec_avx512(); v && cpu_features().avx512f && cpu_features().os_avx512) {
+    v->silu_mul(b.data(), u.data(), n);
+    for (int64_t i = 0; i < n; ++i) CHECK(bits(a[i]) == bits(b[i]));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = double(g[i]) / (1.0 + std::exp(-double(g[i]))) * u[i];
+    // below g = -88 the clamped exp leaves |g| * e^-88 * |u| (~1e-36) where silu is ~0 anyway
+    CHECK(std::fabs(a[i] - want) <= 4e-7 * std::fabs(want) + 1e-35);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ tile GEMMs
 
 struct Packed {
@@ -465,6 +489,7 @@ int tessera_amx_tests() {
       {"tdpbf16ps_matches_ftz_daz_hardware_model", test_tdpbf16ps_matches_ftz_daz_hardware_model},
       {"fma_ftz_tininess_after_rounding", test_fma_ftz_tininess_after_rounding},
       {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
+      {"silu_variants_agree_and_are_accurate", test_silu_variants_agree_and_are_accurate},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},
       {"layer_forward_vs_reference", test_layer_forward_vs_reference},
