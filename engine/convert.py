@@ -132,7 +132,12 @@ def _safetensors_header(path: Path) -> tuple[dict, int]:
     header.pop("__metadata__", None)
     data_size = size - 8 - n
     for name, info in header.items():
-        begin, end = info["data_offsets"]
+        try:
+            begin, end = (int(v) for v in info["data_offsets"])
+            info["shape"] = [int(v) for v in info["shape"]]
+            str(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelFormatError(str(path), f"corrupt safetensors header entry for tensor {name}") from None
         if not 0 <= begin <= end <= data_size:
             raise ModelFormatError(str(path), f"tensor {name} lies beyond the end of the file (truncated shard?)")
     return header, 8 + n
@@ -147,6 +152,8 @@ def _shard_files(folder: Path) -> list[Path]:
             raise ModelFormatError(str(index), f"not a valid safetensors index ({e})") from e
         files = sorted(set(weight_map.values()))
         for name in files:
+            if not isinstance(name, str) or Path(name).name != name:
+                raise ModelFormatError(str(index), f"shard name {name!r} is not a file name in this folder")
             if not (folder / name).is_file():
                 raise ModelFormatError(str(folder / name), "missing shard (listed in model.safetensors.index.json)")
         return [folder / name for name in files]

@@ -423,3 +423,25 @@ def test_cancel_inside_an_expert_stack(tmp_path, sources, monkeypatch):
         convert(sources["moe"], tmp_path / "m.gguf", cancel=cancel)
     assert seen[-1] == "model.layers.0.mlp.experts.2.up_proj.weight"  # stopped at the next expert, not the next tensor
     assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_headers_and_index_are_named(tmp_path, sources):
+    src = sources["moe"]
+    bad_index = make_model(tmp_path / "idx", max_shard_bytes=1_000_000)
+    index = json.loads((bad_index / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (bad_index / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelFormatError, match="not a file name in this folder"):
+        convert(bad_index, tmp_path / "o.gguf")
+
+    corrupt = _copy(src, tmp_path / "corrupt")
+    shard = corrupt / "model.safetensors"
+    data = shard.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    del header["model.norm.weight"]["data_offsets"]
+    raw = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # shorter than before: pad to the same length
+    assert len(raw) == n
+    shard.write_bytes(data[:8] + raw + data[8 + n :])
+    with pytest.raises(ModelFormatError, match="corrupt safetensors header entry for tensor model.norm.weight"):
+        convert(corrupt, tmp_path / "o.gguf")
