@@ -13,7 +13,9 @@ same seed hold the same weights, and tensors are generated and written one at a 
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -235,11 +237,17 @@ def make_model(
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise TesseraError(str(out), "already exists and is not an empty folder")
         out.mkdir(parents=True, exist_ok=True)
-        tok = build_tokenizer(None, TOKENIZER_BPE_SIZE, out)
-        cfg = hf_config(preset, layers=layers, dtype=dtype, tok=tok, overrides=config_overrides)
-        weights = RandomWeights(cfg, seed, DTYPES[dtype][1])
-        _write_text_files(out, cfg, tok)
-        write_hf_weights(out, weights.shapes, weights.get, dtype, max_shard_bytes, progress)
+        try:
+            tok = build_tokenizer(None, TOKENIZER_BPE_SIZE, out)
+            cfg = hf_config(preset, layers=layers, dtype=dtype, tok=tok, overrides=config_overrides)
+            weights = RandomWeights(cfg, seed, DTYPES[dtype][1])
+            _write_text_files(out, cfg, tok)
+            write_hf_weights(out, weights.shapes, weights.get, dtype, max_shard_bytes, progress)
+        except BaseException as e:  # interrupted or failed: leave no half-written model folder behind
+            shutil.rmtree(out, ignore_errors=True)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                raise TesseraError(str(out), "disk full while writing; the partial model was removed") from e
+            raise
         return out
 
     from engine.checkpoint_layout import arch_name

@@ -119,3 +119,26 @@ def test_cli_make_model(tmp_path, capsys):
     assert main(["make-model", str(tmp_path / "h"), "--dtype", "q8_0", "--format", "hf"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: --dtype: ") and "gguf" in err
+
+
+def test_failed_hf_write_leaves_no_folder(tmp_path, monkeypatch):
+    import errno
+
+    from engine import make_model as mm
+
+    real = mm.RandomWeights.get
+    calls = {"n": 0}
+
+    def full(self, name):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name)
+
+    monkeypatch.setattr(mm.RandomWeights, "get", full)
+    with pytest.raises(TesseraError, match="disk full"):
+        make_model(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(TesseraError, match="vocab_size"):  # a bad config fails before weights, also leaving nothing
+        make_model(tmp_path / "n", config_overrides={"vocab_size": 10})
+    assert not (tmp_path / "n").exists()
