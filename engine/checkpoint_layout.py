@@ -57,7 +57,9 @@ class Dims:
         head_dim = cfg.get("head_dim") or hidden // heads
         kv_heads = need("num_key_value_heads")
         if heads % kv_heads:
-            raise ModelFormatError(subject, f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+            raise ModelFormatError(
+                subject, f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
         experts = need("num_experts", "num_local_experts")  # the latter as transformers 5 writes it
         step = cfg.get("decoder_sparse_step", 1) or 1
         mlp_only = set(cfg.get("mlp_only_layers") or [])

@@ -64,7 +64,9 @@ def verdict(report: CompareReport, *, lossless: bool) -> tuple[bool, str]:
     return ok, "lossy conversion: needs top-1 agreement >= 0.9 and mean KL <= 0.02 nats"
 
 
-def verify_conversion(src: str | Path, out: str | Path, dtype: str, *, text: str | None = None) -> tuple[CompareReport, bool, str]:
+def verify_conversion(
+    src: str | Path, out: str | Path, dtype: str, *, text: str | None = None
+) -> tuple[CompareReport, bool, str]:
     """Compare a converted GGUF `out` with its HF source `src`; lossless when every source tensor's dtype fits `dtype`."""
     from engine.convert import read_source
 

@@ -186,17 +186,24 @@ def read_source(folder: str | Path) -> Source:
             if name in tensors:
                 raise ModelFormatError(f"tensor {name}", f"stored twice ({tensors[name].path.name} and {shard.name})")
             if name not in expected:
-                raise ModelFormatError(f"tensor {name}", f"in {shard.name} is not part of a Qwen3-MoE checkpoint with this config")
+                raise ModelFormatError(
+                    f"tensor {name}", f"in {shard.name} is not part of a Qwen3-MoE checkpoint with this config"
+                )
             if info["dtype"] not in _TORCH_DTYPES:
-                raise ModelFormatError(f"tensor {name}", f"has unsupported dtype {info['dtype']} (F32, F16 or BF16 expected)")
+                raise ModelFormatError(
+                    f"tensor {name}", f"has unsupported dtype {info['dtype']} (F32, F16 or BF16 expected)"
+                )
             if tuple(info["shape"]) != expected[name]:
                 raise ModelFormatError(
-                    f"tensor {name}", f"shape mismatch: {list(info['shape'])} in {shard.name}, config implies {list(expected[name])}"
+                    f"tensor {name}",
+                    f"shape mismatch: {list(info['shape'])} in {shard.name}, config implies {list(expected[name])}",
                 )
             begin, end = info["data_offsets"]
             itemsize = _TORCH_DTYPES[info["dtype"]].itemsize
             if end - begin != itemsize * int(torch.Size(expected[name]).numel()):
-                raise ModelFormatError(f"tensor {name}", f"in {shard.name}: byte range does not match its shape and dtype")
+                raise ModelFormatError(
+                    f"tensor {name}", f"in {shard.name}: byte range does not match its shape and dtype"
+                )
             tensors[name] = StoredTensor(shard, data_start + begin, data_start + end, info["dtype"], expected[name])
     missing = [name for name in expected if name not in tensors]
     if missing:
@@ -215,7 +222,9 @@ def tensor_qtype(t: GGUFTensor, requested: gguf.GGMLQuantizationType) -> gguf.GG
     return requested
 
 
-def plan_tensors(dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGMLQuantizationType) -> list[PlannedTensor]:
+def plan_tensors(
+    dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGMLQuantizationType
+) -> list[PlannedTensor]:
     """The GGUF tensors for `dims`, each producing its values from HF tensors via `get(hf_name)` (stacking experts)."""
 
     def producer(t: GGUFTensor) -> Callable[[], torch.Tensor]:
@@ -267,7 +276,9 @@ def _token_list(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def gguf_metadata(folder: Path, cfg: dict, dims: Dims, qtype: gguf.GGMLQuantizationType) -> Callable[[gguf.GGUFWriter], None]:
+def gguf_metadata(
+    folder: Path, cfg: dict, dims: Dims, qtype: gguf.GGMLQuantizationType
+) -> Callable[[gguf.GGUFWriter], None]:
     """The metadata llama.cpp writes for a qwen3moe model from the HF folder `folder` (config + tokenizer files)."""
     tokens, types = _token_list(folder, dims.vocab)
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=dims.vocab)

@@ -7,6 +7,7 @@ model larger than RAM streams through: only the tensor being written is in memor
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -45,7 +46,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(stored_shape(self.shape, self.qtype)))  * _item_size(self.qtype)
+        return int(np.prod(stored_shape(self.shape, self.qtype))) * _item_size(self.qtype)
 
 
 def _item_size(qtype: gguf.GGMLQuantizationType) -> int:
@@ -82,7 +83,9 @@ def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     rows_out = out.reshape(-1, out.shape[-1])  # [R, C / block * block bytes]
     step = max(1, QUANT_CHUNK_ELEMENTS // t.shape[-1])
     for r in range(0, rows_in.shape[0], step):
-        rows_out[r : r + step] = gguf.quants.quantize(rows_in[r : r + step].to(torch.float32).contiguous().numpy(), qtype)
+        rows_out[r : r + step] = gguf.quants.quantize(
+            rows_in[r : r + step].to(torch.float32).contiguous().numpy(), qtype
+        )
     return out
 
 
@@ -121,7 +124,9 @@ def write_gguf(
     try:
         add_metadata(writer)
         for t in tensors:
-            writer.add_tensor_info(t.name, stored_shape(t.shape, t.qtype), _np_dtype(t.qtype), t.nbytes, raw_dtype=t.qtype)
+            writer.add_tensor_info(
+                t.name, stored_shape(t.shape, t.qtype), _np_dtype(t.qtype), t.nbytes, raw_dtype=t.qtype
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -162,8 +167,6 @@ def _np_dtype(qtype: gguf.GGMLQuantizationType) -> np.dtype:
 
 
 def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:
-    try:
+    with contextlib.suppress(Exception):  # already failing; the file is removed below either way
         writer.close()
-    except Exception:  # noqa: BLE001 - already failing; the file is removed below either way
-        pass
     tmp.unlink(missing_ok=True)

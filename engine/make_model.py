@@ -189,7 +189,9 @@ def write_hf_weights(
         shards[-1].append((name, shape, st_dtype, nbytes))
         size += nbytes
     n = len(shards)
-    files = [folder / ("model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n)]
+    files = [
+        folder / ("model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n)
+    ]
     done, total = 0, len(shapes)
     for path, entries in zip(files, shards):
         with path.open("wb") as f:
@@ -268,4 +270,3 @@ def make_model(
         assert [t.name for t in tensors] == [t.name for t in gguf_tensors(dims)]
         write_gguf(out, arch_name(), meta, tensors, progress=progress)
     return out
-

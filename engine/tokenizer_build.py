@@ -71,7 +71,7 @@ BUILTIN_CORPUS: tuple[str, ...] = (
     "Whitespace runs:    four spaces,\t\ttabs,\n\n\nnewlines, and trailing spaces   \n",
     "user: What is the capital of France?\nassistant: The capital of France is Paris.",
     "<think>\nLet me think step by step about the question.\n</think>\n\nThe answer is 42.",
-    "JSON: {\"name\": \"tessera\", \"experts\": 128, \"active\": 8, \"ok\": true, \"list\": [1, 2, 3]}",
+    'JSON: {"name": "tessera", "experts": 128, "active": 8, "ok": true, "list": [1, 2, 3]}',
     "It's, they're, we've, I'm, you'll, he'd — contractions everywhere. DON'T SHOUT, it's FINE.",
     "Paragraphs of ordinary English text help the merges learn common words such as the, and, of, to, in, is, that.",
     "Once upon a time there was a small model that lived on a desktop computer and answered questions quickly.",
@@ -93,7 +93,7 @@ class BuiltTokenizer:
 def chat_template() -> str:
     """Qwen3's chat template as published in tokenizer_config.json (the file's trailing newline removed)."""
     text = CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
-    return text[:-1] if text.endswith("\n") else text
+    return text.removesuffix("\n")
 
 
 def _make_tokenizer():
@@ -194,4 +194,6 @@ def _write_tokenizer_config(out: Path, ids: dict[str, int]) -> None:
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )

@@ -46,10 +46,12 @@ PROMPTS = [
 
 def llama_cpp(node_modules: str, script: str, path: str, prompt: str) -> dict:
     env = {**os.environ, "NODE_PATH": node_modules}
-    proc = subprocess.run(["node", script, path, prompt], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        ["node", script, path, prompt], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error" in line.lower() or "FAILED" in line]
     raise RuntimeError(errors[-1] if errors else f"node exited with {proc.returncode}")
 
@@ -85,8 +87,10 @@ def main() -> int:
                 status = 1
                 continue
             status |= 0 if same_tokens else 1
-            print(f"{path}: loads in llama.cpp; tokenization {'identical' if same_tokens else 'DIFFERENT'}; "
-                  f"max |p_llama.cpp / p_tessera - 1| over the top-5 next tokens of {len(PROMPTS)} prompts = {worst:.2e}")
+            print(
+                f"{path}: loads in llama.cpp; tokenization {'identical' if same_tokens else 'DIFFERENT'}; "
+                f"max |p_llama.cpp / p_tessera - 1| over the top-5 next tokens of {len(PROMPTS)} prompts = {worst:.2e}"
+            )
     finally:
         os.unlink(script)
     return status

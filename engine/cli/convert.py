@@ -13,8 +13,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "q8_0", "f16", "f32"], help="type of the matrices")
     p.add_argument("--verify", action="store_true", help="afterwards, compare the logits of source and output")
     p.add_argument("--text", default=None, help="text for --verify (default: a built-in sample)")
-    p.add_argument("--prepack", metavar="BACKEND", default=None,
-                   help="afterwards, pre-pack the experts for BACKEND into the packed-weight cache")
+    p.add_argument(
+        "--prepack",
+        metavar="BACKEND",
+        default=None,
+        help="afterwards, pre-pack the experts for BACKEND into the packed-weight cache",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,8 +12,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", choices=["tiny", "qwen3-30b-a3b"], help="model shapes (default tiny)")
     p.add_argument("--layers", type=int, default=None, help="number of layers (default: the preset's)")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "q8_0"], help="weight type (q8_0: gguf only)")
-    p.add_argument("--format", dest="fmt", choices=["gguf", "hf"], default=None,
-                   help="gguf or hf (default: gguf when OUT ends in .gguf, else hf)")
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=["gguf", "hf"],
+        default=None,
+        help="gguf or hf (default: gguf when OUT ends in .gguf, else hf)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 

@@ -11,7 +11,6 @@ from engine.cli import main
 from engine.compare import compare_logits, verdict
 
 
-
 @pytest.fixture
 def engine_io():
     """compare needs engine I/O's loaders (engine.weights, engine.tokenizer)."""
@@ -63,8 +62,13 @@ def test_converted_tokenizer_round_trips(engine_io, tiny_hf_model, tmp_path):
 
     out = convert(tiny_hf_model, tmp_path / "m.gguf", dtype="q8_0")
     hf, gg = Tokenizer.from_path(tiny_hf_model), Tokenizer.from_path(out)
-    for text in ["Hello, world!  It's 42.", "今天天气很好 🙂👍🏽", "def f(x):\n\tif x:\n        return None\n\n\n",
-                 "<|im_start|>user\n<think>hi</think><|im_end|><|endoftext|>", "café naïve  \u00a0 nbsp"]:
+    for text in [
+        "Hello, world!  It's 42.",
+        "今天天气很好 🙂👍🏽",
+        "def f(x):\n\tif x:\n        return None\n\n\n",
+        "<|im_start|>user\n<think>hi</think><|im_end|><|endoftext|>",
+        "café naïve  \u00a0 nbsp",
+    ]:
         ids = hf.encode(text)
         assert gg.encode(text) == ids, text
         assert gg.decode(ids) == hf.decode(ids)

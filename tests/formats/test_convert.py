@@ -97,7 +97,9 @@ def test_conversion_follows_llama_cpp_qwen3moe(tmp_path, sources, name, dtype):
         K.Attention.HEAD_COUNT.format(arch=arch): cfg["num_attention_heads"],
         K.Attention.HEAD_COUNT_KV.format(arch=arch): cfg["num_key_value_heads"],
         K.Attention.KEY_LENGTH.format(arch=arch): cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]),
-        K.Attention.VALUE_LENGTH.format(arch=arch): cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]),
+        K.Attention.VALUE_LENGTH.format(arch=arch): cfg.get(
+            "head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]
+        ),
         K.Rope.FREQ_BASE.format(arch=arch): cfg["rope_theta"],
         K.General.FILE_TYPE: int({"bf16": 32, "q8_0": 7, "f16": 1, "f32": 0}[dtype]),
         K.General.QUANTIZATION_VERSION: gguf.GGML_QUANT_VERSION,
@@ -147,8 +149,12 @@ def test_values_and_expert_stacking(tmp_path, sources, dtype):
         "token_embd.weight": hf["model.embed_tokens.weight"],
         "blk.0.attn_k.weight": hf["model.layers.0.self_attn.k_proj.weight"],
         "blk.1.ffn_down.weight": hf["model.layers.1.mlp.down_proj.weight"],
-        "blk.2.ffn_down_exps.weight": torch.stack([hf[f"model.layers.2.mlp.experts.{e}.down_proj.weight"] for e in range(6)]),
-        "blk.0.ffn_gate_exps.weight": torch.stack([hf[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"] for e in range(6)]),
+        "blk.2.ffn_down_exps.weight": torch.stack(
+            [hf[f"model.layers.2.mlp.experts.{e}.down_proj.weight"] for e in range(6)]
+        ),
+        "blk.0.ffn_gate_exps.weight": torch.stack(
+            [hf[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"] for e in range(6)]
+        ),
     }
     for name, want in pairs.items():
         got = torch.from_numpy(_dequant(tensors[name]).copy()).reshape(want.shape)
@@ -157,10 +163,14 @@ def test_values_and_expert_stacking(tmp_path, sources, dtype):
         else:
             assert torch.equal(got, cast(want)), name
     for name in ("blk.2.ffn_gate_inp.weight", "blk.0.attn_q_norm.weight", "output_norm.weight"):
-        hf_name = {"blk.2.ffn_gate_inp.weight": "model.layers.2.mlp.gate.weight",
-                   "blk.0.attn_q_norm.weight": "model.layers.0.self_attn.q_norm.weight",
-                   "output_norm.weight": "model.norm.weight"}[name]
-        assert torch.equal(torch.from_numpy(np.asarray(tensors[name].data).copy()).reshape(hf[hf_name].shape), hf[hf_name])
+        hf_name = {
+            "blk.2.ffn_gate_inp.weight": "model.layers.2.mlp.gate.weight",
+            "blk.0.attn_q_norm.weight": "model.layers.0.self_attn.q_norm.weight",
+            "output_norm.weight": "model.norm.weight",
+        }[name]
+        assert torch.equal(
+            torch.from_numpy(np.asarray(tensors[name].data).copy()).reshape(hf[hf_name].shape), hf[hf_name]
+        )
 
 
 def test_bf16_source_copies_bits(tmp_path):
@@ -169,7 +179,9 @@ def test_bf16_source_copies_bits(tmp_path):
     reader = gguf.GGUFReader(convert(src, tmp_path / "m.gguf", dtype="bf16"))
     t = {t.name: t for t in reader.tensors}["blk.1.ffn_up_exps.weight"]
     want = torch.stack([hf[f"model.layers.1.mlp.experts.{e}.up_proj.weight"] for e in range(6)])
-    assert np.array_equal(np.asarray(t.data).reshape(-1).view(np.uint16), want.view(torch.int16).numpy().view(np.uint16).reshape(-1))
+    assert np.array_equal(
+        np.asarray(t.data).reshape(-1).view(np.uint16), want.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+    )
 
 
 def _leftovers(folder):
@@ -255,7 +267,9 @@ def test_bad_sources_are_named(tmp_path, sources):
 
     other = _copy(src, tmp_path / "llama")
     cfg = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (other / "config.json").write_text(
+        json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
     with pytest.raises(ModelFormatError, match="not a Qwen3-MoE model.*LlamaForCausalLM"):
         convert(other, out)
 
@@ -336,7 +350,6 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
     import signal
     import subprocess
     import sys
-    import time
 
     out = tmp_path / "m.gguf"
     script = (

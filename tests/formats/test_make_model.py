@@ -38,12 +38,18 @@ def test_hf_folder_loads_in_transformers_with_every_key(tmp_path, name):
         assert cfg.get(key) == value and (value is None or getattr(model.config, key) == value)
     weights = RandomWeights(cfg, 3, torch.float32)
     sd = model.state_dict()
-    for key in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight", "model.norm.weight",
-                "model.layers.1.self_attn.o_proj.weight"):
+    for key in (
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.norm.weight",
+        "model.layers.1.self_attn.o_proj.weight",
+    ):
         assert torch.equal(sd[key], weights.get(key)), key
     assert ("lm_head.weight" in weights.shapes) == (not cfg["tie_word_embeddings"])
     if name == "dense-tied-headdim":
-        assert torch.equal(sd["model.layers.1.mlp.gate_proj.weight"], weights.get("model.layers.1.mlp.gate_proj.weight"))
+        assert torch.equal(
+            sd["model.layers.1.mlp.gate_proj.weight"], weights.get("model.layers.1.mlp.gate_proj.weight")
+        )
         assert model.model.layers[0].self_attn.q_proj.weight.shape == (6 * 24, 96)
     with torch.no_grad():
         logits = model(torch.tensor([[1, 2, 3, 400]])).logits

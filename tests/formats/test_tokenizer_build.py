@@ -55,7 +55,11 @@ def test_special_tokens_follow_the_bpe_vocabulary_in_qwen3_order(tok_dir):
     assert raw.encode("<|im_start|><think>").ids == [built.bpe_size + 1, built.bpe_size + 24]
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     assert cfg["added_tokens_decoder"][str(built.bpe_size + 24)] == {
-        "content": "<think>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+        "content": "<think>",
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
         "special": False,
     }
     assert cfg["tokenizer_class"] == "Qwen2Tokenizer" and cfg["add_bos_token"] is False
@@ -69,9 +73,14 @@ def test_chat_template_is_qwen3s(tok_dir):
     hf = AutoTokenizer.from_pretrained(str(out))
     text = hf.apply_chat_template(
         [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
-        tokenize=False, add_generation_prompt=True, enable_thinking=False,
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=False,
     )
-    assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert (
+        text
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
 
 
 def test_corpus_drives_the_merges(tmp_path):
