@@ -43,7 +43,7 @@ def test_install_then_uninstall_leaves_nothing(tmp_path):
     (home / ".local" / "share" / "applications" / "other.desktop").write_text("[Desktop Entry]\n")  # not ours
     before = _snapshot(home)
     env = _env(home)
-    r = subprocess.run(["bash", str(INSTALL), "--system-site-packages", "--editable", "--desktop"], env=env,
+    r = subprocess.run(["bash", str(INSTALL), "--system-site-packages", "--desktop"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     share = home / ".local" / "share"
@@ -51,6 +51,9 @@ def test_install_then_uninstall_leaves_nothing(tmp_path):
     entry_path = share / "applications" / "tessera.desktop"
     entry = _read_entry(entry_path)
     exe = str(venv / "bin" / "tessera")
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert list((site / "engine").glob("_native*.so")), "the native kernels were not built into the environment"
+    assert (site / "resources" / "icons" / "tessera.svg").is_file()  # run-time data ships in the wheel
     assert entry["Exec"] == f'"{exe}"'  # the path has a space: quoted per the Desktop Entry spec
     assert entry["TryExec"] == exe and os.access(exe, os.X_OK)
     assert entry["Terminal"] == "false" and entry["Type"] == "Application"
