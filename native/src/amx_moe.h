@@ -237,10 +237,10 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
       for (int64_t r = c * kRowChunk; r < std::min(R, (c + 1) * kRowChunk); ++r) {
         const float* v = src + (tok ? tok[r] : r) * ld;
         if constexpr (kInt8)
-          quantize_row_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups,
+          vec.quantize_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups,
                           cr + r * ML.ngroups);
         else if (row_tiles[r])
-          convert_row_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * 2 * ML.Kp);
+          vec.convert_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * 2 * ML.Kp);
         else
           pad_row_f32(ML, v, reinterpret_cast<float*>(dst) + r * ML.Kp);
       }

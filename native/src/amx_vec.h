@@ -30,6 +30,9 @@ struct VecKernels {
                       int64_t as_stride, int rows, float* facc, int64_t ldf);
   // g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u with exp as exp_poly below: the same bits on either variant.
   void (*silu_mul)(float* g, const float* u, int64_t n);
+  // Activation rows as amx_pack.h's quantize_row_i8 / convert_row_bf16 define them, bit for bit.
+  void (*quantize_i8)(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
+  void (*convert_bf16)(const MatLayout& L, const float* x, uint16_t* q);
 };
 
 const VecKernels& vec_scalar();

@@ -3,8 +3,10 @@
 // -ffp-contract=off; called only when vec_best() saw the CPU and OS support all of them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 
 #include "amx_vec.h"
 
@@ -157,10 +159,58 @@ void silu_mul_rows(float* g, const float* u, int64_t n) {
   for (; i < n; ++i) g[i] = silu_mul(g[i], u[i]);
 }
 
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
+
+// quantize_row_i8 (amx_pack.cpp) 16 lanes at a time: the same amax, scale, reciprocal, clamp and round to nearest
+// even (the MXCSR default), and q = 0 where x * (1 / scale) is NaN.
+void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t g = 0; g < L.ngroups; ++g) {
+    const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+    __m512 amax = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(k1 - k), x + k);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float s = k0 >= k1 ? 0.0f : nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax) / 127.0f;
+    scales[g] = s;
+    const __m512 inv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __mmask16 m = tail_mask(k1 - k);
+      const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+      const __m512 p = _mm512_mul_ps(v, inv);
+      const __m512 c = _mm512_min_ps(_mm512_max_ps(p, lo), hi);
+      const __m512i qi = _mm512_maskz_cvtps_epi32(m & ~_mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q), c);
+      sum = _mm512_add_epi32(sum, qi);
+      _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(qi));
+    }
+    corr[g] = 128 * _mm512_reduce_add_epi32(sum);
+  }
+  if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);
+}
+
+// f32_to_bf16 (tessera/bf16.h) lane-wise: round to nearest even, NaN -> quiet NaN.
+void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
+  for (int64_t k = 0; k < L.K; k += 16) {
+    const __mmask16 m = tail_mask(L.K - k);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16(q + k, m, _mm512_cvtepi32_epi16(r));
+  }
+  for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
+}
+
 }  // namespace
 
 const VecKernels* vec_avx512() {
-  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows};
+  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16};
   return &k;
 }
 

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "amx_pack.h"
 #include "amx_tile_emu.h"
 #include "amx_vec.h"
 #include "tessera/bf16.h"
@@ -71,7 +72,8 @@ void silu_mul_rows(float* g, const float* u, int64_t n) {
 }  // namespace
 
 const VecKernels& vec_scalar() {
-  static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows};
+  static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_row_i8,
+                            convert_row_bf16};
   return k;
 }
 

@@ -308,6 +308,33 @@ void test_silu_variants_agree_and_are_accurate() {
   }
 }
 
+void test_activation_conversions_agree() {
+  const VecKernels* v = vec_avx512();
+  if (!v || !(cpu_features().avx512f && cpu_features().avx512bw && cpu_features().os_avx512)) return;
+  std::mt19937 rng(9);
+  for (int64_t K : {1, 17, 64, 100, 200}) {
+    for (int64_t group : {0, 64}) {
+      const MatLayout L = MatLayout::make(WeightFormat::Int8, 16, K, group);
+      const MatLayout B = MatLayout::make(WeightFormat::BF16, 16, K, 0);
+      std::vector<float> x(K);
+      for (auto& f : x) f = std::ldexp(std::normal_distribution<float>()(rng), int(rng() % 40) - 20);
+      if (K > 30) x[30] = NAN;  // one NaN group
+      if (K > 10) x[10] = 0x1.0101p-126f * 0.5f;  // a denormal
+      std::vector<int8_t> q1(L.Kp, 7), q2(L.Kp, 9);
+      std::vector<float> s1(L.ngroups), s2(L.ngroups);
+      std::vector<int32_t> c1(L.ngroups), c2(L.ngroups);
+      quantize_row_i8(L, x.data(), q1.data(), s1.data(), c1.data());
+      v->quantize_i8(L, x.data(), q2.data(), s2.data(), c2.data());
+      CHECK(q1 == q2 && c1 == c2);
+      for (int64_t g = 0; g < L.ngroups; ++g) CHECK(bits(s1[g]) == bits(s2[g]));
+      std::vector<uint16_t> b1(B.Kp, 1), b2(B.Kp, 2);
+      convert_row_bf16(B, x.data(), b1.data());
+      v->convert_bf16(B, x.data(), b2.data());
+      CHECK(b1 == b2);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ tile GEMMs
 
 struct Packed {
@@ -490,6 +517,7 @@ int tessera_amx_tests() {
       {"fma_ftz_tininess_after_rounding", test_fma_ftz_tininess_after_rounding},
       {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
       {"silu_variants_agree_and_are_accurate", test_silu_variants_agree_and_are_accurate},
+      {"activation_conversions_agree", test_activation_conversions_agree},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},
       {"layer_forward_vs_reference", test_layer_forward_vs_reference},
