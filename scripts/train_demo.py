@@ -27,10 +27,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from engine.demo.dataset import IGNORE, conversation, encode_conversations, make_renderer  # noqa: E402
-from engine.demo.skills import SKILLS  # noqa: E402
+from engine.demo.dataset import (IGNORE, SKILL_WEIGHTS, conversation, encode_conversations,  # noqa: E402
+                                  make_renderer)
+from engine.demo.skills import COUNT_PROMPTS, SKILLS  # noqa: E402
 from engine.demo.split import eval_problems  # noqa: E402
-from engine.demo.words import WORDS  # noqa: E402
 from engine.tokenizer_build import build_tokenizer, chat_template  # noqa: E402
 
 DEFAULT_GGUF = REPO / "resources" / "demo" / "tessera-demo-moe.gguf"
@@ -41,13 +41,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "build" / "demo-train", help="work folder (checkpoints, HF model)")
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="where to write the BF16 GGUF")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--steps", type=int, default=1800)
+    p.add_argument("--steps", type=int, default=2200)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads; 1 on a shared machine (2 threads on 2 busy cores spin and run 5x slower)")
-    p.add_argument("--vocab", type=int, default=2022, help="BPE tokens; Qwen's 26 added tokens come on top")
+    p.add_argument("--vocab", type=int, default=2022,
+                   help="BPE tokens at most (the corpus yields fewer); Qwen's 26 added tokens come on top")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, default=8)
@@ -55,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--expert-dim", type=int, default=256, help="moe_intermediate_size")
     p.add_argument("--aux-coef", type=float, default=0.001, help="router load-balancing loss weight (Qwen3's default)")
     p.add_argument("--ckpt-every", type=int, default=200)
-    p.add_argument("--eval-every", type=int, default=300)
+    p.add_argument("--eval-every", type=int, default=400)
     p.add_argument("--final-eval", type=int, default=20, help="held-out prompts per skill for the closing HF check")
     return p.parse_args(argv)
 
@@ -81,7 +82,7 @@ def model_config(args, tok) -> dict:
         "mlp_only_layers": [],
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
+        "rope_theta": 10000.0,  # short chats: finer position resolution than Qwen3's 1e6 for 32-dim heads
         "max_position_embeddings": 2048,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -99,8 +100,13 @@ def model_config(args, tok) -> dict:
 
 
 def corpus(seed: int, render, n: int) -> list[str]:
+    """The tokenizer's training text: generated chats of every skill except letter counting, plus the counting
+    questions with the word left out. The counted words thus never become whole tokens: they split into letters and
+    short pieces whose spelling a small model can learn (a whole-word token hides its letters)."""
     rng = random.Random(f"tokenizer:{seed}")
-    return [render(conversation(rng)) for _ in range(n)] + [" ".join(WORDS)]
+    weights = {k: v for k, v in SKILL_WEIGHTS.items() if k != "count_letters"}
+    texts = [render(conversation(rng, weights)) for _ in range(n)]
+    return texts + [t.format(l=c, w="") for t in COUNT_PROMPTS for c in "abcdefghijklmnopqrstuvwxyz"]
 
 
 def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Training conversations for the demo model, rendered with Qwen3's chat template and tokenized with a loss mask.
 
-A conversation is one to four user/assistant exchanges of training-side problems, sometimes after a system prompt.
+A conversation is one to three user/assistant exchanges of training-side problems, sometimes after a system prompt.
 Qwen3's template renders earlier assistant turns as plain text and the last one after an empty think block
 (`<think>\n\n</think>\n\n`), exactly as the app's prompts look with thinking off; the loss covers every assistant turn
 from just after `<|im_start|>assistant\n` to its `<|im_end|>`, so with thinking on the model writes the empty think
@@ -29,15 +29,16 @@ IM_END = "<|im_end|>"
 IGNORE = -100  # label of tokens without loss (the convention of torch's cross_entropy)
 
 
-def conversation(rng: random.Random) -> list[dict[str, str]]:
-    """One training conversation (messages in the engine's format) of training-side problems only."""
+def conversation(rng: random.Random, weights: dict[str, float] | None = None) -> list[dict[str, str]]:
+    """One training conversation (messages in the engine's format) of training-side problems only; `weights`
+    (default SKILL_WEIGHTS) says how often each skill is drawn."""
     messages: list[dict[str, str]] = []
     if rng.random() < 0.1:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
-    turns = 1 if rng.random() < 0.65 else rng.randint(2, 4)
-    skills, weights = zip(*SKILL_WEIGHTS.items())
+    turns = 1 if rng.random() < 0.8 else rng.randint(2, 3)
+    skills, w = zip(*(weights or SKILL_WEIGHTS).items())
     for _ in range(turns):
-        p = draw(rng.choices(skills, weights)[0], rng, heldout=False)
+        p = draw(rng.choices(skills, w)[0], rng, heldout=False)
         messages.append({"role": "user", "content": p.prompt})
         messages.append({"role": "assistant", "content": p.answer})
     return messages
