@@ -148,3 +148,20 @@ def test_failed_hf_write_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(TesseraError, match="vocab_size"):  # a bad config fails before weights, also leaving nothing
         make_model(tmp_path / "n", config_overrides={"vocab_size": 10})
     assert not (tmp_path / "n").exists()
+
+
+def test_qwen3_30b_preset_is_the_published_config(tmp_path):
+    from engine.make_model import hf_config
+    from engine.tokenizer_build import build_tokenizer
+
+    tok = build_tokenizer(None, 300, tmp_path)
+    cfg = hf_config("qwen3-30b-a3b", layers=None, dtype="bf16", tok=tok, overrides=None)
+    published = {  # Qwen/Qwen3-30B-A3B config.json
+        "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "moe_intermediate_size": 768, "intermediate_size": 6144, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": 151936, "tie_word_embeddings": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "hidden_act": "silu", "torch_dtype": "bfloat16", "model_type": "qwen3_moe",
+    }  # fmt: skip
+    assert {k: cfg[k] for k in published} == published
+    assert hf_config("qwen3-30b-a3b", layers=4, dtype="bf16", tok=tok, overrides=None)["num_hidden_layers"] == 4
