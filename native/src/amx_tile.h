@@ -8,7 +8,7 @@
 //   load<t>(const void* p, stride)   TILELOADD: rows x colsb bytes, row r at p + r*stride, rest of the tile zeroed
 //   store<t>(void* p, stride)        TILESTORED: rows x colsb bytes
 //   dpbssd<c, a, b>()                TDPBSSD: C[m][n] += sum_q A[m].s8[4k+q] * B[k].s8[4n+q], int32, wraps
-//   dpbsud<c, a, b>()                TDPBSUD: the same with B's bytes unsigned (the packed int8 weights are stored +128)
+//   dpbsud<c, a, b>()                TDPBSUD: the same with B's bytes unsigned (packed int8 weights are stored +128)
 //   dpbf16ps<c, a, b>()              TDPBF16PS: bf16 pairs, fp32 accumulate, DAZ/FTZ, RNE
 // Two implement it: TileEmu (amx_tile_emu.h, portable, follows the SDM pseudocode) and TileHw (amx_tile_hw.h, the
 // real instructions; only ever called after CpuFeatures says AMX is usable).

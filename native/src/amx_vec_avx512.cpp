@@ -174,7 +174,9 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
       amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
       nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
-    const float s = k0 >= k1 ? 0.0f : nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax) / 127.0f;
+    const float s = k0 >= k1 ? 0.0f
+                    : nan    ? std::numeric_limits<float>::quiet_NaN()
+                             : _mm512_reduce_max_ps(amax) / 127.0f;
     scales[g] = s;
     const __m512 inv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
     __m512i sum = _mm512_setzero_si512();

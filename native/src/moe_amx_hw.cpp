@@ -16,7 +16,8 @@ bool amx_usable(const CpuFeatures& c, bool need_int8, bool need_bf16, std::strin
   if (need_bf16 && !c.amx_bf16) return *why = "CPU lacks amx_bf16", false;
   if (!c.amx_tile) return *why = "CPU lacks amx_tile", false;
   if (!c.os_amx) return *why = "OS does not enable AMX state (XCR0 bits 17/18)", false;
-  if (!c.amx_permitted) return *why = c.amx_reason.empty() ? "kernel refused XTILEDATA permission" : c.amx_reason, false;
+  if (!c.amx_permitted)
+    return *why = c.amx_reason.empty() ? "kernel refused XTILEDATA permission" : c.amx_reason, false;
   // The decode half runs AVX-512 VNNI / FMA on the same packing (every AMX CPU so far has them).
   if (!(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni))
     return *why = "CPU lacks avx512_vnni for the decode path", false;

@@ -35,6 +35,6 @@ def test_amx_cpp_suite_under_sanitizers(tmp_path):
         assert p.wait() == 0, p.stderr.read().decode()
     exe = tmp_path / "test_amx"
     subprocess.run([cxx, *COMMON, *objs, "-o", str(exe), "-lpthread"], check=True, capture_output=True)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[FAIL]" not in run.stdout and run.stdout.count("[PASS]") >= 9, run.stdout
