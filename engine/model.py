@@ -1,8 +1,10 @@
 """The Qwen3-MoE forward pass in PyTorch, top to bottom, for one sequence at a time (batch 1).
 
 Order: RMSNorm, RoPE, Attention (per-head q/k norm, GQA, KV cache), Router, MoE, dense MLP, Block, Model.
-Non-expert weights are converted to float32 once at construction; the routed experts stay as stored and are computed
-by an `engine.experts.ExpertBackend`, which the model only calls (no backend branches here).
+Norm weights are converted to float32 once at construction; the 2-D dense weights (attention projections, router,
+dense MLP, lm_head) stay as stored inside `engine.dense.Linear`, which chooses how to multiply by them; the routed
+experts stay as stored and are computed by an `engine.experts.ExpertBackend`. The model only calls both (no backend
+branches here).
 
 Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value
 heads, hd head dim, E experts, k experts per token, Id dense intermediate size.
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.dense import Linear
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -72,20 +75,21 @@ class RoutingStats:
 
 
 class Attention:
-    def __init__(self, cfg, p: dict[str, torch.Tensor], rope: Rope, device: str):
+    def __init__(self, cfg, p: dict[str, torch.Tensor], rope: Rope, device: str, prefix: str = ""):
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.rope = rope
-        w = {name: _f32(t, device) for name, t in p.items()}
-        self.q_proj, self.k_proj = w["q_proj.weight"], w["k_proj.weight"]  # [nh*hd, H], [nkv*hd, H]
-        self.v_proj, self.o_proj = w["v_proj.weight"], w["o_proj.weight"]  # [nkv*hd, H], [H, nh*hd]
-        self.q_norm, self.k_norm = w["q_norm.weight"], w["k_norm.weight"]  # [hd], [hd]
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        proj = {n: Linear(p[f"{n}.weight"], device, f"{prefix}{n}.weight") for n in names}
+        self.q_proj, self.k_proj = proj["q_proj"], proj["k_proj"]  # [nh*hd, H], [nkv*hd, H]
+        self.v_proj, self.o_proj = proj["v_proj"], proj["o_proj"]  # [nkv*hd, H], [H, nh*hd]
+        self.q_norm, self.k_norm = _f32(p["q_norm.weight"], device), _f32(p["k_norm.weight"], device)  # [hd], [hd]
 
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
-        q = (x @ self.q_proj.T).view(T, self.nh, self.hd)  # [T, nh, hd]
-        k = (x @ self.k_proj.T).view(T, self.nkv, self.hd)  # [T, nkv, hd]
-        v = (x @ self.v_proj.T).view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        q = self.q_proj(x).view(T, self.nh, self.hd)  # [T, nh, hd]
+        k = self.k_proj(x).view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        v = self.v_proj(x).view(T, self.nkv, self.hd)  # [T, nkv, hd]
         q = rms_norm(q, self.q_norm, self.eps).transpose(0, 1)  # [nh, T, hd]
         k = rms_norm(k, self.k_norm, self.eps).transpose(0, 1)  # [nkv, T, hd]
         q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)  # [nh, T, hd], [nkv, T, hd]
@@ -94,18 +98,18 @@ class Attention:
             q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=self.nh != self.nkv
         )  # [1, nh, T, hd]
         out = out[0].transpose(0, 1).reshape(T, self.nh * self.hd)  # [T, nh*hd]
-        return out @ self.o_proj.T  # [T, H]
+        return self.o_proj(out)  # [T, H]
 
 
 class Router:
     """softmax over experts -> top-k -> renormalise the k weights when norm_topk_prob."""
 
-    def __init__(self, cfg, weight: torch.Tensor, device: str):
-        self.weight = _f32(weight, device)  # [E, H]
+    def __init__(self, cfg, weight: torch.Tensor, device: str, name: str = "mlp.gate.weight"):
+        self.proj = Linear(weight, device, name)  # [E, H]
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(x @ self.weight.T, dim=-1)  # [T, E]
+        probs = torch.softmax(self.proj(x), dim=-1)  # [T, E]
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k], [T, k]
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)  # [T, k]
@@ -113,8 +117,8 @@ class Router:
 
 
 class MoE:
-    def __init__(self, cfg, p: dict[str, torch.Tensor], device: str):
-        self.router = Router(cfg, p["gate.weight"], device)
+    def __init__(self, cfg, p: dict[str, torch.Tensor], device: str, prefix: str = ""):
+        self.router = Router(cfg, p["gate.weight"], device, f"{prefix}gate.weight")
         self.num_experts = cfg.num_experts
 
     def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
@@ -126,13 +130,13 @@ class MoE:
 
 
 class DenseMLP:
-    def __init__(self, p: dict[str, torch.Tensor], device: str):
-        self.gate_proj = _f32(p["gate_proj.weight"], device)  # [Id, H]
-        self.up_proj = _f32(p["up_proj.weight"], device)  # [Id, H]
-        self.down_proj = _f32(p["down_proj.weight"], device)  # [H, Id]
+    def __init__(self, p: dict[str, torch.Tensor], device: str, prefix: str = ""):
+        self.gate_proj = Linear(p["gate_proj.weight"], device, f"{prefix}gate_proj.weight")  # [Id, H]
+        self.up_proj = Linear(p["up_proj.weight"], device, f"{prefix}up_proj.weight")  # [Id, H]
+        self.down_proj = Linear(p["down_proj.weight"], device, f"{prefix}down_proj.weight")  # [H, Id]
 
     def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
-        return (F.silu(x @ self.gate_proj.T) * (x @ self.up_proj.T)) @ self.down_proj.T  # [T, H]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [T, H]
 
 
 class Block:
@@ -140,9 +144,11 @@ class Block:
         self.layer, self.eps, self.device = layer, cfg.rms_norm_eps, torch.device(device)
         self.input_layernorm = _f32(p["input_layernorm.weight"], device)  # [H]
         self.post_attention_layernorm = _f32(p["post_attention_layernorm.weight"], device)  # [H]
-        self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope, device)
+        prefix = f"model.layers.{layer}."
+        self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope, device, prefix + "self_attn.")
         mlp = _sub(p, "mlp.")
-        self.mlp = MoE(cfg, mlp, device) if cfg.is_moe_layer(layer) else DenseMLP(mlp, device)
+        moe = cfg.is_moe_layer(layer)
+        self.mlp = MoE(cfg, mlp, device, prefix + "mlp.") if moe else DenseMLP(mlp, device, prefix + "mlp.")
 
     def __call__(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
         x = x.to(self.device)  # a no-op unless the previous layer ran elsewhere
@@ -167,7 +173,7 @@ class Qwen3MoeModel:
         # The embedding table stays as stored (rows are converted when looked up, which is exact for f16/bf16).
         self.embed_tokens = t["model.embed_tokens.weight"].to(devices.embed)  # [V, H]
         head = t["model.embed_tokens.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
-        self.lm_head = _f32(head, devices.head)  # [V, H]
+        self.lm_head = Linear(head, devices.head, "lm_head.weight")  # [V, H]; tied on one device: the table itself
         self.norm = _f32(t["model.norm.weight"], devices.head)  # [H]
         self.layers = [
             Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope, devices.layer(i))
@@ -209,7 +215,7 @@ class Qwen3MoeModel:
         if last_only:
             x = x[-1:]  # [1, H]
         x = x.to(self.lm_head.device)
-        return (rms_norm(x, self.norm, self.config.rms_norm_eps) @ self.lm_head.T).to("cpu")  # [T or 1, V]
+        return self.lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps)).to("cpu")  # [T or 1, V]
 
 
 def layer_experts(cfg, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:

@@ -15,6 +15,7 @@
 
 #include "tessera/backend.h"
 #include "tessera/cpu.h"
+#include "tessera/dense.h"
 #include "tessera/pool.h"
 #include "tessera/probe.h"
 
@@ -128,6 +129,27 @@ ForwardArgs check_forward(const std::string& backend, const AnyArray& packed, co
     if (p[i] >= d.E) throw nb::value_error(("expert_ids: id " + std::to_string(p[i]) + " out of range for " + std::to_string(d.E) + " experts").c_str());
   return {&ops, static_cast<const uint8_t*>(packed.data()), T, k, p, static_cast<const float*>(weights.data()),
           static_cast<const float*>(x.data()), static_cast<float*>(out.data())};
+}
+
+// Dense mat-vec arguments: w [N, K] bf16/f16, x [T, K] f32, out [T, N] f32, all C-contiguous.
+DenseArgs check_dense(const AnyArray& w, const AnyArray& x, const AnyArray& out) {
+  WeightType t;
+  if (is(w, nb::dlpack::dtype_code::Bfloat, 16)) t = WeightType::BF16;
+  else if (is(w, nb::dlpack::dtype_code::Float, 16)) t = WeightType::F16;
+  else throw nb::type_error(("w: expected bfloat16 or float16, got " + dtype_name(w.dtype())).c_str());
+  if (w.ndim() != 2 || w.shape(0) == 0 || w.shape(1) == 0) throw nb::value_error("w: expected a non-empty 2-D [N, K] matrix");
+  const int64_t N = int64_t(w.shape(0)), K = int64_t(w.shape(1));
+  require_dtype("x", x, nb::dlpack::dtype_code::Float, 32, "float32");
+  require_dtype("out", out, nb::dlpack::dtype_code::Float, 32, "float32");
+  require_shape("x", x, {-1, K});
+  const int64_t T = int64_t(x.shape(0));
+  if (T == 0) throw nb::value_error("x: needs at least one row (token)");
+  require_shape("out", out, {T, N});
+  for (auto [name, a] : {std::pair<const char*, const AnyArray*>{"w", &w}, {"x", &x}, {"out", &out}}) {
+    require_contiguous(name, *a);
+    require_aligned(name, a->data(), name[0] == 'w' ? 2 : 4);
+  }
+  return {t, static_cast<const uint16_t*>(w.data()), N, K, T, static_cast<const float*>(x.data()), static_cast<float*>(out.data())};
 }
 
 nb::dict features_dict() {
@@ -275,6 +297,15 @@ NB_MODULE(_native, m) {
     pool.submit([a, p] { a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, *p); });
   }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"),
      nb::arg("pool"), "As forward, but returns at once; pool.sync() waits. The caller keeps the arrays alive until then.");
+
+  m.def("dense_kernel", []() { return std::string(dense_kernel_name()); },
+        "The dense mat-vec kernel this CPU runs under TESSERA_MAX_ISA: AVX512, AVX2 or Reference.");
+  m.def("dense_matvec", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool, bool reference) {
+    DenseArgs a = check_dense(w, x, out);
+    nb::gil_scoped_release nogil;
+    if (reference) dense_matvec_reference(a, pool); else dense_matvec(a, pool);
+  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("reference") = false,
+     "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;

@@ -1,0 +1,101 @@
+"""Dense (non-expert) linear layers with their weights kept as stored.
+
+`Linear(weight, device)` holds one `[out, in]` weight (the nn.Linear layout) and maps `x[T, in]` f32 to `[T, out]` f32.
+Where the computation happens is chosen here, never in the model:
+
+- float32 weights: kept f32, `x @ w.T` in torch (bit-for-bit what the model always did; the oracle tests rely on it).
+- bfloat16 / float16 weights on the CPU: kept 16-bit (half the bytes of an f32 copy, and no f32 copy is ever held);
+  the native mat-vec (`engine.native.dense_matvec`) reads each weight once per call, widens it exactly to f32 and
+  accumulates in f32 on the native thread pool. Measured on the development machine (docs/BENCHMARKS.md): it beats
+  torch on an f32 copy made per call at every T from 1 to 512 (and an f32 copy kept resident for T <= 16), so it is
+  used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that, and when the native
+  module is not built, torch runs on an f32 upcast made per call.
+- any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype.
+
+Letters: T tokens, K input features, N output features.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from engine import native
+from engine.errors import TesseraError
+
+NATIVE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _native_max_tokens() -> int:
+    raw = os.environ.get("TESSERA_DENSE_NATIVE_MAX_T", "512")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise TesseraError("TESSERA_DENSE_NATIVE_MAX_T", f"must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise TesseraError("TESSERA_DENSE_NATIVE_MAX_T", f"must be >= 0, got {value}")
+    return value
+
+
+NATIVE_MAX_TOKENS = _native_max_tokens()
+
+_pools: dict[int, object] = {}
+_pools_lock = threading.Lock()
+
+
+def dense_pool(threads: int | None = None):
+    """The native thread pool of the dense layers, one per thread count (default: torch's thread count, which
+    `--threads` sets), shared by every Linear. Separate from the expert backend's pool so a submitted expert job
+    (hybrid overlap) never waits on a dense call, or the reverse."""
+    n = max(1, int(threads or torch.get_num_threads()))
+    with _pools_lock:
+        if n not in _pools:
+            _pools[n] = native.make_pool(n)
+        return _pools[n]
+
+
+def native_available() -> bool:
+    return native.dense_kernel() is not None
+
+
+class Linear:
+    """y = x @ weight.T for one stored weight `[N, K]`; `name` names it in errors."""
+
+    def __init__(self, weight: torch.Tensor, device: torch.device | str = "cpu", name: str = "weight"):
+        if weight.dim() != 2:
+            raise TesseraError(f"tensor {name}", f"expected a 2-D [out, in] weight, got shape {list(weight.shape)}")
+        if weight.dtype not in (torch.float32, *NATIVE_DTYPES):
+            raise TesseraError(f"tensor {name}", f"dtype {weight.dtype} is not float32, bfloat16 or float16")
+        self.name = name
+        self.device = torch.device(device)
+        self.weight = weight.to(device=self.device).contiguous()  # [N, K] as stored (a no-op for CPU tensors)
+        self.out_features, self.in_features = self.weight.shape
+        on_cpu = self.device.type == "cpu"
+        self.path = (
+            "torch-f32" if self.weight.dtype == torch.float32
+            else "native" if on_cpu and native_available()
+            else "torch-upcast" if on_cpu
+            else "torch-device"
+        )
+        self._pool = dense_pool() if self.path == "native" else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] f32 -> [T, N] f32
+        if self.path == "torch-f32":
+            return x @ self.weight.T  # [T, N]
+        if self.path == "torch-device":
+            return (x.to(self.weight.dtype) @ self.weight.T).to(torch.float32)  # [T, N]
+        if self.path == "native" and 0 < x.shape[0] <= NATIVE_MAX_TOKENS:
+            x = x.to(torch.float32).contiguous()  # [T, K]
+            out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
+            native.dense_matvec(self.weight, x, out, self._pool)
+            return out
+        return x @ self.weight.to(torch.float32).T  # [T, N]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def __repr__(self) -> str:
+        return f"Linear({self.name}, {self.out_features}x{self.in_features} {self.weight.dtype}, {self.path})"

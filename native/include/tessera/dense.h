@@ -1,0 +1,35 @@
+// Dense (non-expert) mat-vec for decode: out[T, N] = x[T, K] . W[N, K]^T with W kept as stored (bf16 or f16, row-major,
+// the Hugging Face nn.Linear layout), x and out f32. Weights are widened to f32 exactly (bf16 -> f32 is a shift,
+// f16 -> f32 is exact) and every product is exact inside an f32 FMA; sums accumulate in f32. Each weight is read from
+// memory once per call whatever T is: a block of rows stays in L1 while every group of 4 tokens passes over it.
+// Rows are split across the pool's participants (the caller included) in contiguous ranges.
+#pragma once
+#include <cstdint>
+
+#include "tessera/backend.h"
+#include "tessera/pool.h"
+
+namespace tessera {
+
+struct DenseArgs {
+  WeightType type;      // BF16 or F16 (F32 weights stay with torch)
+  const uint16_t* w;    // [N, K] row-major
+  int64_t N, K;         // output features, input features
+  int64_t T;            // tokens
+  const float* x;       // [T, K]
+  float* out;           // [T, N], overwritten
+};
+
+// Which kernel dense_matvec uses on this CPU under the TESSERA_MAX_ISA cap: "AVX512", "AVX2" or "Reference".
+const char* dense_kernel_name();
+// Runs the kernel dense_kernel_name() names. Preconditions (checked in bindings.cpp): N, K, T > 0, pointers valid.
+void dense_matvec(const DenseArgs& a, ThreadPool& pool);
+// The scalar twin with double accumulation (tests, the Reference level).
+void dense_matvec_reference(const DenseArgs& a, ThreadPool& pool);
+
+namespace dense_isa {
+void matvec_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_avx512.cpp (AVX-512F)
+void matvec_avx2(const DenseArgs& a, ThreadPool& pool);    // dense_avx2.cpp (AVX2 + FMA + F16C)
+}  // namespace dense_isa
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+// Dense mat-vec: dispatch by CPU features under the TESSERA_MAX_ISA cap, and the scalar reference (double
+// accumulation), which is also the Reference level's kernel. Portable: no ISA flags.
+#include "tessera/dense.h"
+
+#include <algorithm>
+
+#include "tessera/bf16.h"
+#include "tessera/cpu.h"
+
+namespace tessera {
+namespace {
+
+enum class DenseKernel { Reference, AVX2, AVX512 };
+
+DenseKernel pick() {
+  static const DenseKernel k = [] {
+    const CpuFeatures& c = cpu_features();
+    if (c.avx512f && c.os_avx512 && max_isa_cap() >= IsaLevel::AVX512) return DenseKernel::AVX512;
+    if (c.avx2 && c.fma && c.f16c && c.os_avx && max_isa_cap() >= IsaLevel::AVX2) return DenseKernel::AVX2;
+    return DenseKernel::Reference;
+  }();
+  return k;
+}
+
+}  // namespace
+
+const char* dense_kernel_name() {
+  switch (pick()) {
+    case DenseKernel::AVX512: return "AVX512";
+    case DenseKernel::AVX2: return "AVX2";
+    default: return "Reference";
+  }
+}
+
+void dense_matvec_reference(const DenseArgs& a, ThreadPool& pool) {
+  pool.run([&](int ith, int nth) {
+    const int64_t per = (a.N + nth - 1) / nth;
+    const int64_t r0 = std::min<int64_t>(a.N, ith * per), r1 = std::min<int64_t>(a.N, r0 + per);
+    for (int64_t n = r0; n < r1; ++n) {
+      const uint16_t* w = a.w + n * a.K;
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* x = a.x + t * a.K;
+        double s = 0.0;
+        for (int64_t k = 0; k < a.K; ++k)
+          s += double(a.type == WeightType::BF16 ? bf16_to_f32(w[k]) : f16_to_f32(w[k])) * double(x[k]);
+        a.out[t * a.N + n] = float(s);
+      }
+    }
+  });
+}
+
+void dense_matvec(const DenseArgs& a, ThreadPool& pool) {
+  switch (pick()) {
+    case DenseKernel::AVX512: dense_isa::matvec_avx512(a, pool); break;
+    case DenseKernel::AVX2: dense_isa::matvec_avx2(a, pool); break;
+    default: dense_matvec_reference(a, pool); break;
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,125 @@
+// The dense mat-vec body shared by the ISA translation units (dense_avx512.cpp, dense_avx2.cpp), templated on a
+// vector policy V: W f32 lanes; a weight block is B = 2W 16-bit values widened into two f32 vectors (w0, w1), matched
+// by two vectors of the prepared activations (x0, x1). bf16 blocks are read as W 32-bit pairs (even element = low half
+// shifted up, odd = high half masked), so x is prepared deinterleaved per block; f16 blocks convert W + W values in
+// order, so x is prepared as is. x is zero-padded to whole blocks; a row tail is copied into a zero-filled block.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tessera/dense.h"
+
+namespace tessera {
+namespace dense_body {
+
+// xp[t][Kp]: x[t] in the block order the weight loader produces, zero-padded to Kp = whole blocks.
+inline std::vector<float> prepare_x(const DenseArgs& a, int B, int64_t Kp) {
+  std::vector<float> xp(size_t(a.T * Kp), 0.0f);
+  const int W = B / 2;
+  for (int64_t t = 0; t < a.T; ++t) {
+    const float* x = a.x + t * a.K;
+    float* dst = xp.data() + t * Kp;
+    if (a.type == WeightType::BF16) {
+      for (int64_t k = 0; k < a.K; ++k) {
+        int64_t blk = k / B, j = k % B;
+        dst[blk * B + (j % 2) * W + j / 2] = x[k];  // even elements first, then odd
+      }
+    } else {
+      std::memcpy(dst, x, size_t(a.K) * sizeof(float));
+    }
+  }
+  return xp;
+}
+
+// R rows x NT tokens: out[t * N + r] = sum_k w[r * K + k] * x[t][k]. w points at the first row, xp at token t0,
+// out at (t0, row0).
+template <class V, bool BF16, int R, int NT>
+inline void tile(const uint16_t* w, int64_t K, const float* xp, int64_t Kp, float* out, int64_t N) {
+  using f = typename V::f;
+  constexpr int W = V::W, B = 2 * W;
+  f acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = V::zero();
+  auto block = [&](const uint16_t* const* rows, int64_t off) {  // rows[r] + off: B weights; xp + off: B activations
+    f x0[NT], x1[NT];
+    for (int t = 0; t < NT; ++t) {
+      x0[t] = V::load(xp + t * Kp + off);
+      x1[t] = V::load(xp + t * Kp + off + W);
+    }
+    for (int r = 0; r < R; ++r) {
+      f w0, w1;
+      if (BF16) V::widen_bf16(rows[r], w0, w1); else V::widen_f16(rows[r], w0, w1);
+      for (int t = 0; t < NT; ++t) {
+        acc[r][t] = V::fma(w0, x0[t], acc[r][t]);
+        acc[r][t] = V::fma(w1, x1[t], acc[r][t]);
+      }
+    }
+  };
+  const int64_t full = K / B * B;
+  const uint16_t* rows[R];
+  for (int64_t off = 0; off < full; off += B) {
+    for (int r = 0; r < R; ++r) rows[r] = w + r * K + off;
+    block(rows, off);
+  }
+  if (full < K) {
+    alignas(64) uint16_t tail[R][B];
+    std::memset(tail, 0, sizeof(tail));
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(tail[r], w + r * K + full, size_t(K - full) * sizeof(uint16_t));
+      rows[r] = tail[r];
+    }
+    block(rows, full);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) out[t * N + r] = V::hsum(acc[r][t]);
+}
+
+// Rows [r0, r1): for each block of R rows, every group of G tokens passes over it while it is in L1.
+template <class V, bool BF16, int R, int G>
+void rows_range(const DenseArgs& a, const float* xp, int64_t Kp, int64_t r0, int64_t r1) {
+  static_assert(G >= 1 && G <= 4, "token groups of 1..4");
+  auto group = [&](auto rows_c, const uint16_t* w, int64_t row) {
+    constexpr int RR = decltype(rows_c)::value;
+    for (int64_t t0 = 0; t0 < a.T; t0 += G) {
+      const float* x = xp + t0 * Kp;
+      float* out = a.out + t0 * a.N + row;
+      switch (std::min<int64_t>(G, a.T - t0)) {
+        case 1: tile<V, BF16, RR, 1>(w, a.K, x, Kp, out, a.N); break;
+        case 2: if constexpr (G >= 2) tile<V, BF16, RR, 2>(w, a.K, x, Kp, out, a.N); break;
+        case 3: if constexpr (G >= 3) tile<V, BF16, RR, 3>(w, a.K, x, Kp, out, a.N); break;
+        default: if constexpr (G >= 4) tile<V, BF16, RR, 4>(w, a.K, x, Kp, out, a.N); break;
+      }
+    }
+  };
+  int64_t row = r0;
+  for (; row + R <= r1; row += R) group(std::integral_constant<int, R>{}, a.w + row * a.K, row);
+  for (; row < r1; ++row) group(std::integral_constant<int, 1>{}, a.w + row * a.K, row);
+}
+
+// Splits rows over the pool in contiguous, R-aligned ranges; a small matrix runs on the caller alone.
+template <class V, int R, int G>
+void matvec(const DenseArgs& a, ThreadPool& pool) {
+  constexpr int B = 2 * V::W;
+  const int64_t Kp = (a.K + B - 1) / B * B;
+  std::vector<float> xp = prepare_x(a, B, Kp);
+  auto run = [&](int64_t r0, int64_t r1) {
+    if (r0 >= r1) return;
+    if (a.type == WeightType::BF16) rows_range<V, true, R, G>(a, xp.data(), Kp, r0, r1);
+    else rows_range<V, false, R, G>(a, xp.data(), Kp, r0, r1);
+  };
+  const int64_t bytes = a.N * a.K * 2;
+  if (pool.size() == 1 || bytes < (int64_t(256) << 10)) {
+    run(0, a.N);
+    return;
+  }
+  pool.run([&](int ith, int nth) {
+    int64_t per = (a.N + nth - 1) / nth;
+    per = (per + R - 1) / R * R;
+    run(std::min<int64_t>(a.N, ith * per), std::min<int64_t>(a.N, (ith + 1) * per));
+  });
+}
+
+}  // namespace dense_body
+}  // namespace tessera
