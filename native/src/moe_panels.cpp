@@ -1,6 +1,8 @@
 // Packing/unpacking of the bf16 pair-panel layout (moe_panels.h) and the routing sort; portable C++.
 #include "moe_panels.h"
 
+#include <cstring>
+
 #include "tessera/bf16.h"
 
 namespace tessera {
@@ -15,6 +17,23 @@ uint16_t to_bf16(WeightType t, const void* base, size_t index) {
 void pack_panel(WeightType t, const void* W, int64_t e, int64_t N, int64_t K, int64_t b, uint8_t* dst) {
   uint16_t* out = reinterpret_cast<uint16_t*>(dst);
   const int64_t kp = (K + 1) / 2;
+  if (t == WeightType::BF16 && K % 2 == 0) {  // fast path: each input pair is one 32-bit word, row by row
+    uint32_t* out32 = reinterpret_cast<uint32_t*>(dst);
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t n = b * 16 + i;
+      if (n >= N) {
+        for (int64_t p = 0; p < kp; ++p) out32[p * 16 + i] = 0;
+        continue;
+      }
+      const uint16_t* row = static_cast<const uint16_t*>(W) + size_t((e * N + n) * K);
+      for (int64_t p = 0; p < kp; ++p) {
+        uint32_t pair;
+        std::memcpy(&pair, row + 2 * p, 4);
+        out32[p * 16 + i] = pair;
+      }
+    }
+    return;
+  }
   for (int64_t p = 0; p < kp; ++p)
     for (int64_t i = 0; i < 16; ++i)
       for (int64_t q = 0; q < 2; ++q) {
