@@ -1,0 +1,35 @@
+"""TESSERA_MAX_ISA caps dispatch (read once per process, so each cap runs in a fresh interpreter)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import engine.native as N
+
+PROBE = "import json, engine.native as N; print(json.dumps([N.backends(), N.auto_backend()]))"
+
+
+def backends_with_cap(cap):
+    env = dict(os.environ, TESSERA_MAX_ISA=cap)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True).stdout
+    rows, auto = json.loads(out)
+    return {b["name"]: b for b in rows}, auto
+
+
+@pytest.mark.parametrize("cap, level", [("reference", 0), ("avx2", 1), ("avx512", 2)])
+def test_cap_disables_higher_isas_with_a_reason(cap, level):
+    order = ["reference", "avx2", "avx512", "amx"]
+    rows, auto = backends_with_cap(cap)
+    uncapped = {b["name"]: b for b in N.backends()}
+    for name, b in rows.items():
+        if order.index(b["isa_level"]) > level:
+            assert not b["available"] and b["reason"] == f"capped by TESSERA_MAX_ISA={cap}", name
+        else:
+            assert b["available"] == uncapped[name]["available"], name
+    assert rows["Reference"]["available"]
+    assert order.index(rows[auto[0]]["isa_level"]) <= level
+    if cap == "reference":
+        assert auto[0] == "Reference"
