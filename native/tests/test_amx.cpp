@@ -267,21 +267,24 @@ void test_avx512_bf16_decode_matches_scalar_twin() {
   const CpuFeatures& c = cpu_features();
   if (!v || !(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni)) return;
   std::mt19937 rng(4);
-  const int64_t N = 37, K = 70, M = 6;
-  const MatLayout L = MatLayout::make(WeightFormat::BF16, N, K, 0);
-  std::vector<float> w(N * K), x(M * K);
-  for (auto& f : w) f = std::normal_distribution<float>()(rng);
-  for (auto& f : x) f = std::normal_distribution<float>()(rng);
-  x[5] = std::ldexp(1.0f, -130);  // a denormal activation: kept, not flushed
-  std::vector<uint8_t> buf(L.bytes + 64);
-  uint8_t* W = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  pack_matrix(L, WeightType::F32, w.data(), W);
-  std::vector<float> A(M * L.Kp);
-  for (int64_t m = 0; m < M; ++m) pad_row_f32(L, x.data() + m * K, A.data() + m * L.Kp);
-  std::vector<float> c1(M * N, NAN), c2(M * N, NAN);
-  v->gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c1.data(), N);
-  vec_scalar().gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c2.data(), N);
-  for (int64_t i = 0; i < M * N; ++i) CHECK(bits(c1[i]) == bits(c2[i]));
+  // (N, M): n-block counts that leave remainders after the 4- and 2-block passes; 1, 2, 3, 4 token rows
+  for (auto [N, M] : {std::pair<int64_t, int64_t>{37, 6}, {100, 1}, {100, 2}, {150, 7}}) {
+    const int64_t K = 70;
+    const MatLayout L = MatLayout::make(WeightFormat::BF16, N, K, 0);
+    std::vector<float> w(N * K), x(M * K);
+    for (auto& f : w) f = std::normal_distribution<float>()(rng);
+    for (auto& f : x) f = std::normal_distribution<float>()(rng);
+    x[5] = std::ldexp(1.0f, -130);  // a denormal activation: kept, not flushed
+    std::vector<uint8_t> buf(L.bytes + 64);
+    uint8_t* W = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+    pack_matrix(L, WeightType::F32, w.data(), W);
+    std::vector<float> A(M * L.Kp);
+    for (int64_t m = 0; m < M; ++m) pad_row_f32(L, x.data() + m * K, A.data() + m * L.Kp);
+    std::vector<float> c1(M * N, NAN), c2(M * N, NAN);
+    v->gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c1.data(), N);
+    vec_scalar().gemm_bf16(L, W, A.data(), L.Kp, M, 0, L.nblocks, c2.data(), N);
+    for (int64_t i = 0; i < M * N; ++i) CHECK(bits(c1[i]) == bits(c2[i]));
+  }
 }
 
 void test_silu_variants_agree_and_are_accurate() {
