@@ -302,9 +302,8 @@ __m512 silu_mul(__m512 g, __m512 u) {  // g * u / (1 + exp(-g)), Cephes expf
 }
 
 // Phases as in moe_body.inc: quantize x | gate/up -> act (f32) | quantize act | down -> Y | reduce.
-void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, const float* wts, const float* x,
-             float* out, ThreadPool& pool) {
-  const Layout L = read_layout(packed);
+void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, const float* wts,
+                   const float* x, float* out, ThreadPool& pool) {
   const int64_t H = L.d.H;
   Routing rt;
   rt.build(L.d.E, T, k, ids);
@@ -385,6 +384,15 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
       for (; h < h1; ++h) o[h] += y[h];
     }
   });
+}
+
+void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, const float* wts, const float* x,
+             float* out, ThreadPool& pool) {
+  const Layout L = read_layout(packed);
+  for (int64_t t0 = 0; t0 < T; t0 += kMaxChunkTokens) {  // bounded scratch for long prompts (moe_panels.h)
+    const int64_t n = std::min(kMaxChunkTokens, T - t0);
+    forward_chunk(L, packed, n, k, ids + t0 * k, wts + t0 * k, x + t0 * L.d.H, out + t0 * L.d.H, pool);
+  }
 }
 
 const BackendOps kOps = {kName, IsaLevel::AVX512, false, 25, supported, packed_bytes, pack, unpack, forward};

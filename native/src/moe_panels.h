@@ -67,4 +67,6 @@ using TileFn = void (*)(const uint8_t* B, size_t panel_bytes, int nb, int64_t kp
                         float* C, int ldc, bool accumulate, size_t prefetch);
 // Prefill threshold: at or above this many tokens, backends with a bf16 tile round activations to bf16 pairs.
 constexpr int64_t kBf16MinTokens = 16;
+// Tokens per internal chunk of one forward call (bounds the scratch memory of long prompts).
+constexpr int64_t kMaxChunkTokens = 1024;
 }  // namespace tessera

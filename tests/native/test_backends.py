@@ -97,3 +97,22 @@ def test_pack_unpack_round_trip(name, dtype, pool):
                 assert torch.equal(got, want.bfloat16().float())  # bf16 layouts: exact up to bf16 rounding
             else:
                 assert nmse(got, want) < 1e-3  # int8: quantization error only
+
+
+@pytest.mark.parametrize("name", native_backends())
+def test_long_prompt_is_chunked_consistently(name, pool):
+    """T above the kernels' internal chunk (1024 tokens): same result as running the halves separately."""
+    E, H, I = 9, 37, 19
+    experts = random_layer(E, H, I, seed=11)
+    blob = N.pack_layer(name, experts, pool)
+    ref_blob = N.pack_layer("Reference", experts, pool)
+    g = torch.Generator().manual_seed(2)
+    T, k = 2100, 2
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    w = torch.rand(T, k, generator=g)
+    y = run(name, blob, x, ids, w, pool)
+    assert nmse(y, run("Reference", ref_blob, x, ids, w, pool)) <= tolerance(name, T)
+    halves = torch.cat([run(name, blob, x[a:b].contiguous(), ids[a:b].contiguous(), w[a:b].contiguous(), pool)
+                        for a, b in ((0, 1024), (1024, 2048), (2048, T))])
+    assert torch.equal(y, halves)
