@@ -33,6 +33,11 @@ inline std::vector<float> prepare_x(const DenseArgs& a, int B, int64_t Kp) {
   return xp;
 }
 
+#ifndef TESSERA_DENSE_PREFETCH
+#define TESSERA_DENSE_PREFETCH 1024
+#endif
+constexpr int64_t kPrefetch = TESSERA_DENSE_PREFETCH / 2;  // elements ahead (a prefetch past the end never faults)
+
 // R rows x NT tokens: out[t * N + r] = sum_k w[r * K + k] * x[t][k]. w points at the first row, xp at token t0,
 // out at (t0, row0).
 template <class V, bool BF16, int R, int NT>
@@ -60,7 +65,10 @@ inline void tile(const uint16_t* w, int64_t K, const float* xp, int64_t Kp, floa
   const int64_t full = K / B * B;
   const uint16_t* rows[R];
   for (int64_t off = 0; off < full; off += B) {
-    for (int r = 0; r < R; ++r) rows[r] = w + r * K + off;
+    for (int r = 0; r < R; ++r) {
+      rows[r] = w + r * K + off;
+      __builtin_prefetch(rows[r] + kPrefetch, 0, 0);  // R interleaved streams: help the hardware prefetcher
+    }
     block(rows, off);
   }
   if (full < K) {
