@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.dense import Linear
+from engine.dense import Linear, step_threads
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -150,6 +150,11 @@ class Block:
         moe = cfg.is_moe_layer(layer)
         self.mlp = MoE(cfg, mlp, device, prefix + "mlp.") if moe else DenseMLP(mlp, device, prefix + "mlp.")
 
+    def linears(self) -> list[Linear]:
+        a, m = self.self_attn, self.mlp
+        return [a.q_proj, a.k_proj, a.v_proj, a.o_proj] + (
+            [m.router.proj] if isinstance(m, MoE) else [m.gate_proj, m.up_proj, m.down_proj])
+
     def __call__(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
         x = x.to(self.device)  # a no-op unless the previous layer ran elsewhere
         h = x + self.self_attn(self.layer, rms_norm(x, self.input_layernorm, self.eps), cos, sin, cache, mask)  # [T, H]
@@ -179,6 +184,7 @@ class Qwen3MoeModel:
             Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope, devices.layer(i))
             for i in range(cfg.num_hidden_layers)
         ]
+        self.linears = [self.lm_head] + [lin for block in self.layers for lin in block.linears()]
 
     def layer_experts(self, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:
         return layer_experts(self.config, tensors)
@@ -197,6 +203,10 @@ class Qwen3MoeModel:
         last_only: bool = True,
         stats: RoutingStats | None = None,
     ) -> torch.Tensor:  # [1, V] float32 (last position) or [T, V] when last_only is False
+        with step_threads(self.linears, self.experts):  # one torch thread when the heavy work is all native
+            return self._forward(input_ids, cache, last_only, stats)
+
+    def _forward(self, input_ids, cache: KVCache, last_only: bool, stats: RoutingStats | None) -> torch.Tensor:
         T, start = input_ids.shape[0], cache.length
         cache.reserve(start + T)
         positions = torch.arange(start, start + T)  # [T]

@@ -195,14 +195,34 @@ def test_bf16_model_matches_f32_upcast_path(name):
     assert float((a - b).abs().max()) <= 1e-5 * scale
     assert torch.equal(a.argmax(-1), b.argmax(-1))
     # No f32 copy of any 2-D dense weight is held; a tied lm_head is the embedding table itself.
-    linears = [new.lm_head] + [lin for blk in new.layers for lin in _block_linears(blk)]
-    assert all(lin.weight.dtype == torch.bfloat16 for lin in linears)
+    assert len(new.linears) == 1 + sum(4 + (1 if blk.mlp.__class__.__name__ == "MoE" else 3) for blk in new.layers)
+    assert all(lin.weight.dtype == torch.bfloat16 for lin in new.linears)
     if ref.config.tie_word_embeddings:
         assert new.lm_head.weight.data_ptr() == new.embed_tokens.data_ptr()
 
 
-def _block_linears(block):
-    attn, mlp = block.self_attn, block.mlp
-    out = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
-    out += [mlp.router.proj] if hasattr(mlp, "router") else [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    return out
+
+def test_step_threads_one_torch_thread_only_when_all_native():
+    class PoolExperts:  # an ExpertBackend running on a native pool
+        pool = object()
+
+    w16, w32 = torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(8, 8)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        native_lins = [dense.Linear(w16, "cpu", "a"), dense.Linear(w16, "cpu", "b")]
+        with dense.step_threads(native_lins, PoolExperts()):
+            assert torch.get_num_threads() == (1 if dense.native_available() else 2)
+        assert torch.get_num_threads() == 2
+        big32 = dense.Linear(torch.zeros(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
+        for lins, experts in [(native_lins, object()), (native_lins + [big32], PoolExperts()), ([], PoolExperts())]:
+            with dense.step_threads(lins, experts):
+                assert torch.get_num_threads() == 2
+        small32 = dense.Linear(torch.zeros(1, 4), "cpu", "router kept f32 by GGUF: 16 B of 272 B")
+        with dense.step_threads(native_lins + [small32], PoolExperts()):
+            assert torch.get_num_threads() == (1 if dense.native_available() else 2)
+        with pytest.raises(RuntimeError), dense.step_threads(native_lins, PoolExperts()):
+            raise RuntimeError("step failed")
+        assert torch.get_num_threads() == 2  # restored on errors too
+    finally:
+        torch.set_num_threads(before)
