@@ -39,7 +39,7 @@ ThreadPool::~ThreadPool() {
   lead_cv_.notify_all();
   if (lead_.joinable()) lead_.join();
   stop_.store(true);
-  generation_.fetch_add(1);
+  generation_.fetch_add(2);
   {
     std::lock_guard<std::mutex> lk(mu_);
     cv_.notify_all();
@@ -47,6 +47,10 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+// generation_ = (count << 1) | optional. A run()/ALL job needs every worker: the caller waits on pending_. An
+// optional job (parallel_for) needs none: a worker joins only while open_ is set, and the caller, once the tasks are
+// gone, closes it and waits only for workers that joined (entered_). So a worker the OS has not scheduled yet never
+// holds the caller up, which on a shared 2-core machine is the difference between waiting microseconds and a time slice.
 void ThreadPool::worker_loop(int ith) {
   uint64_t seen = 0;
   for (;;) {
@@ -64,13 +68,34 @@ void ThreadPool::worker_loop(int ith) {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
+    const bool optional = seen & 1;
+    if (optional) {
+      entered_.fetch_add(1);
+      if (!open_.load()) {  // closed already (or between jobs): nothing to do
+        entered_.fetch_sub(1);
+        continue;
+      }
+    }
     try {
       (*job_)(ith, nthreads_);
     } catch (...) {
       std::lock_guard<std::mutex> lk(error_mu_);
       if (!run_error_) run_error_ = std::current_exception();
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (optional) {
+      entered_.fetch_sub(1);
+    } else {
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+}
+
+void ThreadPool::publish(bool optional) {
+  uint64_t g = generation_.load();
+  generation_.store(((g >> 1) + 1) << 1 | uint64_t(optional));  // seq_cst: pairs with sleepers_ (no lost wake-up)
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
   }
 }
 
@@ -83,11 +108,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   job_ = &fn;
   run_error_ = nullptr;
   pending_.store(nthreads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1);  // seq_cst: pairs with sleepers_ below (no lost wake-up)
-  if (sleepers_.load() > 0) {
-    std::lock_guard<std::mutex> lk(mu_);
-    cv_.notify_all();
-  }
+  publish(false);
   std::exception_ptr mine;
   try {
     fn(0, nthreads_);
@@ -107,11 +128,35 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
 void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t, int)>& fn) {
   if (n_tasks <= 0) return;
   std::atomic<int64_t> next{0};
-  run([&](int ith, int) {
+  const std::function<void(int, int)> grab = [&](int ith, int) {
     for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_tasks;
          t = next.fetch_add(1, std::memory_order_relaxed))
       fn(t, ith);
-  });
+  };
+  if (nthreads_ == 1 || n_tasks == 1) {
+    grab(0, nthreads_);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  job_ = &grab;
+  run_error_ = nullptr;
+  open_.store(true);
+  publish(true);
+  std::exception_ptr mine;
+  try {
+    grab(0, nthreads_);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  open_.store(false);  // seq_cst with entered_: a worker either sees the job closed or is counted below
+  int spins = 0;
+  while (entered_.load() != 0) {
+    TESSERA_PAUSE();
+    if (++spins > 4096) std::this_thread::yield();
+  }
+  job_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (run_error_) std::rethrow_exception(run_error_);
 }
 
 void ThreadPool::lead_loop() {

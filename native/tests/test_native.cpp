@@ -4,6 +4,8 @@
 // One binary with the AMX tests (test_amx.cpp's tessera_amx_tests()); scripts/sanitize_native.sh runs it under ASan+UBSan.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +75,28 @@ void test_pool() {
       threw = true;
     }
     CHECK(threw, "exception from a submitted job is rethrown by sync()");
+  }
+}
+
+// Mixed run()/parallel_for() back to back with uneven task times: parallel_for must not return while a worker still
+// runs one of its tasks, and a late worker must never run a finished job (counts would be off, or ASan would see the
+// job's stack frame reused).
+void test_pool_stress() {
+  ThreadPool pool(3);
+  std::mt19937 rng(1);
+  for (int rep = 0; rep < 300; ++rep) {
+    const int64_t n = int64_t(rng() % 40);
+    std::vector<int> hits(size_t(n), 0);
+    if (rep % 3 == 0) {
+      std::vector<int> seen(3, 0);
+      pool.run([&](int ith, int) { seen[size_t(ith)]++; });
+      CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1, "run() reaches every thread exactly once");
+    }
+    pool.parallel_for(n, [&](int64_t t, int) {
+      if (t % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(t % 3 == 0 ? 200 : 5));
+      hits[size_t(t)]++;
+    });
+    for (int64_t t = 0; t < n; ++t) CHECK(hits[size_t(t)] == 1, "rep %d task %lld ran %d times", rep, (long long)t, hits[size_t(t)]);
   }
 }
 
@@ -227,6 +251,7 @@ int main() {
   test_bf16_conversions();
   test_header();
   test_pool();
+  test_pool_stress();
   test_backends();
   if (tessera_amx_tests) {
     std::printf("AMX tests\n");

@@ -34,6 +34,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int ith);
+  void publish(bool optional);
   void lead_loop();
 
   int nthreads_;
@@ -41,7 +42,9 @@ class ThreadPool {
   // run() state: a generation counter the workers watch (spin briefly, then sleep on cv_).
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> pending_{0};   // run(): workers still to finish
+  std::atomic<int> entered_{0};   // parallel_for(): workers inside the job
+  std::atomic<bool> open_{false}; // parallel_for(): the job accepts workers
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;       // workers sleep here
