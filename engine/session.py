@@ -175,6 +175,14 @@ class Session:
             cache_backend.take_step_stats()  # warm-up traffic is not part of any request's hit rate
             return cache_backend.rebalance()
 
+    @property
+    def device(self) -> str:
+        """Where the dense parts run, for status bars: "cpu", "cuda:0", or "cuda (CPU twin)"."""
+        acc = self.placement.accelerator
+        if self.placement.twin:
+            return "cpu (twin of the GPU half)"
+        return acc
+
     def explain(self) -> str:
         """The placement plan as a table: where each part runs, the CPU backend and the hot-expert cache."""
         text = self.placement.explain(self.config.num_experts)
