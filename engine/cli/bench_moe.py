@@ -55,10 +55,13 @@ def run(args) -> int:
     checked_only = [n for n in wanted if n not in timed]
 
     log(f"bench-moe {args.shape}: E={E} H={H} I={I} k={k}, {threads} threads")
-    bandwidth = N.read_bandwidth(threads, seconds=min(1.0, args.seconds), buffer_mib=1024 if E * H * I > 1e6 else 64)
-    peaks = {w: N.peak_gflops(w, threads, seconds=min(0.5, args.seconds)) for w in ("bf16_dot", "fp32_fma")}
+    def probe():  # best of a read-bandwidth pass and register peaks; run before and after the backends
+        bw = N.read_bandwidth(threads, seconds=min(1.0, args.seconds), buffer_mib=1024 if E * H * I > 1e6 else 64)
+        return bw, {w: N.peak_gflops(w, threads, seconds=min(0.5, args.seconds)) for w in ("bf16_dot", "fp32_fma")}
+
+    bandwidth, peaks = probe()
     log(f"read bandwidth {bandwidth:.1f} GB/s; register peaks: vdpbf16ps {peaks['bf16_dot']:.0f} GFLOP/s, "
-        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s")
+        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s (probed again at the end; the best of both is used)")
 
     gen = torch.Generator().manual_seed(0)
 
@@ -127,6 +130,16 @@ def run(args) -> int:
             log(f"{name:>11}: not timed ({why}) | max rel err {100 * r['max_rel_err']:.2f} %")
         results[name] = r
         del backend
+
+    bandwidth_end, peaks_end = probe()  # on a shared machine the first probe may have been unlucky: keep the best
+    if bandwidth_end > bandwidth:
+        bandwidth = bandwidth_end
+        for r in results.values():
+            if "decode_gbs" in r:
+                r["decode_pct_of_bandwidth"] = 100 * r["decode_gbs"] / bandwidth
+    peaks = {w: max(peaks[w], peaks_end[w]) for w in peaks}
+    log(f"read bandwidth (best of start/end) {bandwidth:.1f} GB/s; peaks vdpbf16ps {peaks['bf16_dot']:.0f}, "
+        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s; decode percentages are of this figure")
 
     torch_baseline = None
     if not args.no_torch:
