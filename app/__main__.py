@@ -139,9 +139,11 @@ def _single_shot():
 def save_screenshot(window, target: str, path: str) -> None:
     from PySide6.QtWidgets import QApplication
 
+    from PySide6.QtCore import QEvent
+
     window.chat.flush()
-    for _ in range(5):  # let the layout settle (message heights follow their text)
-        QApplication.processEvents()
+    for _ in range(5):  # settle the layout (message heights follow their text) without taking in more tokens
+        QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
     if target == "settings" and window.settings_dialog is not None:
         widget = window.settings_dialog
     elif target == "graphs":
