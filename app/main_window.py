@@ -41,6 +41,15 @@ def find_wizard(kind: str):
         return None, f"not available yet: {type(exc).__name__}"
 
 
+def _first_paragraph(markdown_text: str, limit: int = 400) -> str:
+    """The first paragraph of a model card that is not a heading (the demo button's tooltip)."""
+    for block in markdown_text.split("\n\n"):
+        block = block.strip()
+        if block and not block.startswith(("#", "---", "|", "```")):
+            return " ".join(block.split())[:limit]
+    return ""
+
+
 class MainWindow(QMainWindow):
     model_ready = Signal(bool)  # emitted once per load attempt (True: loaded); used by --screenshot
 
@@ -86,6 +95,9 @@ class MainWindow(QMainWindow):
             self.welcome.set_logo(str(icons[0]))
         demo = paths.demo_model()
         self.welcome.set_available("demo", demo is not None, "not shipped in this build")
+        card = paths.demo_model_card()
+        if card is not None:
+            self.welcome.buttons["demo"].setToolTip(_first_paragraph(card.read_text(encoding="utf-8")))
         self.model_panel.set_recent(settings.get("recent/models"))
         self.chat.set_thinking(self.controller.thinking)
         self.refresh_conversations()

@@ -59,3 +59,19 @@ def test_model_and_prompt_from_the_command_line(tmp_path, tiny_gguf_model):
     user, reply = store.messages(conv.id)
     assert user.content == "Hello" and reply.state == "done" and 1 <= reply.metrics["generated_tokens"] <= 6
     assert Settings(data / "settings.ini").get("recent/models") == [str(tiny_gguf_model)]
+
+
+@pytest.mark.slow
+def test_without_a_model_argument_the_demo_model_opens(tmp_path):
+    from app import paths
+    from app.store import ConversationStore
+
+    demo = paths.demo_model()
+    if demo is None:
+        pytest.skip("resources/demo/*.gguf is not in this checkout")
+    proc = run_app(tmp_path, "--prompt", "What is 12 + 30?", "--quit-when-done")
+    assert_clean(proc)
+    store = ConversationStore(tmp_path / "data" / "conversations.sqlite3")
+    (conv,) = store.conversations()
+    assert conv.model == demo.name
+    assert store.messages(conv.id)[-1].state == "done"
