@@ -3,7 +3,9 @@
 `Linear(weight, device)` holds one `[out, in]` weight (the nn.Linear layout) and maps `x[T, in]` f32 to `[T, out]` f32.
 Where the computation happens is chosen here, never in the model:
 
-- float32 weights: kept f32, `x @ w.T` in torch (bit-for-bit what the model always did; the oracle tests rely on it).
+- float32 weights: kept f32, `x @ w.T` in torch (bit-for-bit what the model always did; the oracle tests rely on it),
+  unless every value is a bfloat16 value (GGUF files store a bf16 model's routers as f32): those are stored as bf16,
+  losslessly, and take the native path, so a bf16 model gives the same logits from a GGUF and from its HF folder.
 - bfloat16 / float16 weights on the CPU: kept 16-bit (half the bytes of an f32 copy, and no f32 copy is ever held);
   the native mat-vec (`engine.native.dense_matvec`) reads each weight once per call, widens it exactly to f32 and
   accumulates in f32 on the native thread pool. Measured on the development machine (docs/BENCHMARKS.md): it beats
@@ -62,6 +64,11 @@ def native_available() -> bool:
     return native.dense_kernel() is not None
 
 
+def _bf16_exact(w: torch.Tensor) -> bool:
+    """Whether every value of the f32 tensor `w` is a bfloat16 value (so bf16 storage loses nothing)."""
+    return not bool((w.contiguous().view(torch.int32) & 0xFFFF).any())  # the low 16 bits a bf16 value lacks
+
+
 class Linear:
     """y = x @ weight.T for one stored weight `[N, K]`; `name` names it in errors."""
 
@@ -72,9 +79,11 @@ class Linear:
             raise TesseraError(f"tensor {name}", f"dtype {weight.dtype} is not float32, bfloat16 or float16")
         self.name = name
         self.device = torch.device(device)
+        on_cpu = self.device.type == "cpu"
+        if on_cpu and weight.dtype == torch.float32 and native_available() and _bf16_exact(weight):
+            weight = weight.to(torch.bfloat16)  # lossless: GGUF keeps e.g. a bf16 model's routers as f32
         self.weight = weight.to(device=self.device).contiguous()  # [N, K] as stored (a no-op for CPU tensors)
         self.out_features, self.in_features = self.weight.shape
-        on_cpu = self.device.type == "cpu"
         self.path = (
             "torch-f32" if self.weight.dtype == torch.float32
             else "native" if on_cpu and native_available()

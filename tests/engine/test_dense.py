@@ -144,6 +144,19 @@ def test_linear_f32_is_exactly_torch():
     assert torch.equal(lin(x), x @ w.T)
 
 
+def test_linear_f32_holding_bf16_values_is_stored_bf16():
+    """GGUF keeps a bf16 model's routers in f32: same values, so the same (native) path as the bf16 tensor."""
+    w16 = torch.randn(9, 70).to(torch.bfloat16)
+    as32, from16 = dense.Linear(w16.float(), "cpu", "router"), dense.Linear(w16, "cpu", "router")
+    assert as32.weight.dtype == (torch.bfloat16 if dense.native_available() else torch.float32)
+    x = torch.randn(3, 70)
+    assert torch.equal(as32(x), from16(x)) or not dense.native_available()
+    nearly = w16.float()
+    nearly[4, 5] = nearly[4, 5].item() * (1 + 2**-20)  # one value bf16 cannot hold: stays f32 and exact torch
+    lin = dense.Linear(nearly, "cpu", "router")
+    assert lin.path == "torch-f32" and torch.equal(lin(x), x @ nearly.T)
+
+
 def test_linear_long_inputs_and_empty_input():
     w = torch.randn(19, 40).to(torch.bfloat16)
     lin = dense.Linear(w, "cpu", "lm_head")
@@ -175,7 +188,7 @@ def _weights(ref, dtype):
 
 
 @pytest.mark.parametrize("name", ["dense_layers", "tied"])
-def test_bf16_model_matches_f32_upcast_path(name):
+def test_bf16_model_matches_f32_upcast_path(name, monkeypatch):
     """The same bf16 weights: kept bf16 (native mat-vecs) vs upcast to f32 at load (the old path). bf16 -> f32 is
     exact, so only the f32 summation order differs: logits agree within 1e-5 of their range."""
     ref = hf_model(CONFIGS[name], seed=4)
@@ -183,7 +196,10 @@ def test_bf16_model_matches_f32_upcast_path(name):
     w32 = _weights(ref, torch.bfloat16)
     w32.tensors = {k: t.float() for k, t in w32.tensors.items()}
     new = Qwen3MoeModel(w16, TorchExperts(layer_experts(w16.config, w16.tensors)))
-    old = Qwen3MoeModel(w32, TorchExperts(layer_experts(w32.config, w32.tensors)))
+    with monkeypatch.context() as m:  # the old path: f32 weights in torch, even though they hold bf16 values
+        m.setattr(dense, "_bf16_exact", lambda w: False)
+        old = Qwen3MoeModel(w32, TorchExperts(layer_experts(w32.config, w32.tensors)))
+    assert {lin.path for lin in old.linears} == {"torch-f32"}
     ids = torch.randint(0, ref.config.vocab_size, (13,), generator=torch.Generator().manual_seed(3))
     c_new, c_old = new.forward, old.forward
     cn, co = new.new_cache(16), old.new_cache(16)
@@ -214,11 +230,11 @@ def test_step_threads_one_torch_thread_only_when_all_native():
         with dense.step_threads(native_lins, PoolExperts()):
             assert torch.get_num_threads() == (1 if dense.native_available() else 2)
         assert torch.get_num_threads() == 2
-        big32 = dense.Linear(torch.zeros(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
+        big32 = dense.Linear(torch.randn(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
         for lins, experts in [(native_lins, object()), (native_lins + [big32], PoolExperts()), ([], PoolExperts())]:
             with dense.step_threads(lins, experts):
                 assert torch.get_num_threads() == 2
-        small32 = dense.Linear(torch.zeros(1, 4), "cpu", "router kept f32 by GGUF: 16 B of 272 B")
+        small32 = dense.Linear(torch.randn(1, 4), "cpu", "router kept f32 by GGUF: 16 B of 272 B")
         with dense.step_threads(native_lins + [small32], PoolExperts()):
             assert torch.get_num_threads() == (1 if dense.native_available() else 2)
         with pytest.raises(RuntimeError), dense.step_threads(native_lins, PoolExperts()):
