@@ -1,5 +1,6 @@
 // Reference backend: plain scalar C++, weights kept as loaded (f32/f16/bf16), double accumulation. The correctness
 // twin every other backend is tested against, and the fallback on any CPU.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -76,8 +77,10 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
       act[size_t(tj * I + i)] = float(g / (1.0 + std::exp(-g)) * u);
     }
   });
-  pool.parallel_for(T, [&](int64_t tok, int) {
-    for (int64_t h = 0; h < H; ++h) {
+  const int64_t chunk = 64, chunks = (H + chunk - 1) / chunk;  // (token, H chunk) tasks: one token uses every thread
+  pool.parallel_for(T * chunks, [&](int64_t task, int) {
+    const int64_t tok = task / chunks, h0 = (task % chunks) * chunk, h1 = std::min(H, h0 + chunk);
+    for (int64_t h = h0; h < h1; ++h) {
       double acc = 0;
       for (int64_t j = 0; j < k; ++j) {
         int64_t e = ids[tok * k + j];
