@@ -321,8 +321,10 @@ class MainWindow(QMainWindow):
             self.model_panel.show_error(error.text)
         elif error.operation == "backend":
             self._show_error("Could not switch the backend", error)
-        else:
+        elif error.operation == "generate":
             self.chat.show_notice(f"Generation failed: {error.text}")
+        else:
+            self.statusBar().showMessage(f"{error.operation} failed: {error.text}", 10000)
 
     def _show_error(self, title: str, error: WorkerError) -> None:
         box = QMessageBox(QMessageBox.Icon.Warning, title, error.text, QMessageBox.StandardButton.Ok, self)

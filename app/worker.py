@@ -218,7 +218,10 @@ class EngineWorker(QObject):
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, cancel: threading.Event) -> None:
         if self._session is not None:  # one model at a time: the old one goes first
             session, self._session = self._session, None
-            _close(session)
+            try:
+                _close(session)
+            except Exception as exc:  # noqa: BLE001 - report it, and load the new model anyway
+                self.failed.emit(_error("unload", exc))
         try:
             if cancel.is_set():
                 raise _LoadCancelled()
@@ -228,7 +231,7 @@ class EngineWorker(QObject):
                                            context_length=context_length or None,
                                            progress=self._progress_cb("load"), cancel=cancel)
             self._path = path
-        except BaseException as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             self._session = None
             if _is_cancelled(exc):
                 self.failed.emit(WorkerError("load", path, "loading cancelled", cancelled=True))
@@ -254,7 +257,7 @@ class EngineWorker(QObject):
                  cancel: threading.Event) -> None:
         try:
             made = self._api.make_test_model(out_path, self._progress_cb("make"))
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.failed.emit(_error("make", exc))
             return
         self._do_load(str(made), backend, threads, context_length, cancel)
@@ -309,7 +312,7 @@ class EngineWorker(QObject):
                 metrics = {"generated_tokens": count[0], "stop_reason": "cancelled" if cancel.is_set() else ""}
                 result_text = "".join(text)
             self.finished.emit(GenerationResult(request_id, result_text, metrics))
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             flush()
             if _is_cancelled(exc):
                 self.finished.emit(GenerationResult(request_id, "".join(text),
@@ -329,7 +332,7 @@ class EngineWorker(QObject):
             return  # applied at the next load
         try:
             self._session.set_backend(name, progress=self._progress_cb("repack"))
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.failed.emit(_error("backend", exc))
         self.state_changed.emit(self._state())
 
@@ -338,7 +341,7 @@ class EngineWorker(QObject):
         if self._session is not None:
             try:
                 _close(self._session)
-            except BaseException as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001
                 self.failed.emit(_error("unload", exc))
             self._session = None
             self._path = ""
@@ -348,14 +351,14 @@ class EngineWorker(QObject):
     def _do_inspect(self, path: str) -> None:
         try:
             self.inspected.emit(ModelSummary(path, self._api.inspect(path)))
-        except BaseException as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
             self.failed.emit(_error("inspect", exc))
 
     @Slot()
     def _do_query_backends(self) -> None:
         try:
             self.backends.emit(self._api.backend_status())
-        except BaseException as exc:  # noqa: BLE001 - no native module yet: say so, keep the pure-torch path
+        except Exception as exc:  # noqa: BLE001 - no native module yet: say so, keep the pure-torch path
             reason = f"native kernels unavailable ({type(exc).__name__}: {exc})"
             status = {"Auto": (True, ""), "Torch": (True, "pure PyTorch experts")}
             for name in ("AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference"):
