@@ -52,3 +52,18 @@ def test_amx_backends_say_why_when_cpu_lacks_amx():
         pytest.skip("this CPU has AMX")
     ok, reason = N.backend_status()["AMXInt8"]
     assert not ok and reason
+
+
+def test_read_bandwidth_and_peaks_are_measured():
+    assert N.read_bandwidth(threads=1, seconds=0.05, buffer_mib=64) > 0.1  # GB/s
+    f = N.cpu_features()["flags"]
+    bf16 = N.peak_gflops("bf16_dot", threads=1, seconds=0.05)
+    assert (bf16 > 1) == f["avx512_bf16"] and (bf16 == -1) == (not f["avx512_bf16"])
+    assert N.peak_gflops("fp32_fma", threads=1, seconds=0.05) > 1
+    with pytest.raises(ValueError, match="what: expected bf16_dot or fp32_fma"):
+        N.peak_gflops("int4", threads=1)
+
+
+def test_pool_threads_default_to_physical_cores():
+    assert N.make_pool().size == N.physical_cores()
+    assert N.make_pool(3).size == 3
