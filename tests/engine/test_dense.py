@@ -165,6 +165,15 @@ def test_linear_long_inputs_and_empty_input():
     assert lin(torch.zeros(0, 40)).shape == (0, 19)
 
 
+def test_linear_on_an_accelerator_uses_torch_in_the_weight_dtype():
+    """No GPU here: the "meta" device stands in for CUDA (same branch: not the CPU), checking path, dtype and shape."""
+    lin = dense.Linear(torch.zeros(5, 7, dtype=torch.bfloat16), "meta", "q_proj")
+    assert lin.path == "torch-device" and lin.weight.dtype == torch.bfloat16 and lin.weight.device.type == "meta"
+    y = lin(torch.zeros(2, 7, device="meta"))
+    assert y.dtype == torch.float32 and y.shape == (2, 5)
+    assert dense.Linear(torch.zeros(5, 7), "meta", "router").path == "torch-f32"  # f32 stays f32, off the CPU too
+
+
 def test_linear_errors_name_the_tensor():
     with pytest.raises(TesseraError, match="tensor lm_head: expected a 2-D"):
         dense.Linear(torch.zeros(2, 3, 4), "cpu", "lm_head")
