@@ -348,7 +348,12 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
       }
   });
 
-  pool.parallel_for(R, [&](int64_t r, int) { quantize_row(act + size_t(r) * act_stride, L.dn, aq + size_t(r) * aq_stride); });
+  auto quantize_act = [&](int64_t r, int) { quantize_row(act + size_t(r) * act_stride, L.dn, aq + size_t(r) * aq_stride); };
+  if (R <= 16) {  // decode: a few rows, cheaper than a pool phase
+    for (int64_t r = 0; r < R; ++r) quantize_act(r, 0);
+  } else {
+    pool.parallel_for(R, quantize_act);
+  }
 
   const int64_t groups_h = (L.dn.nb + 3) / 4;
   pool.parallel_for(n_active * groups_h, [&](int64_t task, int) {
@@ -371,7 +376,7 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
   });
 
   const int64_t chunk = 256, chunks = (H + chunk - 1) / chunk;
-  pool.parallel_for(T * chunks, [&](int64_t task, int) {
+  auto reduce = [&](int64_t task, int) {
     const int64_t t = task / chunks, h0 = (task % chunks) * chunk, h1 = std::min(H, h0 + chunk);
     float* o = out + size_t(t * H);
     std::memset(o + h0, 0, size_t(h1 - h0) * 4);
@@ -383,7 +388,12 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
       for (; h + 16 <= h1; h += 16) _mm512_storeu_ps(o + h, _mm512_add_ps(_mm512_loadu_ps(o + h), _mm512_loadu_ps(y + h)));
       for (; h < h1; ++h) o[h] += y[h];
     }
-  });
+  };
+  if (T <= 4) {  // decode: ~k*H adds, cheaper than a pool phase
+    for (int64_t task = 0; task < T * chunks; ++task) reduce(task, 0);
+  } else {
+    pool.parallel_for(T * chunks, reduce);
+  }
 }
 
 void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, const float* wts, const float* x,
