@@ -23,6 +23,7 @@
 using namespace tessera;
 
 int tessera_amx_tests() __attribute__((weak));  // test_amx.cpp
+int tessera_dense_tests() __attribute__((weak));  // test_dense.cpp
 
 namespace {
 
@@ -253,6 +254,7 @@ int main() {
   test_pool();
   test_pool_stress();
   test_backends();
+  if (tessera_dense_tests && tessera_dense_tests() != 0) ++g_failures;
   if (tessera_amx_tests) {
     std::printf("AMX tests\n");
     if (tessera_amx_tests() != 0) ++g_failures;
