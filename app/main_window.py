@@ -234,6 +234,7 @@ class MainWindow(QMainWindow):
         self.model_panel.start_loading()
         self._loading = True
         self.statusBar().showMessage(f"Loading {Path(path).name}…")
+        self.worker.set_placement(self.settings.get("gpu/use"), self.settings.get("gpu/expert_cache"))
         self.worker.load(path, self.settings.get("model/backend"), self.settings.get("model/threads"),
                          self.settings.get("model/context_length"))
 
@@ -311,6 +312,10 @@ class MainWindow(QMainWindow):
             self.model_panel.show_error(error.text)
             self.statusBar().showMessage("Loading cancelled.", 5000)
             self.model_ready.emit(False)
+        elif error.operation == "load" and _needs_cuda(error) and self.settings.get("gpu/use") == "cuda":
+            self._loading = False
+            self.model_panel.show_error(error.text)
+            self._offer_cpu_fallback(error)
         elif error.operation in ("load", "make"):
             self._loading = False
             self.model_panel.show_error(error.text)
@@ -325,6 +330,25 @@ class MainWindow(QMainWindow):
             self.chat.show_notice(f"Generation failed: {error.text}")
         else:
             self.statusBar().showMessage(f"{error.operation} failed: {error.text}", 10000)
+
+    def _offer_cpu_fallback(self, error: WorkerError) -> None:
+        """GPU use is set to CUDA but this machine has none: say so, and run on the CPU only if the user accepts."""
+        box = QMessageBox(QMessageBox.Icon.Question, "No CUDA device", error.text,
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, self)
+        box.setInformativeText("Load the model with everything on the CPU instead? (Settings > GPU use becomes off.)")
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        path = self.model_panel.path
+
+        def answered(_result: int) -> None:
+            if box.standardButton(box.clickedButton()) == QMessageBox.StandardButton.Yes and path:
+                self.settings.set("gpu/use", "off")
+                self.load_model(path)
+            else:
+                self.model_ready.emit(False)
+
+        box.finished.connect(answered)
+        self.error_box = box
+        box.open()
 
     def _show_error(self, title: str, error: WorkerError) -> None:
         box = QMessageBox(QMessageBox.Icon.Warning, title, error.text, QMessageBox.StandardButton.Ok, self)
@@ -434,3 +458,8 @@ class MainWindow(QMainWindow):
         self.settings.set("window/state", bytes(self.saveState().data()))
         self.settings.sync()
         super().closeEvent(event)
+
+
+def _needs_cuda(error: WorkerError) -> bool:
+    """The engine refused a plan that puts parts on CUDA because this machine has no CUDA device."""
+    return error.subject == "placement" and "no CUDA device" in error.message

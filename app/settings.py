@@ -48,6 +48,13 @@ TABLE: tuple[Setting, ...] = (
             reload=True),
     Setting("model/context_length", 4096, "Context length", "Model", "Tokens of context (prompt + reply).",
             minimum=256, maximum=262144, reload=True),
+    Setting("gpu/use", "off", "GPU use", "Model",
+            "off: everything on the CPU. cuda: attention, norms, router and lm_head on the GPU, routed experts on the "
+            "CPU backend, hot experts cached on the GPU. twin: the same plan with the CPU standing in for the GPU "
+            "(to try the expert cache without a GPU).", choices=("off", "cuda", "twin"), reload=True),
+    Setting("gpu/expert_cache", 0, "GPU expert cache (experts per layer)", "Model",
+            "How many of each MoE layer's experts stay resident on the GPU (or its CPU twin); 0 disables the cache.",
+            minimum=0, maximum=512, reload=True),
     Setting("sampling/temperature", 0.6, "Temperature", "Sampling", "0 is greedy.", minimum=0.0, maximum=5.0),
     Setting("sampling/top_k", 20, "Top-k", "Sampling", "0 disables.", minimum=0, maximum=1000),
     Setting("sampling/top_p", 0.95, "Top-p", "Sampling", "1 disables.", minimum=0.0, maximum=1.0),

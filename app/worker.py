@@ -30,11 +30,16 @@ PROGRESS_SECONDS = 0.05
 class EngineApi:
     """The real engine, behind the few calls the worker makes (tests pass a fake with the same methods)."""
 
-    def load(self, path: str, *, backend: str, threads: int, context_length: int, progress, cancel):
+    def load(self, path: str, *, backend: str, threads: int, context_length: int, progress, cancel,
+             gpu_use: str = "off", gpu_experts: int = 0):
         import engine
+        from engine.hybrid import PlacementSettings
 
+        placement = None
+        if gpu_use in ("cuda", "twin"):  # "twin": the GPU half runs on the CPU with the same code path
+            placement = PlacementSettings(device="cuda", gpu_experts_per_layer=gpu_experts, twin=gpu_use == "twin")
         return engine.load(path, backend=backend, threads=threads, context_length=context_length, progress=progress,
-                           cancel=cancel)
+                           cancel=cancel, placement=placement)
 
     def inspect(self, path: str) -> dict:
         import engine
@@ -115,6 +120,7 @@ class EngineWorker(QObject):
         self._path = ""
         self._threads = 0
         self._context_length = 0
+        self._placement = ("off", 0)  # (GPU use, experts per layer) for the next load; see set_placement
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}  # request id -> stop flag
@@ -149,6 +155,10 @@ class EngineWorker(QObject):
         return self._thread
 
     # ---- commands (any thread; they return at once)
+    def set_placement(self, gpu_use: str, gpu_experts: int) -> None:
+        """GPU use ("off", "cuda", "twin") and hot-expert cache size for the next load (set before calling load)."""
+        self._placement = (str(gpu_use), int(gpu_experts))
+
     def load(self, path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0) -> None:
         self._load_cancel = threading.Event()
         self._load_cmd.emit(str(path), backend, int(threads), int(context_length), self._load_cancel)
@@ -227,9 +237,12 @@ class EngineWorker(QObject):
                 raise _LoadCancelled()
             context_length = self._clamp_context(path, context_length)
             self._threads, self._context_length = threads, context_length
+            gpu = {}
+            if self._placement[0] != "off":  # test doubles of the engine need not know about placement
+                gpu = {"gpu_use": self._placement[0], "gpu_experts": self._placement[1]}
             self._session = self._api.load(path, backend=backend, threads=threads or None,
                                            context_length=context_length or None,
-                                           progress=self._progress_cb("load"), cancel=cancel)
+                                           progress=self._progress_cb("load"), cancel=cancel, **gpu)
             self._path = path
         except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             self._session = None
