@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     usage = expert_usage(model, tokenizer, render)
     say("expert usage entropy (bits) per layer: " + ", ".join(str(r["entropy_bits"]) for r in usage))
 
-    hf_dir = args.out / "hf"
+    hf_dir = args.out / "tessera-demo-moe"  # the folder name becomes the GGUF's general.name
     export_hf(model, hf_dir, config, tok_dir)
     from engine.convert import convert
 
