@@ -67,8 +67,7 @@ def test_without_a_model_argument_the_demo_model_opens(tmp_path):
     from app.store import ConversationStore
 
     demo = paths.demo_model()
-    if demo is None:
-        pytest.skip("resources/demo/*.gguf is not in this checkout")
+    assert demo is not None, "the demo model ships in resources/demo/"
     proc = run_app(tmp_path, "--prompt", "What is 12 + 30?", "--quit-when-done")
     assert_clean(proc)
     store = ConversationStore(tmp_path / "data" / "conversations.sqlite3")
