@@ -13,7 +13,7 @@ from engine.errors import TesseraError
 from engine.expert_cache import HotExpertCache
 from engine.experts import ExpertBackend, LayerExperts
 from engine.model import ModelDevices
-from engine.placement import PlacementPlan, check_cuda_available, load_plan, plan_from_settings
+from engine.placement import PlacementPlan, check_cuda_available, load_plan, part_names, plan_from_settings
 
 
 
@@ -44,7 +44,7 @@ def resolve_plan(placement: PlacementArg, config, *, backend: str = "Auto", twin
                                   gpu_experts_per_layer=placement.gpu_experts_per_layer, twin=placement.twin or twin)
     elif isinstance(placement, PlacementPlan):
         plan = placement
-        missing = [name for name in plan_from_settings(n, moe).parts if name not in plan.parts]
+        missing = [name for name, _kind in part_names(n, moe) if name not in plan.parts]
         if missing:
             raise TesseraError("placement", f"the plan does not place {missing[0]} of this model")
         plan.twin = plan.twin or twin
@@ -77,7 +77,7 @@ def model_devices(plan: PlacementPlan, config) -> ModelDevices:
     return ModelDevices(embed=dev("model.embed_tokens"), layers=tuple(layers), head=head)
 
 
-def uses_expert_cache(plan: PlacementPlan, config) -> bool:
+def uses_expert_cache(plan: PlacementPlan) -> bool:
     """Whether the routed experts need the cache layer: an accelerator is in play (or its twin was asked for)."""
     return plan.accelerator != "cpu" or plan.twin
 
@@ -85,7 +85,7 @@ def uses_expert_cache(plan: PlacementPlan, config) -> bool:
 def wrap_experts(plan: PlacementPlan, cpu_backend: ExpertBackend, layers: dict[int, LayerExperts], config
                  ) -> ExpertBackend:
     """The CPU backend alone, or the hot-expert cache around it (on the GPU, or on the CPU twin)."""
-    if not uses_expert_cache(plan, config) or not layers:
+    if not uses_expert_cache(plan) or not layers:
         return cpu_backend
     return HotExpertCache(
         cpu_backend, layers,

@@ -178,10 +178,7 @@ class Session:
     @property
     def device(self) -> str:
         """Where the dense parts run, for status bars: "cpu", "cuda:0", or "cuda (CPU twin)"."""
-        acc = self.placement.accelerator
-        if self.placement.twin:
-            return "cpu (twin of the GPU half)"
-        return acc
+        return "cpu (twin of the GPU half)" if self.placement.twin else self.placement.accelerator
 
     def explain(self) -> str:
         """The placement plan as a table: where each part runs, the CPU backend and the hot-expert cache."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-BACKENDS = ("Auto", "Torch", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
+from engine.placement import BACKEND_NAMES as BACKENDS  # the one list of backend names a user may choose
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
