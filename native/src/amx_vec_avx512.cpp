@@ -1,5 +1,5 @@
 // AVX-512 vector kernels of the AMX backends on the tile packing (contract in amx_vec.h): VNNI for int8, fp32 FMA on
-// widened bf16 weights for bf16. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma
+// widened bf16 weights for bf16. AVX-512 VNNI + FMA code (isa_target.h), built with
 // -ffp-contract=off; called only when vec_best() saw the CPU and OS support all of them.
 #include <immintrin.h>
 
@@ -9,6 +9,10 @@
 #include <limits>
 
 #include "amx_vec.h"
+
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
 
 namespace tessera::amx {
 
@@ -210,6 +214,13 @@ void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
 }
 
 }  // namespace
+
+}  // namespace tessera::amx
+
+// Baseline from here: vec_best() calls this on every CPU.
+TESSERA_ISA_END
+
+namespace tessera::amx {
 
 const VecKernels* vec_avx512() {
   static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16};

@@ -1,7 +1,16 @@
 // Dense mat-vec, AVX2 + FMA + F16C: 8 f32 lanes, blocks of 16 weights, 4 rows x 2 tokens per tile (16 ymm registers).
 #include <immintrin.h>
 
-#include "dense_body.h"
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "isa_target.h"
+#include "tessera/dense.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
+#include "dense_body.h"  // after BEGIN: the body is this file's ISA code (file-local names)
 
 namespace tessera {
 namespace {
@@ -34,3 +43,5 @@ struct V256 {
 void dense_isa::matvec_avx2(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V256, 4, 2>(a, pool); }
 
 }  // namespace tessera
+
+TESSERA_ISA_END

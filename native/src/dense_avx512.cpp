@@ -1,7 +1,16 @@
 // Dense mat-vec, AVX-512F: 16 f32 lanes, blocks of 32 weights, 4 rows x 4 tokens per tile (16 accumulators).
 #include <immintrin.h>
 
-#include "dense_body.h"
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "isa_target.h"
+#include "tessera/dense.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512)
+#include "dense_body.h"  // after BEGIN: the body is this file's ISA code (file-local names)
 
 namespace tessera {
 namespace {
@@ -29,3 +38,5 @@ struct V512 {
 void dense_isa::matvec_avx512(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V512, 4, 4>(a, pool); }
 
 }  // namespace tessera
+
+TESSERA_ISA_END

@@ -12,6 +12,7 @@
 #include "tessera/dense.h"
 
 namespace tessera {
+namespace {  // file-local in each ISA file (isa_target.h): no shared weak copies
 namespace dense_body {
 
 // xp[t][Kp]: x[t] in the block order the weight loader produces, zero-padded to Kp = whole blocks.
@@ -130,4 +131,5 @@ void matvec(const DenseArgs& a, ThreadPool& pool) {
 }
 
 }  // namespace dense_body
+}  // namespace
 }  // namespace tessera

@@ -2,8 +2,20 @@
 // tiles (exact bf16 weights, f32 activations). Compiled with -mavx2 -mfma -mf16c.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+
 #include "moe_panels.h"
 #include "tessera/bf16.h"
+
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
 
 namespace tessera {
 namespace avx2 {
@@ -53,6 +65,9 @@ struct V {
 #define TESSERA_ISA_NS avx2
 #include "moe_body.inc"
 #undef TESSERA_ISA_NS
+
+// Baseline code from here: supported() and the registration run on every CPU.
+TESSERA_ISA_END
 
 namespace tessera {
 namespace avx2 {

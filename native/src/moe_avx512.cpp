@@ -2,8 +2,20 @@
 // when the CPU has avx512_bf16, vdpbf16ps tiles for prefill (moe_avx512_bf16.cpp). Compiled with AVX-512F/BW/VL/DQ.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+
 #include "moe_panels.h"
 #include "tessera/bf16.h"
+
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512)
 
 namespace tessera {
 namespace avx512 {
@@ -61,6 +73,10 @@ struct V {
 #define TESSERA_ISA_NS avx512
 #include "moe_body.inc"
 #undef TESSERA_ISA_NS
+
+
+// Baseline code from here: supported() and the registration run on every CPU.
+TESSERA_ISA_END
 
 namespace tessera {
 void tile_bf16_avx512(const uint8_t* B, size_t panel_bytes, int nb, int64_t kp, const void* const* A, int mr, float* C,

@@ -1,10 +1,14 @@
-// vdpbf16ps micro-tiles over the pair-panel layout (AVX512 backend prefill). Compiled with -mavx512bf16; called only
+// vdpbf16ps micro-tiles over the pair-panel layout (AVX512 backend prefill). AVX512-BF16 code (isa_target.h); called only
 // when CPUID reports avx512_bf16. Register tile: MR rows x NB panels of 16 outputs = MR*NB zmm accumulators.
 #include <immintrin.h>
 
 #include <algorithm>
 
 #include "moe_panels.h"
+
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_BF16)
 
 namespace tessera {
 namespace {
@@ -61,3 +65,5 @@ void tile_bf16_avx512(const uint8_t* B, size_t pb, int nb, int64_t kp, const voi
 }
 
 }  // namespace tessera
+
+TESSERA_ISA_END

@@ -21,6 +21,10 @@
 
 #include "moe_panels.h"
 
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
+
 namespace tessera {
 namespace avx512_int8 {
 namespace {
@@ -121,19 +125,6 @@ void unpack_panel(const uint8_t* src, const MatLayout& m, int64_t b, float* W) {
       W[(b * 16 + i) * m.K + k] = float(q[(k / 4) * 64 + i * 4 + k % 4]) * scales[(k / (m.gq * 4)) * 16 + i];
 }
 
-bool supported(const CpuFeatures& c, std::string* why) {
-  if (!(c.avx512f && c.avx512bw && c.avx512vl && c.avx512dq && c.avx512_vnni)) {
-    *why = "CPU lacks avx512_vnni (or avx512f/bw/vl/dq)";
-    return false;
-  }
-  if (!c.os_avx512) {
-    *why = "OS does not enable AVX-512 state (XCR0)";
-    return false;
-  }
-  *why = group_param() ? "int8 weights (group " + std::to_string(group_param()) + "), VNNI"
-                       : std::string("int8 weights (per channel), VNNI");
-  return true;
-}
 
 size_t packed_bytes(const MoeDims& d, WeightType) { return Layout(d, group_param()).total; }
 
@@ -403,6 +394,30 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
     const int64_t n = std::min(kMaxChunkTokens, T - t0);
     forward_chunk(L, packed, n, k, ids + t0 * k, wts + t0 * k, x + t0 * L.d.H, out + t0 * L.d.H, pool);
   }
+}
+
+}  // namespace
+}  // namespace avx512_int8
+}  // namespace tessera
+
+// Baseline code from here: supported() and the registration run on every CPU.
+TESSERA_ISA_END
+
+namespace tessera {
+namespace avx512_int8 {
+namespace {
+bool supported(const CpuFeatures& c, std::string* why) {
+  if (!(c.avx512f && c.avx512bw && c.avx512vl && c.avx512dq && c.avx512_vnni)) {
+    *why = "CPU lacks avx512_vnni (or avx512f/bw/vl/dq)";
+    return false;
+  }
+  if (!c.os_avx512) {
+    *why = "OS does not enable AVX-512 state (XCR0)";
+    return false;
+  }
+  *why = group_param() ? "int8 weights (group " + std::to_string(group_param()) + "), VNNI"
+                       : std::string("int8 weights (per channel), VNNI");
+  return true;
 }
 
 const BackendOps kOps = {kName, IsaLevel::AVX512, false, 25, supported, packed_bytes, pack, unpack, forward};

@@ -3,6 +3,10 @@
 
 #include "probe_isa.h"
 
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
+
 namespace tessera {
 
 uint64_t read_sum_avx2(const uint8_t* p, size_t bytes) {
@@ -36,3 +40,5 @@ double fma_loop_avx2(int64_t iters) {
 }
 
 }  // namespace tessera
+
+TESSERA_ISA_END

@@ -3,6 +3,10 @@
 
 #include "probe_isa.h"
 
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_BF16)
+
 namespace tessera {
 
 double bf16_dot_loop_avx512(int64_t iters) {
@@ -21,3 +25,5 @@ double bf16_dot_loop_avx512(int64_t iters) {
 }
 
 }  // namespace tessera
+
+TESSERA_ISA_END
