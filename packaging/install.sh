@@ -12,7 +12,8 @@ usage: packaging/install.sh [options]
   --prefix DIR             install into DIR (default: ${XDG_DATA_HOME:-~/.local/share}/tessera)
   --source DIR             Tessera source checkout to install (default: the one containing this script)
   --torch SPEC             pip requirement for torch, overriding the automatic CPU/CUDA choice
-  --system-site-packages   let the environment see the interpreter's packages (torch, PySide6, ...) and install
+  --system-site-packages   let the environment see the interpreter's packages (torch, PySide6, ...; a virtual
+                           environment's own included) and install
                            Tessera without downloading dependencies (offline installs, CI, tests)
   --editable               install the source checkout in editable mode (developers; reuses its build/ folder)
   --show-torch             print the torch requirement that would be installed, and exit
@@ -119,6 +120,16 @@ venv="$prefix/venv"
 say "creating the environment in $venv"
 if [ "$system_site" = 1 ]; then "$python" -m venv --system-site-packages "$venv"; else "$python" -m venv "$venv"; fi
 record tree "$venv"
+if [ "$system_site" = 1 ]; then
+  # When $python is itself a virtual environment, --system-site-packages shows only its base interpreter's packages;
+  # a .pth file adds the environment's own site-packages too (after the new environment's, as for system packages).
+  parent_sites="$("$python" -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')"
+  if [ -n "$parent_sites" ]; then
+    own_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "$parent_sites" > "$own_site/tessera-parent-env.pth"
+  fi
+fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 target="$source_dir"
 if [ "$system_site" = 1 ]; then
