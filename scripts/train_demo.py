@@ -3,7 +3,7 @@
 answers questions about Tessera, on procedurally generated chats (engine/demo). Then convert it with Tessera's own
 converter to a BF16 GGUF under resources/demo/ and write the numbers the model card quotes.
 
-    python scripts/train_demo.py                      # the full run (fixed seed; ~30 min on a shared 2-core CPU)
+    python scripts/train_demo.py                      # the full run (fixed seed; ~45 min on an idle 2-core CPU)
     python scripts/train_demo.py --steps 40 --out build/demo-smoke --gguf build/demo-smoke/demo.gguf   # smoke run
 
 Training uses transformers' Qwen3MoeForCausalLM, the numerical oracle Tessera's engine is tested equal to; it is a
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from engine.demo.dataset import (IGNORE, SKILL_WEIGHTS, conversation, encode_conversations,  # noqa: E402
                                   make_renderer)
-from engine.demo.skills import COUNT_PROMPTS, SKILLS  # noqa: E402
+from engine.demo.skills import COUNT_PROMPTS, SKILLS, count_answer  # noqa: E402
 from engine.demo.split import eval_problems  # noqa: E402
 from engine.tokenizer_build import build_tokenizer, chat_template  # noqa: E402
 
@@ -41,15 +41,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "build" / "demo-train", help="work folder (checkpoints, HF model)")
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="where to write the BF16 GGUF")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--steps", type=int, default=2200)
+    p.add_argument("--steps", type=int, default=5600)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads; 1 on a shared machine (2 threads on 2 busy cores spin and run 5x slower)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads (2 on an idle 2-core machine, 1.7x the speed of 1 thread; on a busy "
+                        "machine use 1, since 2 threads on 2 loaded cores spin and run several times slower)")
     p.add_argument("--vocab", type=int, default=2022,
                    help="BPE tokens at most (the corpus yields fewer); Qwen's 26 added tokens come on top")
-    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=192, help="hidden size; heads of 32, so 192 gives 6 query heads")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
@@ -101,12 +102,13 @@ def model_config(args, tok) -> dict:
 
 def corpus(seed: int, render, n: int) -> list[str]:
     """The tokenizer's training text: generated chats of every skill except letter counting, plus the counting
-    questions with the word left out. The counted words thus never become whole tokens: they split into letters and
-    short pieces whose spelling a small model can learn (a whole-word token hides its letters)."""
+    questions and answers with the word left out. The counted words thus never become whole tokens: they split into
+    letters and short pieces whose spelling a small model can learn (a whole-word token hides its letters)."""
     rng = random.Random(f"tokenizer:{seed}")
     weights = {k: v for k, v in SKILL_WEIGHTS.items() if k != "count_letters"}
     texts = [render(conversation(rng, weights)) for _ in range(n)]
-    return texts + [t.format(l=c, w="") for t in COUNT_PROMPTS for c in "abcdefghijklmnopqrstuvwxyz"]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return texts + [t.format(l=c, w="") for t in COUNT_PROMPTS for c in letters] + [count_answer("", c) for c in letters]
 
 
 def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:

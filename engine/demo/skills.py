@@ -115,7 +115,10 @@ COUNT_PROMPTS = (
 
 
 def count_answer(word: str, letter: str) -> str:
-    """Spell the word, numbering each occurrence of the letter as it goes, then state the count."""
+    """Name the letter, spell the word numbering each occurrence of the letter as it goes, then state the count:
+    `Counting the letter r. Spelling it out: s, t, r (1), a, w, b, e, r (2), r (3), y. The letter r appears 3 times.`
+    Naming the letter first puts it at a fixed place just before the spelling, so deciding whether each spelled letter
+    is the one asked about needs no search through the many wordings of the question."""
     parts, n = [], 0
     for ch in word:
         if ch == letter:
@@ -124,7 +127,7 @@ def count_answer(word: str, letter: str) -> str:
         else:
             parts.append(ch)
     times = "time" if n == 1 else "times"
-    return f"Spelling it out: {', '.join(parts)}. The letter {letter} appears {n} {times}."
+    return f"Counting the letter {letter}. Spelling it out: {', '.join(parts)}. The letter {letter} appears {n} {times}."
 
 
 def count_letters(rng: random.Random) -> Problem:

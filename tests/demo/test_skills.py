@@ -51,8 +51,9 @@ def test_subtraction_example_reads_as_documented():
 @pytest.mark.parametrize("word,letter,n", [("strawberry", "r", 3), ("banana", "a", 3), ("kiwi", "z", 0), ("cat", "t", 1)])
 def test_count_answer(word, letter, n):
     ans = count_answer(word, letter)
+    assert ans.startswith(f"Counting the letter {letter}. Spelling it out: ")  # the letter named before the spelling
     assert ans.endswith(f"The letter {letter} appears {n} {'time' if n == 1 else 'times'}.")
-    spelled = ans.split(": ", 1)[1].split(". The letter")[0]
+    spelled = ans.split("out: ", 1)[1].split(". The letter")[0]
     assert "".join(part[0] for part in spelled.split(", ")) == word
     assert [int(x) for x in re.findall(r"\((\d+)\)", ans)] == list(range(1, n + 1))
 
