@@ -1,6 +1,6 @@
 """`python -m app` / `tessera`: parse arguments, build Settings, store, worker and window, run.
 
---model PATH             open and load a model at start (default: the demo model when it ships; none otherwise)
+--model PATH             open and load a model at start (default: the built-in demo model; --no-demo: none)
 --prompt TEXT            send TEXT once the model has loaded; repeat to send several turns, each after the last reply
 --screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
 --screenshot-target T    window (default) | settings | graphs
