@@ -18,6 +18,15 @@ SHAPES = {  # E, H, I, k: published config.json values
 }
 
 
+
+def _gflops(peak: float) -> str:
+    """A register peak for the log: the probe returns a negative number when the CPU lacks the instruction."""
+    return f"{peak:.0f} GFLOP/s" if peak >= 0 else "n/a (CPU lacks it)"
+
+
+def _or_none(peak: float) -> float | None:
+    return peak if peak >= 0 else None
+
 def add_arguments(p) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b", help="layer shape (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="threads for kernels and the bandwidth probe "
@@ -61,8 +70,8 @@ def run(args) -> int:
         return bw, {w: N.peak_gflops(w, threads, seconds=min(0.5, args.seconds)) for w in ("bf16_dot", "fp32_fma")}
 
     bandwidth, peaks = probe()
-    log(f"read bandwidth {bandwidth:.1f} GB/s; register peaks: vdpbf16ps {peaks['bf16_dot']:.0f} GFLOP/s, "
-        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s (probed again at the end; the best of both is used)")
+    log(f"read bandwidth {bandwidth:.1f} GB/s; register peaks: vdpbf16ps {_gflops(peaks['bf16_dot'])}, "
+        f"fp32 FMA {_gflops(peaks['fp32_fma'])} (probed again at the end; the best of both is used)")
 
     gen = torch.Generator().manual_seed(0)
 
@@ -154,8 +163,8 @@ def run(args) -> int:
             if "decode_gbs" in r:
                 r["decode_pct_of_bandwidth"] = 100 * r["decode_gbs"] / bandwidth
     peaks = {w: max(peaks[w], peaks_end[w]) for w in peaks}
-    log(f"read bandwidth (best of start/end) {bandwidth:.1f} GB/s; peaks vdpbf16ps {peaks['bf16_dot']:.0f}, "
-        f"fp32 FMA {peaks['fp32_fma']:.0f} GFLOP/s; decode percentages are of this figure")
+    log(f"read bandwidth (best of start/end) {bandwidth:.1f} GB/s; peaks vdpbf16ps {_gflops(peaks['bf16_dot'])}, "
+        f"fp32 FMA {_gflops(peaks['fp32_fma'])}; decode percentages are of this figure")
 
     torch_baseline = None
     if not args.no_torch:
@@ -171,7 +180,7 @@ def run(args) -> int:
             "(naive: bf16 -> f32 per expert per call)")
     if args.json:
         print(json.dumps({"shape": args.shape, "threads": threads, "bandwidth_gbs": bandwidth,
-                          "peak_bf16_gflops": peaks["bf16_dot"], "peak_fp32_gflops": peaks["fp32_fma"],
+                          "peak_bf16_gflops": _or_none(peaks["bf16_dot"]), "peak_fp32_gflops": _or_none(peaks["fp32_fma"]),
                           "backends": {n: r for n, r in results.items() if "not_timed" not in r},
                           "not_timed": {n: r for n, r in results.items() if "not_timed" in r},
                           "torch_baseline": torch_baseline}))
