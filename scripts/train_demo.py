@@ -108,7 +108,8 @@ def corpus(seed: int, render, n: int) -> list[str]:
     weights = {k: v for k, v in SKILL_WEIGHTS.items() if k != "count_letters"}
     texts = [render(conversation(rng, weights)) for _ in range(n)]
     letters = "abcdefghijklmnopqrstuvwxyz"
-    return texts + [t.format(l=c, w="") for t in COUNT_PROMPTS for c in letters] + [count_answer("", c) for c in letters]
+    questions = [t.format(l=c, w="") for t in COUNT_PROMPTS for c in letters]
+    return texts + questions + [count_answer("", c) for c in letters]
 
 
 def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:

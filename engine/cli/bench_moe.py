@@ -180,7 +180,8 @@ def run(args) -> int:
             "(naive: bf16 -> f32 per expert per call)")
     if args.json:
         print(json.dumps({"shape": args.shape, "threads": threads, "bandwidth_gbs": bandwidth,
-                          "peak_bf16_gflops": _or_none(peaks["bf16_dot"]), "peak_fp32_gflops": _or_none(peaks["fp32_fma"]),
+                          "peak_bf16_gflops": _or_none(peaks["bf16_dot"]),
+                          "peak_fp32_gflops": _or_none(peaks["fp32_fma"]),
                           "backends": {n: r for n, r in results.items() if "not_timed" not in r},
                           "not_timed": {n: r for n, r in results.items() if "not_timed" in r},
                           "torch_baseline": torch_baseline}))

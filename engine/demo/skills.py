@@ -127,7 +127,8 @@ def count_answer(word: str, letter: str) -> str:
         else:
             parts.append(ch)
     times = "time" if n == 1 else "times"
-    return f"Counting the letter {letter}. Spelling it out: {', '.join(parts)}. The letter {letter} appears {n} {times}."
+    spelled = ", ".join(parts)
+    return f"Counting the letter {letter}. Spelling it out: {spelled}. The letter {letter} appears {n} {times}."
 
 
 def count_letters(rng: random.Random) -> Problem:
