@@ -237,12 +237,11 @@ class EngineWorker(QObject):
                 raise _LoadCancelled()
             context_length = self._clamp_context(path, context_length)
             self._threads, self._context_length = threads, context_length
-            gpu = {}
-            if self._placement[0] != "off":  # test doubles of the engine need not know about placement
-                gpu = {"gpu_use": self._placement[0], "gpu_experts": self._placement[1]}
+            gpu_use, gpu_experts = self._placement
             self._session = self._api.load(path, backend=backend, threads=threads or None,
                                            context_length=context_length or None,
-                                           progress=self._progress_cb("load"), cancel=cancel, **gpu)
+                                           progress=self._progress_cb("load"), cancel=cancel,
+                                           gpu_use=gpu_use, gpu_experts=gpu_experts)
             self._path = path
         except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             self._session = None

@@ -83,9 +83,11 @@ class FakeApi:
         self.load_delay = load_delay
         self.sessions: list[FakeSession] = []
         self.threads_seen: list[str] = []
+        self.placements_seen: list[tuple[str, int]] = []  # (gpu_use, gpu_experts) per load
 
-    def load(self, path, *, backend, threads, context_length, progress, cancel):
+    def load(self, path, *, backend, threads, context_length, progress, cancel, gpu_use="off", gpu_experts=0):
         self.threads_seen.append(threading.current_thread().name)
+        self.placements_seen.append((gpu_use, gpu_experts))
         if "bad" in str(path):
             raise ModelFormatError(str(path), "not a GGUF file (bad magic)")
         for i in range(5):

@@ -26,6 +26,13 @@ def test_load_runs_on_the_worker_thread_and_reports_progress(qtbot, worker, fake
     assert progress and progress[-1].done == progress[-1].total == 5
 
 
+def test_the_gpu_placement_setting_reaches_the_engine_on_each_load(qtbot, worker, fake_api):
+    load(qtbot, worker)
+    worker.set_placement("twin", 2)
+    load(qtbot, worker)
+    assert fake_api.placements_seen == [("off", 0), ("twin", 2)]
+
+
 def test_generate_streams_tokens_and_finishes(qtbot, worker):
     load(qtbot, worker)
     chunks: list[TokenChunk] = []
