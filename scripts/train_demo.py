@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import random
+import string
 import sys
 import time
 from pathlib import Path
@@ -107,9 +108,8 @@ def corpus(seed: int, render, n: int) -> list[str]:
     rng = random.Random(f"tokenizer:{seed}")
     weights = {k: v for k, v in SKILL_WEIGHTS.items() if k != "count_letters"}
     texts = [render(conversation(rng, weights)) for _ in range(n)]
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    questions = [t.format(l=c, w="") for t in COUNT_PROMPTS for c in letters]
-    return texts + questions + [count_answer("", c) for c in letters]
+    questions = [t.format(l=c, w="") for t in COUNT_PROMPTS for c in string.ascii_lowercase]
+    return texts + questions + [count_answer("", c) for c in string.ascii_lowercase]
 
 
 def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:

@@ -18,7 +18,6 @@ SHAPES = {  # E, H, I, k: published config.json values
 }
 
 
-
 def _gflops(peak: float) -> str:
     """A register peak for the log: the probe returns a negative number when the CPU lacks the instruction."""
     return f"{peak:.0f} GFLOP/s" if peak >= 0 else "n/a (CPU lacks it)"
@@ -26,6 +25,7 @@ def _gflops(peak: float) -> str:
 
 def _or_none(peak: float) -> float | None:
     return peak if peak >= 0 else None
+
 
 def add_arguments(p) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b", help="layer shape (default %(default)s)")

@@ -8,6 +8,7 @@ written in one canonical form, so evaluation is an exact string match.
 from __future__ import annotations
 
 import random
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -134,7 +135,7 @@ def count_answer(word: str, letter: str) -> str:
 def count_letters(rng: random.Random) -> Problem:
     word = rng.choice(WORDS)
     # Mostly a letter of the word (the interesting case), sometimes one it lacks (the answer 0).
-    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
     prompt = rng.choice(COUNT_PROMPTS).format(l=letter, w=word)
     return Problem("count_letters", f"count:{letter}:{word}", prompt, count_answer(word, letter))
 

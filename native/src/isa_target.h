@@ -8,7 +8,8 @@
 // flags, and only its own code comes between TESSERA_ISA_BEGIN(...) and TESSERA_ISA_END: kernels, and the bodies
 // they instantiate (moe_body.inc, dense_body.h), whose names are per ISA or file-local. The backend's supported()
 // check and its registration (run on every CPU at import) come after TESSERA_ISA_END.
-// tests/native/test_isa_isolation.py disassembles the built module and fails if a shared function uses AVX registers.
+// tests/native/test_isa_isolation.py compiles each ISA file and fails if, in its object code, a shared function or one
+// that runs on every CPU uses AVX registers.
 //
 // Other compilers get the ISA flags per file from CMake (native/CMakeLists.txt) and these macros expand to nothing.
 #pragma once
@@ -22,7 +23,7 @@
 #define TESSERA_ISA_END
 #endif
 
-// The target lists, matching the CMake flag sets of the same names.
+// The target lists (GCC); other compilers use the CMake flag sets of the same names: change both together.
 #define TESSERA_TARGET_AVX2 "avx2,fma,f16c"
 #define TESSERA_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"
 #define TESSERA_TARGET_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16"

@@ -1,14 +1,14 @@
 // AVX2 backend (consumer CPUs without AVX-512): the same bf16 pair-panel layout and body as AVX512, 8-lane f32 FMA
-// tiles (exact bf16 weights, f32 activations). Compiled with -mavx2 -mfma -mf16c.
+// tiles (exact bf16 weights, f32 activations). AVX2 + FMA + F16C code between the ISA markers (isa_target.h).
 #include <immintrin.h>
 
+// moe_body.inc's headers, here so they are compiled before TESSERA_ISA_BEGIN (baseline)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
 
 #include "moe_panels.h"
 #include "tessera/bf16.h"

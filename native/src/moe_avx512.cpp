@@ -1,14 +1,14 @@
 // AVX512 backend: bf16 weights in the pair-panel layout; f32-activation FMA tiles (decode, exact bf16 weights) and,
-// when the CPU has avx512_bf16, vdpbf16ps tiles for prefill (moe_avx512_bf16.cpp). Compiled with AVX-512F/BW/VL/DQ.
+// when the CPU has avx512_bf16, vdpbf16ps tiles for prefill (moe_avx512_bf16.cpp). AVX-512F/BW/VL/DQ code between the ISA markers (isa_target.h).
 #include <immintrin.h>
 
+// moe_body.inc's headers, here so they are compiled before TESSERA_ISA_BEGIN (baseline)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
 
 #include "moe_panels.h"
 #include "tessera/bf16.h"
@@ -73,7 +73,6 @@ struct V {
 #define TESSERA_ISA_NS avx512
 #include "moe_body.inc"
 #undef TESSERA_ISA_NS
-
 
 // Baseline code from here: supported() and the registration run on every CPU.
 TESSERA_ISA_END

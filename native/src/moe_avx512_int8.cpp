@@ -5,7 +5,7 @@
 // is ~1/254 of plain int8 and the layer error is the weights' alone (measured: 2.7 % -> ~1.1 % relative L2 on the
 // Qwen3-30B-A3B shape; plain per-token int8 activations are the largest error term because silu(g)*u is heavy-tailed).
 // Decode stays memory-bound (two vpdpbusd per weight load cost nothing there); prefill pays 2x VNNI work.
-// Compiled with AVX-512F/BW/VL/DQ + VNNI.
+// AVX-512F/BW/VL/DQ + VNNI code between the ISA markers (isa_target.h).
 //
 // Layout ("quad panels"): W [N, K] -> ceil(N/16) panels; panel = Kq = ceil(K/4) rows of 64 bytes (row q = 16 outputs x
 // 4 consecutive inputs, int8), then ng rows of 16 f32 scales, then ng rows of 16 i32 compensations. Per expert: gate
@@ -124,7 +124,6 @@ void unpack_panel(const uint8_t* src, const MatLayout& m, int64_t b, float* W) {
     for (int64_t k = 0; k < m.K; ++k)
       W[(b * 16 + i) * m.K + k] = float(q[(k / 4) * 64 + i * 4 + k % 4]) * scales[(k / (m.gq * 4)) * 16 + i];
 }
-
 
 size_t packed_bytes(const MoeDims& d, WeightType) { return Layout(d, group_param()).total; }
 
