@@ -51,6 +51,7 @@ def test_streams_tokens_and_finishes(qtbot, real_worker, tiny_gguf_model):
     assert "".join(c.text for c in chunks) == result.text
     assert 1 <= chunks[-1].total_tokens == result.metrics["generated_tokens"] <= 12
     assert result.metrics["stop_reason"] in ("eos", "max_tokens")
+    assert (result.metrics["generated_tokens"] == 12) == (result.metrics["stop_reason"] == "max_tokens")
     assert result.metrics["prompt_tokens"] > 0 and result.metrics["ttft_s"] > 0
     steps = [s for c in chunks for s in c.steps]
     assert steps[0].phase == "prefill" and any(s.phase == "decode" for s in steps) or len(steps) == 1

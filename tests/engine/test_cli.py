@@ -27,6 +27,8 @@ def test_generate_json_is_one_object(capsys, tiny_gguf_model):
     assert set(obj) == {"text", "token_ids", "metrics"}
     assert 1 <= len(obj["token_ids"]) <= 7 and all(isinstance(t, int) for t in obj["token_ids"])
     m = obj["metrics"]
+    assert m["generated_tokens"] == len(obj["token_ids"])
+    assert (m["stop_reason"], len(obj["token_ids"]) == 7) in (("max_tokens", True), ("eos", False))
     for key in ("prompt_tokens", "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert key in m
     assert m["prompt_tokens"] > 0 and m["reused_tokens"] == 0 and m["backend"] == "Torch"
