@@ -140,7 +140,7 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
     out_ids: list[int] = []
     text_parts: list[str] = []
     while True:
-        token = sample(logits, params, seen, generator)
+        token = sample(logits, params, seen, generator, generated=len(out_ids))
         now = time.perf_counter() - t0
         if not out_ids:
             m.ttft_s = now

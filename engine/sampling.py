@@ -1,6 +1,7 @@
 """Sampling parameters and pure functions from logits to the next token.
 
 Order as transformers applies them: repetition penalty, then temperature, top-k, top-p, min-p. Temperature 0 is greedy.
+OpenAI's presence and frequency penalties (for the server) apply right after the repetition penalty, to generated tokens.
 Letters: V vocabulary size, n tokens seen so far.
 """
 
@@ -29,6 +30,8 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)  # stop strings (not included in the output text)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # in addition to the tokenizer's end-of-sequence ids
     ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks)
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence of a token generated so far
 
     def __post_init__(self):
         # Accept lists from callers, keep the dataclass hashable and immutable.
@@ -50,6 +53,10 @@ class SamplingParams:
             bad("--min-p", f"must be in [0, 1), got {self.min_p}")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             bad("--repetition-penalty", f"must be > 0 (1 disables it), got {self.repetition_penalty}")
+        for flag, value in (("--presence-penalty", self.presence_penalty),
+                            ("--frequency-penalty", self.frequency_penalty)):
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                bad(flag, f"must be in [-2, 2] (0 disables it), got {value}")
         if self.max_tokens < 1:
             bad("--max-tokens", f"must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**63):
@@ -73,6 +80,15 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     picked = out[seen]  # [n]
     out[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)  # [n]
     return out
+
+
+def apply_presence_frequency(logits: torch.Tensor, generated: torch.Tensor, presence: float,
+                             frequency: float) -> torch.Tensor:
+    """OpenAI's penalties: logit -= frequency * count + presence * (count > 0), counting generated tokens only."""
+    if (presence == 0 and frequency == 0) or generated.numel() == 0:
+        return logits
+    counts = torch.bincount(generated, minlength=logits.shape[-1]).to(logits.dtype)  # [V]
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)  # [V]
 
 
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -110,10 +126,14 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator) -> int:
-    """The next token id from the last position's logits [V] (float32), the ids seen so far [n] and a seeded
-    generator."""
+def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator,
+           generated: int = 0) -> int:
+    """The next token id from the last position's logits [V] (float32), the ids seen so far [n] (prompt, then the
+    `generated` ids sampled so far) and a seeded generator."""
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)  # [V]
+    if generated:
+        logits = apply_presence_frequency(logits, seen[seen.numel() - generated :], params.presence_penalty,
+                                          params.frequency_penalty)  # [V]
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature  # [V]

@@ -6,7 +6,6 @@ the chat template first. Both reuse the K/V of the longest cached token prefix. 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import threading
@@ -75,13 +74,9 @@ def _default_prefix_cache_bytes() -> int:
 
 
 def model_id(path: Path) -> str:
-    """Identity of a model file or folder for on-disk caches: path, sizes and modification times."""
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256(str(path.resolve()).encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
+    """How the packed-weight cache names a model (`tessera-cli cache list`): its absolute path. The cache keys layers by
+    their content, so a file replaced under the same name is never served stale bytes."""
+    return str(path.resolve())
 
 
 def make_expert_backend(
@@ -101,10 +96,9 @@ def make_expert_backend(
         name, reason = native.auto_backend()
         if name == "Torch":
             return TorchExperts(layers), "Torch", reason
-    import platformdirs
+    from engine.pack_cache import default_root
 
-    cache_dir = Path(platformdirs.user_cache_dir("tessera")) / "packed"
-    backend = native.make_backend(name, layers, threads=threads, cache_dir=cache_dir, model_id=model_key,
+    backend = native.make_backend(name, layers, threads=threads, cache_dir=default_root(), model_id=model_key,
                                   progress=progress)
     return backend, getattr(backend, "name", name), reason if name == "Auto" else getattr(backend, "reason", reason)
 
@@ -217,22 +211,26 @@ class Session:
             self._busy.release()
 
     def chat(self, messages: list[dict], params: SamplingParams, *, enable_thinking: bool = True,
-             cancel: threading.Event | None = None,
+             tools: list[dict] | None = None, cancel: threading.Event | None = None,
              on_step: Callable[[StepMetrics], None] | None = None) -> Iterator[TokenEvent | DoneEvent]:
-        """Render the chat template for `messages` (role system|user|assistant, content) and stream the answer."""
-        prompt = self.render_chat(messages, enable_thinking=enable_thinking)
+        """Render the chat template for `messages` (role system|user|assistant|tool, content) and stream the answer.
+        tools: OpenAI-style function definitions, rendered by the model's template (Qwen3: a <tools> system block)."""
+        prompt = self.render_chat(messages, enable_thinking=enable_thinking, tools=tools)
         return self.generate(self.tokenizer.encode(prompt), params, cancel=cancel, on_step=on_step)
 
-    def render_chat(self, messages: list[dict], *, enable_thinking: bool = True) -> str:
+    def render_chat(self, messages: list[dict], *, enable_thinking: bool = True,
+                    tools: list[dict] | None = None) -> str:
         from engine.chat_template import ChatTemplate
 
         if not messages:
             raise TesseraError("messages", "is empty: give at least one message")
         for i, m in enumerate(messages):
-            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise TesseraError(f"messages[{i}]", "needs a role of system, user or assistant and a string content")
+            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content"), str):
+                raise TesseraError(f"messages[{i}]",
+                                   "needs a role of system, user, assistant or tool and a string content")
+        extra = {"tools": tools} if tools else {}  # assistant messages may carry OpenAI-style tool_calls too
         return ChatTemplate.of(self.tokenizer).render(messages, add_generation_prompt=True,
-                                                       enable_thinking=enable_thinking)
+                                                       enable_thinking=enable_thinking, **extra)
 
     def reset_cache(self) -> None:
         """Forget every cached prefix (benchmarks use this to measure a cold prefill)."""
