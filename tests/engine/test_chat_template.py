@@ -64,13 +64,15 @@ def test_thinking_switch(folder):
 
 
 def test_reference_template_file():
-    """The Qwen3 template shipped with the published checkpoints renders (shared reference copy)."""
+    """The Qwen3 template shipped with the published checkpoints (tests/data copy) renders, and is the one the engine
+    ships for models without a template."""
     from pathlib import Path
 
-    p = Path("/work/shared/reference/qwen3-chat-template.jinja")
-    if not p.exists():
-        pytest.skip("shared reference not present")
-    out = render(p.read_text()[:-1], CONVERSATIONS["system"], enable_thinking=False)
+    from engine.tokenizer_build import CHAT_TEMPLATE_PATH
+
+    published = (Path(__file__).resolve().parents[1] / "data" / "qwen3-chat-template.jinja").read_text()
+    assert CHAT_TEMPLATE_PATH.read_text() == published
+    out = render(published[:-1], CONVERSATIONS["system"], enable_thinking=False)
     assert out.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n") and out.endswith("</think>\n\n")
 
 

@@ -15,7 +15,7 @@ MEM = {"available_gb": 100.0, "read_bandwidth_gbs": 50.0, "read_bandwidth_1t_gbs
 
 
 def test_preset_sizes_match_published_figures():
-    # /work/shared/reference/qwen3-moe-configs.json: per-token active expert bytes 3.62 GB (30B) / 28.4 GB (235B) in bf16
+    # tests/data/qwen3-moe-configs.json: per-token active expert bytes 3.62 GB (30B) / 28.4 GB (235B) in bf16
     a3b, a22b = presets.preset("qwen3-30b-a3b"), presets.preset("QWEN3-235B-A22B")
     assert a3b.active_expert_params() * 2 / 1e9 == pytest.approx(3.62, abs=0.01)
     assert a22b.active_expert_params() * 2 / 1e9 == pytest.approx(28.4, abs=0.05)
