@@ -48,17 +48,10 @@ while [ $# -gt 0 ]; do
 done
 
 # torch: the CUDA build when an NVIDIA driver answers (PyPI's Linux wheel bundles the CUDA runtime), else the CPU build
-# from PyTorch's CPU index (a bare `pip install torch` would download gigabytes of CUDA libraries for nothing).
-cpu_index="https://download.pytorch.org/whl/cpu"
-if [ -z "$torch_spec" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    torch_spec="torch" torch_index="" torch_kind="CUDA (nvidia-smi found a GPU)"
-  else
-    torch_spec="torch" torch_index="$cpu_index" torch_kind="CPU (no working nvidia-smi)"
-  fi
-else
-  torch_index="" torch_kind="as requested"
-fi
+# from PyTorch's CPU index (a bare `pip install torch` would download gigabytes of CUDA libraries for nothing). The
+# choice, and its fallback when that index cannot be reached, is shared with ./run.sh and ./test.sh.
+source "$here/../scripts/torch_choice.sh"
+choose_torch "$torch_spec" "torch"
 if [ "$show_torch" = 1 ]; then
   echo "$torch_spec${torch_index:+ --index-url $torch_index}  # $torch_kind"
   exit 0

@@ -1,14 +1,15 @@
 # Sourced by run.sh and test.sh: create ./.venv and install Tessera into it (editable, native module built by
 # scikit-build-core). Re-running is cheap: it reinstalls only when pyproject.toml or native/ changed.
-# torch is installed explicitly first: a CPU build by default, or the CUDA build when TESSERA_TORCH names one
-# (packaging/install.sh chooses for end users). A bare `torch` requirement would pull a multi-GB CUDA build.
+# torch is installed explicitly first, chosen by scripts/torch_choice.sh (shared with packaging/install.sh): the CUDA
+# build when nvidia-smi finds a GPU, else the CPU build from PyTorch's CPU index; TESSERA_TORCH names another. A bare
+# `torch` requirement would pull a multi-GB CUDA build onto a machine without a GPU.
 pip_quiet() {  # run pip, hiding the noise of this machine's offline index mirrors; keep its exit status
   local log rc=0; log="$(mktemp)"
   "$@" >"$log" 2>&1 || rc=$?
   grep -v "is ignored: it is neither a file nor a directory" "$log" >&2 || true
   rm -f "$log"; return "$rc"
 }
-TESSERA_TORCH="${TESSERA_TORCH:-torch==2.13.0}"
+TESSERA_TORCH_DEFAULT="torch==2.13.0"
 TESSERA_EXTRAS="${TESSERA_EXTRAS:-}"
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
@@ -18,12 +19,18 @@ fi
 stamp=".venv/.tessera-installed${TESSERA_EXTRAS:+-$TESSERA_EXTRAS}"
 want="$(cat pyproject.toml CMakeLists.txt $(find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.inc' -o -name 'CMakeLists.txt' \) | sort) | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "tessera: installing into .venv (torch: $TESSERA_TORCH)" >&2
+  source scripts/torch_choice.sh
+  choose_torch "${TESSERA_TORCH:-}" "$TESSERA_TORCH_DEFAULT"
+  echo "tessera: installing into .venv; torch: $torch_spec${torch_index:+ from $torch_index}, $torch_kind" >&2
   pip_quiet .venv/bin/python -m pip install -q --upgrade pip
   build_tools="scikit-build-core nanobind"
   command -v cmake >/dev/null 2>&1 || build_tools="$build_tools cmake"
   command -v ninja >/dev/null 2>&1 || build_tools="$build_tools ninja"
-  pip_quiet .venv/bin/python -m pip install -q "$TESSERA_TORCH" $build_tools
+  pip_quiet .venv/bin/python -m pip install -q "$torch_spec" ${torch_index:+--index-url "$torch_index"}
+  built="$(.venv/bin/python -c 'import torch; print(torch.__version__, torch.version.cuda and "CUDA " + torch.version.cuda
+                                                   or "CPU build")' 2>/dev/null || echo "not importable")"
+  echo "tessera: torch in .venv: $built" >&2
+  pip_quiet .venv/bin/python -m pip install -q $build_tools
   pip_quiet .venv/bin/python -m pip install -q --no-build-isolation -e ".${TESSERA_EXTRAS:+[$TESSERA_EXTRAS]}"
   echo "$want" > "$stamp"
 fi

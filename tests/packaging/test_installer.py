@@ -84,25 +84,6 @@ def test_install_then_uninstall_leaves_nothing(tmp_path):
     assert _snapshot(home) == before
 
 
-def test_torch_choice_follows_nvidia_smi(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "nvidia-smi"
-    path = f"{bin_dir}:/usr/bin:/bin"
-    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA GeForce RTX 4090'\n")
-    fake.chmod(0o755)
-    cuda = subprocess.run(["bash", str(INSTALL), "--show-torch"], env=_env(tmp_path, PATH=path), capture_output=True,
-                          text=True)
-    assert cuda.stdout.startswith("torch  # CUDA")
-    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")  # driver missing: CPU build
-    cpu = subprocess.run(["bash", str(INSTALL), "--show-torch"], env=_env(tmp_path, PATH=path), capture_output=True,
-                         text=True)
-    assert cpu.stdout.startswith("torch --index-url https://download.pytorch.org/whl/cpu  # CPU")
-    pinned = subprocess.run(["bash", str(INSTALL), "--show-torch", "--torch", "torch==2.5.1"],
-                            env=_env(tmp_path, PATH=path), capture_output=True, text=True)
-    assert pinned.stdout.startswith("torch==2.5.1  # as requested")
-
-
 def test_bad_arguments_are_named(tmp_path):
     r = subprocess.run(["bash", str(INSTALL), "--source", str(tmp_path)], env=_env(tmp_path), capture_output=True,
                        text=True)
