@@ -6,11 +6,9 @@ Letters: T tokens, H hidden size, I moe_intermediate_size, E experts in the laye
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import mmap
 import os
-import re
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ import torch
 from engine.errors import BackendUnavailableError, TesseraError
 from engine.events import ProgressEvent
 from engine.experts import LayerExperts, TorchExperts
+from engine.pack_cache import PackCache, layer_digest, layer_key
 
 try:
     from engine import _native
@@ -33,6 +32,7 @@ else:
 
 BACKEND_NAMES = ("Auto", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
 
 
 def _require_native() -> None:
@@ -158,59 +158,49 @@ def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
     return blob
 
 
-def _cache_key(model_id: str, backend: str, layer: int, experts: LayerExperts) -> str:
+def packed_nbytes(backend: str, experts: LayerExperts) -> int:
+    E, I, H = experts.gate_proj.shape  # gate_proj [E, I, H]
+    return int(_native.packed_bytes(backend, E, H, I, _DTYPES[_as_native(experts.gate_proj, "gate_proj").dtype]))
+
+
+def _int8_group() -> int:
+    """TESSERA_INT8_GROUP as the AVX512Int8 backend reads it (moe_avx512_int8.cpp group_param): 0 = per channel."""
+    try:
+        g = int(os.environ.get("TESSERA_INT8_GROUP", "128"))
+    except ValueError:
+        g = 0  # atoll of garbage
+    return 0 if g <= 0 else (g + 3) // 4 * 4
+
+
+@functools.lru_cache(maxsize=1)
+def _native_build() -> str:
+    """SHA-256 of the compiled extension: compile-time packing constants (the AMX int8 group) change with it."""
+    h = hashlib.sha256()
+    with open(_native.__file__, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def packing_identity(backend: str) -> dict:
+    """Everything besides the weights that changes a layer's packed bytes: part of the packed-weight cache key."""
+    knobs = {"int8_group": _int8_group()} if backend == "AVX512Int8" else {}
+    return {"backend": backend, "layout": layout_version(), "build": _native_build(), "knobs": knobs}
+
+
+def _packed_as_keyed(backend: str, blob: np.ndarray, identity: dict) -> bool:
+    """The group the AVX512Int8 blob was packed with (read once by the native code) is the one in its key."""
+    if backend != "AVX512Int8":
+        return True
+    group = int(np.frombuffer(blob[_PACKED_HEADER_BYTES : _PACKED_HEADER_BYTES + 8].tobytes(), dtype="<i8")[0])
+    return group == identity["knobs"]["int8_group"]
+
+
+def _check_dims(backend: str, blob: np.ndarray, experts: LayerExperts) -> None:
     E, I, H = experts.gate_proj.shape
-    ident = f"{model_id}|{backend}|v{layout_version()}|L{layer}|{E}x{H}x{I}|{experts.gate_proj.dtype}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:20]
-
-
-def _cache_path(cache_dir: Path, model_id: str, backend: str, layer: int, experts: LayerExperts) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model_id).name)[:40] or "model"
-    return cache_dir / f"{safe}-{backend}-v{layout_version()}" / f"layer{layer:03d}-{_cache_key(model_id, backend, layer, experts)}.pack"
-
-
-_HEADER = struct.Struct("<8sIi24sqqq")  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
-
-
-def _load_cached(path: Path, backend: str, experts: LayerExperts) -> np.ndarray | None:
-    """The cached blob for this layer, or None when missing, stale or not ours (then the caller repacks).
-
-    The file is memory-mapped (populated in one go) and copied into 2 MiB-aligned anonymous memory: transparent huge
-    pages stream measurably faster than 4 KiB file pages in decode (~20-30 % here), and the copy from the page cache
-    costs a fraction of a second per layer against seconds of packing.
-    """
-    try:
-        with open(path, "rb") as f:
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-            mm = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-        try:
-            view = np.frombuffer(mm, dtype=np.uint8)
-            if view.nbytes < _HEADER.size:
-                return None
-            magic, version, _src, name, *dims = _HEADER.unpack(view[: _HEADER.size].tobytes())
-            E, I, H = experts.gate_proj.shape
-            if (magic, version, name.rstrip(b"\0"), dims) != (b"TESSPK1\0", layout_version(), backend.encode(), [E, H, I]):
-                return None
-            blob = _native.aligned_empty(view.nbytes)
-            blob[:] = view
-            del view
-        finally:
-            mm.close()
-        _native.packed_dims(backend, blob)  # the whole blob is as long as its header says
-        return blob
-    except (OSError, ValueError, BufferError):
-        return None
-
-
-def _store(path: Path, blob: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            blob.tofile(f)
-        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
-    except OSError:
-        tmp.unlink(missing_ok=True)  # the cache is an optimisation: a full disk only costs the next start
+    dims = tuple(int(v) for v in _native.packed_dims(backend, blob))
+    if dims != (E, H, I):
+        raise ValueError(f"packed for E, H, I = {dims}, the model has {(E, H, I)}")
 
 
 @dataclass
@@ -221,6 +211,7 @@ class LoadStats:
     packed_bytes: int = 0
     cache_dir: str = ""
     per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached"
+    notices: list[str] = field(default_factory=list)  # the packed-weight cache's one-line notices (engine.pack_cache)
 
 
 # ----------------------------------------------------------------------------------------------------------- the backend
@@ -283,8 +274,9 @@ def make_backend(
 ):
     """Packs `layers` for backend `name` ("Auto" resolves; "Torch" gives TorchExperts) and returns an ExpertBackend.
 
-    With `cache_dir` and `model_id` (a string identifying the model file: path, size, mtime), packed layers are stored
-    as memory-mappable files keyed by model identity + backend + layout version, and reused on the next load.
+    With `cache_dir` and `model_id` (how `tessera-cli cache list` names the model: its path), packed layers go through
+    the disk cache of engine.pack_cache: keyed by the content of each layer and every packing parameter, verified
+    before use, repacked when damaged, skipped when the folder cannot be written, kept to a budget.
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
     """
     concrete, reason = resolve_backend(name)
@@ -294,28 +286,37 @@ def make_backend(
         return backend
     pool = make_pool(threads)
     stats = LoadStats(cache_dir=str(cache_dir or ""))
-    use_cache = cache_dir is not None and model_id is not None
+    cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None else None
     t0 = time.perf_counter()
-    packed: dict[int, np.ndarray] = {}
     order = sorted(layers)
+    sizes = {layer: packed_nbytes(concrete, layers[layer]) for layer in order}
+    keys: dict[int, str] = {}
+    if cache is not None and cache.usable:
+        identity = packing_identity(concrete)
+        keys = {layer: layer_key(identity, layers[layer], layer_digest(layers[layer], pool.size)) for layer in order}
+        cache.make_room([keys[layer] for layer in order], [sizes[layer] for layer in order], model_id, concrete)
+    packed: dict[int, np.ndarray] = {}
     for n, layer in enumerate(order):
         experts = layers[layer]
         blob = None
-        path = _cache_path(Path(cache_dir), model_id, concrete, layer, experts) if use_cache else None
-        if path is not None and path.exists():
-            blob = _load_cached(path, concrete, experts)
+        if layer in keys:
+            blob = cache.load(keys[layer], sizes[layer], _native.aligned_empty,
+                              lambda b, e=experts: _check_dims(concrete, b, e), what=f"layer {layer}")
         if blob is not None:
             stats.cached_layers += 1
             stats.per_layer[layer] = "cached"
         else:
             blob = pack_layer(concrete, experts, pool)
-            if path is not None:
-                _store(path, blob)
+            if layer in keys and _packed_as_keyed(concrete, blob, identity):
+                cache.store(keys[layer], blob)
             stats.packed_layers += 1
             stats.per_layer[layer] = "packed"
         packed[layer] = blob
         stats.packed_bytes += int(blob.nbytes)
         if progress is not None:
             progress(ProgressEvent("pack", n + 1, len(order), f"{concrete}: layer {layer} {stats.per_layer[layer]}"))
+    if cache is not None:
+        cache.record(model_id, concrete, [keys[layer] for layer in order if layer in keys])
+        stats.notices = list(cache.notices)
     stats.seconds = time.perf_counter() - t0
     return NativeExperts(concrete, reason, packed, pool, stats)
