@@ -4,4 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/setup_env.sh
+# Before the window: can Qt open the display? If not, say which system packages are missing and how to install them.
+case " $* " in
+  *" -h "*|*" --help "*) ;;
+  *) .venv/bin/python -m app.display_check || exit 1 ;;
+esac
 exec .venv/bin/python -m app "$@"
