@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 
@@ -27,18 +26,8 @@ from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import ConversationSidebar
 from app.views.status_bar import TesseraStatusBar
 from app.views.welcome import WelcomePage
-
-WIZARDS = {"hardware": ("app.wizards.hardware_wizard", "HardwareWizard"),
-           "convert": ("app.wizards.convert_wizard", "ConvertWizard")}
-
-
-def find_wizard(kind: str):
-    """(class, "") when the wizards part has delivered it, else (None, reason)."""
-    module, name = WIZARDS[kind]
-    try:
-        return getattr(importlib.import_module(module), name), ""
-    except Exception as exc:  # noqa: BLE001 - any import problem means "not available", with the reason shown
-        return None, f"not available yet: {type(exc).__name__}"
+from app.wizards.convert_wizard import ConvertWizard
+from app.wizards.hardware_wizard import HardwareWizard
 
 
 def _first_paragraph(markdown_text: str, limit: int = 400) -> str:
@@ -89,7 +78,6 @@ class MainWindow(QMainWindow):
 
         self._menus()
         self._connect()
-        self._wizard_buttons()
         icons = [p for p in paths.app_icon_files() if p.stem.endswith("-128")] or paths.app_icon_files()[-1:]
         if icons:
             self.welcome.set_logo(str(icons[0]))
@@ -165,15 +153,6 @@ class MainWindow(QMainWindow):
         }
         m = bar.addMenu("&Help")
         self._action(m, "&About Tessera", self._about)
-
-    def _wizard_buttons(self) -> None:
-        for kind, action in self.wizard_actions.items():
-            cls, reason = find_wizard(kind)
-            action.setEnabled(cls is not None)
-            action.setToolTip(reason)
-            if cls is None:
-                action.setText(action.text().replace("…", "") + " (not available)")
-            self.welcome.set_available(kind, cls is not None, reason)
 
     def _connect(self) -> None:
         w, c = self.worker, self.controller
@@ -409,18 +388,12 @@ class MainWindow(QMainWindow):
 
     # ---- misc
     def open_wizard(self, kind: str):
-        cls, reason = find_wizard(kind)
-        if cls is None:
-            self.statusBar().showMessage(f"The {kind} wizard is {reason}", 5000)
-            return None
         if kind == "hardware":
-            wizard = cls(self, model_path=self.state.path or None)
-            if hasattr(wizard, "report_ready"):
-                wizard.report_ready.connect(self.on_hardware_report)
+            wizard = HardwareWizard(self, model_path=self.state.path or None)
+            wizard.report_ready.connect(self.on_hardware_report)
         else:
-            wizard = cls(self)
-            if hasattr(wizard, "converted"):
-                wizard.converted.connect(self.on_converted)
+            wizard = ConvertWizard(self)
+            wizard.converted.connect(self.on_converted)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         wizard.open()
         return wizard

@@ -12,8 +12,6 @@ import time
 
 import pytest
 
-pytest.importorskip("engine.model_info", reason="engine.inspect_model has not landed yet")
-
 
 def app_env(data):
     return dict(os.environ, QT_QPA_PLATFORM="offscreen", TESSERA_DATA_DIR=str(data))

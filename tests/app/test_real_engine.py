@@ -9,8 +9,6 @@ from app_fakes import data_dir  # noqa: F401 - fixture
 from app.payloads import GenerationResult, ModelState, TokenChunk, WorkerError
 from app.worker import EngineWorker
 
-pytest.importorskip("engine.model_info", reason="engine.inspect_model has not landed yet")
-
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": 0}
 
 

@@ -42,7 +42,6 @@ def test_bad_model_argument_shows_an_error_not_a_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_model_and_prompt_from_the_command_line(tmp_path, tiny_gguf_model):
-    pytest.importorskip("engine.model_info")
     from app.settings import Settings
     from app.store import ConversationStore
 

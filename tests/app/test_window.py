@@ -236,11 +236,7 @@ def test_shortcuts_and_accessible_names(harness):
 
 
 def test_wizards_open_from_the_window_and_report_back(harness):
-    from app.main_window import find_wizard
-
     w = harness.window
-    cls, reason = find_wizard("hardware")
-    assert cls is not None, reason
     assert w.welcome.buttons["hardware"].isEnabled() and w.wizard_actions["hardware"].isEnabled()
     wizard = w.open_wizard("hardware")
     try:

@@ -11,13 +11,6 @@ from engine.cli import main
 from engine.compare import compare_logits, verdict
 
 
-@pytest.fixture
-def engine_io():
-    """compare needs engine I/O's loaders (engine.weights, engine.tokenizer)."""
-    pytest.importorskip("engine.weights")
-    pytest.importorskip("engine.tokenizer")
-
-
 def test_compare_logits_statistics():
     a = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     same = compare_logits(a, a.clone())
@@ -30,7 +23,7 @@ def test_compare_logits_statistics():
     assert verdict(same, lossless=True)[0] and not verdict(r, lossless=True)[0] and not verdict(r, lossless=False)[0]
 
 
-def test_hf_and_gguf_fixtures_give_identical_logits(engine_io, tiny_hf_model, tiny_gguf_model, capsys):
+def test_hf_and_gguf_fixtures_give_identical_logits(tiny_hf_model, tiny_gguf_model, capsys):
     assert main(["compare", str(tiny_hf_model), str(tiny_gguf_model), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["tokens"] > 20 and report["max_abs_diff"] <= 1e-5 * report["logit_range"]
@@ -38,7 +31,7 @@ def test_hf_and_gguf_fixtures_give_identical_logits(engine_io, tiny_hf_model, ti
 
 
 @pytest.mark.parametrize(("src_dtype", "dtype", "lossless"), [("bf16", "bf16", True), ("f32", "q8_0", False)])
-def test_convert_verify(engine_io, tmp_path, capsys, src_dtype, dtype, lossless):
+def test_convert_verify(tmp_path, capsys, src_dtype, dtype, lossless):
     from engine.compare import verify_conversion
     from engine.make_model import make_model
 
@@ -55,7 +48,7 @@ def test_convert_verify(engine_io, tmp_path, capsys, src_dtype, dtype, lossless)
         assert 0 < report.mean_kl <= 0.02 and report.max_abs_diff > 0
 
 
-def test_converted_tokenizer_round_trips(engine_io, tiny_hf_model, tmp_path):
+def test_converted_tokenizer_round_trips(tiny_hf_model, tmp_path):
     """The GGUF's tokenizer.ggml.* keys rebuild the same tokenizer as the folder's tokenizer.json."""
     from engine.convert import convert
     from engine.tokenizer import Tokenizer

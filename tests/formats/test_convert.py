@@ -395,7 +395,8 @@ def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sou
 
 
 def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
-    native = pytest.importorskip("engine.native")
+    from engine import native
+
     available = [name for name, (ok, _) in native.backend_status().items() if ok and name not in ("Auto", "Reference")]
     if not available:
         pytest.skip("no packing backend on this machine")
