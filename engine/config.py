@@ -8,7 +8,7 @@ as that file spells it (`num_attention_heads` in config.json, `qwen3moe.attentio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 import numpy as np
@@ -353,10 +353,6 @@ class ModelConfig:
         if self.eos_token_ids:
             md[GGUF_KEYS["eos_token_id"]] = self.eos_token_ids[0]
         return md
-
-    def with_(self, **changes: Any) -> ModelConfig:
-        """A validated copy with some fields changed (e.g. a smaller context length)."""
-        return replace(self, **changes).validate()
 
 
 def _default_head_dim(hidden: Any, heads: Any, source: str, hidden_key: str, heads_key: str) -> int:

@@ -29,9 +29,6 @@ class CacheStats:
     total_pairs: int = 0
     total_on_device: int = 0
 
-    def hit_rate(self) -> float:
-        return self.total_on_device / self.total_pairs if self.total_pairs else 0.0
-
 
 class _Pending:
     """A submitted native computation, with the `result()` of a Future."""

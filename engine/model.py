@@ -186,9 +186,6 @@ class Qwen3MoeModel:
         ]
         self.linears = [self.lm_head] + [lin for block in self.layers for lin in block.linears()]
 
-    def layer_experts(self, tensors: dict[str, torch.Tensor]) -> dict[int, LayerExperts]:
-        return layer_experts(self.config, tensors)
-
     def new_cache(self, capacity: int) -> KVCache:
         cfg = self.config
         return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, capacity,

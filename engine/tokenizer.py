@@ -255,10 +255,6 @@ class StreamDecoder:
         return new_text[len(prefix_text) :]
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    return Tokenizer.from_path(path)
-
-
 def _qwen2_pipeline(tk: Any) -> None:
     from tokenizers import Regex, decoders, normalizers, pre_tokenizers
 
