@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "check": "engine.cli.check",
     "generate": "engine.cli.generate",
     "chat": "engine.cli.chat",
+    "serve": "engine.cli.serve",
     "bench": "engine.cli.bench",
     "eval-demo": "engine.cli.eval_demo",
     "bench-moe": "engine.cli.bench_moe",
