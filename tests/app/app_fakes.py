@@ -104,7 +104,8 @@ class FakeApi:
         if "bad" in str(path):
             raise ModelFormatError(str(path), "not a GGUF file (bad magic)")
         return {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
-                "total_bytes": 5_000_000, "context_length": 2048}
+                "num_key_value_heads": 2, "head_dim": 16, "total_bytes": 5_000_000, "loaded_bytes": 5_000_000,
+                "context_length": 2048}
 
     def sampling_params(self, params):
         return dict(params)

@@ -293,7 +293,8 @@ def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypat
     from app.fit import estimate
 
     w = harness.window
-    w.fits["/models/huge.gguf"] = estimate({"total_bytes": 10**15}, 4096, 16 * 2**30)
+    huge = {"loaded_bytes": 10**15, "num_hidden_layers": 94, "num_key_value_heads": 4, "head_dim": 128}
+    w.fits["/models/huge.gguf"] = estimate(huge, 4096, 16 * 2**30)
     asked = []
     monkeypatch.setattr(w, "confirm_load", lambda text: asked.append(text) or False)
     w.load_model("/models/huge.gguf")
