@@ -189,8 +189,10 @@ class ChatView(QWidget):
         if not text or self.busy:
             return
         self.show_notice("")
-        self.prompt.clear()
-        self.send_requested.emit(text)
+        shown = len(self.widgets)
+        self.send_requested.emit(text)  # the controller appends the message at once (direct connection) or refuses
+        if len(self.widgets) > shown:  # accepted: it is in the transcript now, so the box may be emptied
+            self.prompt.clear()
 
     def _action(self, name: str, index: int) -> None:
         w = self.widgets[index]
