@@ -4,11 +4,12 @@ What llama.cpp's convert_hf_to_gguf.py does for Qwen3MoeForCausalLM, without its
 qwen3moe.* keys, the gpt2/qwen2 tokenizer (tokens padded to vocab_size with [PAD{i}], token types, merges, special ids,
 add_bos_token, chat template) via gguf.SpecialVocab, per-expert tensors stacked into 3-D ffn_{gate,up,down}_exps, 1-D norms
 and the router (ffn_gate_inp) kept F32, matrices in the requested type (Q8_0 falls back to F16 when a row does not split
-into 32-element blocks, as llama.cpp does).
+into 32-element blocks, as llama.cpp does), or, for the quantized presets (q4_k_m, ...), the per-tensor mix
+llama-quantize writes (engine/quant_mix.py), quantized by engine/quantize.py.
 
 Every header is checked before a byte is written; tensors are then read one at a time from the memory-mapped safetensors
 shards, so a model larger than RAM converts. Public API: `convert(src, out, dtype=..., progress=..., cancel=...)`,
-`gguf_metadata(folder, dims, qtype)`, `read_source(folder)`.
+`gguf_metadata(folder, cfg, dims, out_type)`, `read_source(folder)`.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from pathlib import Path
 import gguf
 import torch
 
-from engine.checkpoint_layout import Dims, GGUFTensor, arch_name, gguf_tensors, hf_shapes, is_norm
+from engine.checkpoint_layout import Dims, GGUFTensor, arch_name, gguf_tensors, hf_shapes
 from engine.errors import Cancelled, ModelFormatError, TesseraError
 from engine.events import ProgressEvent
-from engine.gguf_writer import DTYPE_NAMES, FILE_TYPES, PlannedTensor, quantizable, write_gguf
+from engine.gguf_writer import PlannedTensor, write_gguf
+from engine.quant_mix import OutputType, parse_output_type, tensor_type
 
-Q = gguf.GGMLQuantizationType
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -212,20 +213,9 @@ def read_source(folder: str | Path) -> Source:
     return Source(folder, cfg, dims, tensors)
 
 
-def tensor_qtype(t: GGUFTensor, requested: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
-    """llama.cpp's rule: 1-D tensors and the router stay F32; other matrices take `requested`, with F16 for rows that
-    do not split into quant blocks."""
-    if is_norm(t) or t.kind == gguf.MODEL_TENSOR.FFN_GATE_INP:
-        return Q.F32
-    if requested not in (Q.F32, Q.F16, Q.BF16) and not quantizable(t.shape, requested):
-        return Q.F16
-    return requested
-
-
-def plan_tensors(
-    dims: Dims, get: Callable[[str], torch.Tensor], qtype: gguf.GGMLQuantizationType
-) -> list[PlannedTensor]:
-    """The GGUF tensors for `dims`, each producing its values from HF tensors via `get(hf_name)` (stacking experts)."""
+def plan_tensors(dims: Dims, get: Callable[[str], torch.Tensor], out_type: OutputType) -> list[PlannedTensor]:
+    """The GGUF tensors for `dims`, each producing its values from HF tensors via `get(hf_name)` (stacking experts),
+    each in the type engine.quant_mix chooses for `out_type` (llama.cpp's rules)."""
 
     def producer(t: GGUFTensor) -> Callable[[], torch.Tensor]:
         if len(t.sources) == 1:
@@ -241,7 +231,7 @@ def plan_tensors(
 
         return stacked
 
-    return [PlannedTensor(t.name, t.shape, tensor_qtype(t, qtype), producer(t)) for t in gguf_tensors(dims)]
+    return [PlannedTensor(t.name, t.shape, tensor_type(t, dims, out_type), producer(t)) for t in gguf_tensors(dims)]
 
 
 def _looks_special(token: str) -> bool:
@@ -276,9 +266,7 @@ def _token_list(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def gguf_metadata(
-    folder: Path, cfg: dict, dims: Dims, qtype: gguf.GGMLQuantizationType
-) -> Callable[[gguf.GGUFWriter], None]:
+def gguf_metadata(folder: Path, cfg: dict, dims: Dims, out_type: OutputType) -> Callable[[gguf.GGUFWriter], None]:
     """The metadata llama.cpp writes for a qwen3moe model from the HF folder `folder` (config + tokenizer files)."""
     tokens, types = _token_list(folder, dims.vocab)
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=dims.vocab)
@@ -299,7 +287,7 @@ def gguf_metadata(
         w.add_expert_used_count(dims.experts_per_tok)
         w.add_key_length(dims.head_dim)
         w.add_value_length(dims.head_dim)
-        w.add_file_type(FILE_TYPES[qtype])
+        w.add_file_type(out_type.file_type)
         w.add_expert_count(dims.experts)
         w.add_expert_feed_forward_length(dims.moe_inter)
         if not cfg.get("norm_topk_prob", True):  # llama.cpp renormalises qwen3moe's top-k by default; say only "no"
@@ -317,14 +305,7 @@ def gguf_metadata(
 def output_bytes(source: Source, dtype: str) -> int:
     """Bytes of tensor data the GGUF of `source` in `dtype` will hold (metadata adds a few MB): for the wizard's
     free-space line."""
-    return sum(t.nbytes for t in plan_tensors(source.dims, lambda name: torch.empty(0), parse_dtype(dtype)))
-
-
-def parse_dtype(name: str) -> gguf.GGMLQuantizationType:
-    try:
-        return DTYPE_NAMES[name.lower()]
-    except KeyError:
-        raise TesseraError("--dtype", f"unknown type {name!r}; choose one of {', '.join(DTYPE_NAMES)}") from None
+    return sum(t.nbytes for t in plan_tensors(source.dims, lambda name: torch.empty(0), parse_output_type(dtype)))
 
 
 def convert(
@@ -335,9 +316,10 @@ def convert(
     progress: Callable[[ProgressEvent], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> Path:
-    """Convert the HF Qwen3-MoE folder `src` into the GGUF file `out` (matrices in `dtype`: bf16, f16, f32 or q8_0).
+    """Convert the HF Qwen3-MoE folder `src` into the GGUF file `out` (matrices in `dtype`: bf16, f16, f32, q8_0, or a
+    llama-quantize preset q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs with its per-tensor type mix; see engine/quant_mix.py).
     Raises ModelFormatError/TesseraError naming the problem, Cancelled when `cancel` is set; never leaves a partial file."""
-    qtype = parse_dtype(dtype)
+    out_type = parse_output_type(dtype)
     out = Path(out)
     if out.is_dir():
         raise TesseraError(str(out), "is a folder; give the path of the .gguf file to write")
@@ -350,8 +332,8 @@ def convert(
         return reader.get(name)
 
     try:
-        tensors = plan_tensors(source.dims, get, qtype)
-        meta = gguf_metadata(source.folder, source.config, source.dims, qtype)
+        tensors = plan_tensors(source.dims, get, out_type)
+        meta = gguf_metadata(source.folder, source.config, source.dims, out_type)
         return write_gguf(out, arch_name(), meta, tensors, progress=progress, cancel=cancel)
     finally:
         reader.close()

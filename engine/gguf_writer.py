@@ -22,16 +22,10 @@ import torch
 
 from engine.errors import Cancelled, TesseraError
 from engine.events import ProgressEvent
+from engine.quantize import quantize
 
 Q = gguf.GGMLQuantizationType
 
-DTYPE_NAMES: dict[str, gguf.GGMLQuantizationType] = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
-FILE_TYPES: dict[gguf.GGMLQuantizationType, gguf.LlamaFileType] = {
-    Q.F32: gguf.LlamaFileType.ALL_F32,
-    Q.F16: gguf.LlamaFileType.MOSTLY_F16,
-    Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
-    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-}
 FREE_SPACE_MARGIN = 64 * 1024 * 1024  # bytes kept free beyond the file itself
 
 
@@ -69,8 +63,9 @@ def quantizable(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> bool:
 QUANT_CHUNK_ELEMENTS = 1 << 24  # quantize this many values at a time, so a big expert tensor needs no f32 copy
 
 
-def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
-    """`t` in GGUF's storage for `qtype`: float32/float16 arrays, bf16 as raw uint16, Q8_0 via gguf.quants (bytes)."""
+def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType, subject: str = "tensor") -> np.ndarray:
+    """`t` in GGUF's storage for `qtype`: float32/float16 arrays, bf16 as raw uint16, block types as bytes from
+    engine.quantize (a row length that does not split into blocks, or NaN/Inf, is a QuantizeError naming `subject`)."""
     t = t.detach()
     if qtype == Q.F32:
         return t.to(torch.float32).contiguous().numpy()
@@ -83,9 +78,7 @@ def encode(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     rows_out = out.reshape(-1, out.shape[-1])  # [R, C / block * block bytes]
     step = max(1, QUANT_CHUNK_ELEMENTS // t.shape[-1])
     for r in range(0, rows_in.shape[0], step):
-        rows_out[r : r + step] = gguf.quants.quantize(
-            rows_in[r : r + step].to(torch.float32).contiguous().numpy(), qtype
-        )
+        rows_out[r : r + step] = quantize(rows_in[r : r + step].to(torch.float32).contiguous().numpy(), qtype, subject)
     return out
 
 
@@ -139,7 +132,7 @@ def write_gguf(
             values = t.produce()
             if tuple(values.shape) != tuple(t.shape):
                 raise TesseraError(f"tensor {t.name}", f"has shape {list(values.shape)}, expected {list(t.shape)}")
-            data = encode(values, t.qtype)
+            data = encode(values, t.qtype, f"tensor {t.name}")
             del values
             writer.write_tensor_data(data)
             del data

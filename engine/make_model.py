@@ -46,6 +46,22 @@ PRESETS: dict[str, dict] = {
         "max_position_embeddings": 1024,
         "rope_theta": 1000000.0,
     },
+    # Like tiny, but every row a multiple of 256, so K-quants and IQ4_XS apply to every matrix (no fallback types);
+    # 4 layers, so q4_k_m/q5_k_m give some layers' attn_v and ffn_down_exps Q6_K and others the base type.
+    "tiny-kquant": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 256,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "vocab_size": 437,
+        "max_position_embeddings": 1024,
+        "rope_theta": 1000000.0,
+    },
     # Shapes of the published Qwen3-30B-A3B (reference/qwen3-moe-configs.json); use --layers to keep it small.
     "qwen3-30b-a3b": {
         "hidden_size": 2048,
@@ -64,6 +80,8 @@ PRESETS: dict[str, dict] = {
 }
 
 DTYPES = {"f32": ("float32", torch.float32, "F32"), "bf16": ("bfloat16", torch.bfloat16, "BF16")}
+# --dtype choices: the float types above (HF or GGUF), then the GGUF-only block-quantized ones (engine/quant_mix.py).
+MAKE_MODEL_DTYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs")
 
 
 def hf_config(preset: str, *, layers: int | None, dtype: str, tok: BuiltTokenizer, overrides: dict | None) -> dict:
@@ -225,16 +243,17 @@ def make_model(
 ) -> Path:
     """Write a random Qwen3-MoE model to `out` (a new or empty folder for fmt="hf", a .gguf file path for fmt="gguf").
 
-    dtype: f32 | bf16 (both formats) | q8_0 (gguf only). config_overrides: config.json keys to set (None removes one),
-    e.g. {"mlp_only_layers": [1], "tie_word_embeddings": True, "head_dim": 24}. Returns `out`.
+    dtype: f32 | bf16 (both formats) | q8_0, q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs (gguf only: Tessera's quantizer,
+    engine/quantize.py, with llama-quantize's per-tensor type mix, engine/quant_mix.py).
+    config_overrides: config.json keys to set (None removes one), e.g. {"mlp_only_layers": [1], "tie_word_embeddings": True, "head_dim": 24}. Returns `out`.
     """
     out = Path(out)
     if fmt not in ("hf", "gguf"):
         raise TesseraError("--format", f"unknown format {fmt!r}; choose hf or gguf")
-    if dtype not in ("f32", "bf16", "q8_0"):
-        raise TesseraError("--dtype", f"unknown dtype {dtype!r}; choose f32, bf16 or q8_0")
-    if dtype == "q8_0" and fmt == "hf":
-        raise TesseraError("--dtype", "q8_0 is only available with --format gguf (safetensors holds f32/bf16)")
+    if dtype not in MAKE_MODEL_DTYPES:
+        raise TesseraError("--dtype", f"unknown dtype {dtype!r}; choose one of {', '.join(MAKE_MODEL_DTYPES)}")
+    if dtype not in DTYPES and fmt == "hf":
+        raise TesseraError("--dtype", f"{dtype} is only available with --format gguf (safetensors holds f32/bf16)")
     if fmt == "hf":
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise TesseraError(str(out), "already exists and is not an empty folder")
@@ -253,8 +272,9 @@ def make_model(
         return out
 
     from engine.checkpoint_layout import arch_name
-    from engine.convert import gguf_metadata, parse_dtype, plan_tensors
+    from engine.convert import gguf_metadata, plan_tensors
     from engine.gguf_writer import write_gguf
+    from engine.quant_mix import parse_output_type
 
     with tempfile.TemporaryDirectory(prefix="tessera-make-model-") as tmp:
         folder = Path(tmp)
@@ -263,10 +283,10 @@ def make_model(
         cfg["_name_or_path"] = f"tessera-random-{preset}"
         _write_text_files(folder, cfg, tok)
         dims = Dims.from_hf_config(cfg)
-        qtype = parse_dtype(dtype)
+        out_type = parse_output_type(dtype)
         weights = RandomWeights(cfg, seed, torch.bfloat16 if dtype == "bf16" else torch.float32)
-        meta = gguf_metadata(folder, cfg, dims, qtype)
-        tensors = plan_tensors(dims, weights.get, qtype)
+        meta = gguf_metadata(folder, cfg, dims, out_type)
+        tensors = plan_tensors(dims, weights.get, out_type)
         assert [t.name for t in tensors] == [t.name for t in gguf_tensors(dims)]
         write_gguf(out, arch_name(), meta, tensors, progress=progress)
     return out

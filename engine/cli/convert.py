@@ -10,7 +10,12 @@ HELP = "convert a Hugging Face Qwen3-MoE folder to GGUF (llama.cpp qwen3moe layo
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")
     p.add_argument("out", metavar="OUT", help="GGUF file to write")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "q8_0", "f16", "f32"], help="type of the matrices")
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=["bf16", "q8_0", "f16", "f32", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs"],
+        help="type of the matrices (default bf16); q4_0 .. iq4_xs write llama-quantize's per-tensor type mix",
+    )
     p.add_argument("--verify", action="store_true", help="afterwards, compare the logits of source and output")
     p.add_argument("--text", default=None, help="text for --verify (default: a built-in sample)")
     p.add_argument(

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import argparse
 
+# Kept literal so the CLI imports quickly (no torch); tests/formats/test_quantize.py checks them against engine.make_model.
+PRESET_NAMES = ("tiny", "tiny-kquant", "qwen3-30b-a3b")
+DTYPE_NAMES = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs")
+
 HELP = "write a random-weight Qwen3-MoE model (HF folder or GGUF) for tests, benchmarks and trying the app"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", metavar="OUT", help="output folder (--format hf) or .gguf file (--format gguf)")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "qwen3-30b-a3b"], help="model shapes (default tiny)")
+    p.add_argument("--preset", default="tiny", choices=PRESET_NAMES, help="model shapes (default tiny)")
     p.add_argument("--layers", type=int, default=None, help="number of layers (default: the preset's)")
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "q8_0"], help="weight type (q8_0: gguf only)")
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        choices=DTYPE_NAMES,
+        help="weight type (default f32); q8_0, q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs: gguf only, with the per-tensor type "
+        "mix llama-quantize writes for that preset",
+    )
     p.add_argument(
         "--format",
         dest="fmt",

@@ -166,8 +166,8 @@ def test_unknown_and_unsupported_tensor_types(good, tmp_path):
     with pytest.raises(ModelFormatError, match=f"tensor {name}: unsupported tensor type #999"):
         open_gguf(_patched(good, tmp_path, _tensor_field_offset(good, name, "type"), "<I", 999))
     cfg = tiny_config()
-    p = write_gguf(tmp_path / "q40.gguf", cfg, qtype={"blk.1.ffn_up_exps.weight": Q.Q4_0})
-    with pytest.raises(ModelFormatError, match="tensor blk.1.ffn_up_exps.weight: unsupported tensor type Q4_0"):
+    p = write_gguf(tmp_path / "q41.gguf", cfg, qtype={"blk.1.ffn_up_exps.weight": Q.Q4_1})
+    with pytest.raises(ModelFormatError, match="tensor blk.1.ffn_up_exps.weight: unsupported tensor type Q4_1"):
         open_gguf(p)
 
 

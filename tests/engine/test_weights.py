@@ -57,7 +57,7 @@ def test_gguf_errors(tmp_path):
     err(r"tensor blk.1.attn_k.weight has shape \[16, 64\], the metadata needs \[32, 64\]", tensors=src)
     err("unsupported architecture 'llama'", arch="llama")
     err("key qwen3moe.expert_count is missing", drop_keys=("qwen3moe.expert_count",))
-    err("unsupported tensor type Q4_0", qtype={"blk.0.attn_v.weight": Q.Q4_0})
+    err("unsupported tensor type Q4_1", qtype={"blk.0.attn_v.weight": Q.Q4_1})
     # A block without ffn_gate_inp is dense: its expert tensors become unknown, its dense ones missing.
     err("tensor blk.1.ffn_gate_exps.weight: unknown tensor", drop=("blk.1.ffn_gate_inp.weight",))
 
