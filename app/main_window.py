@@ -210,6 +210,17 @@ class MainWindow(QMainWindow):
             return
         if self.model_panel.path != path:
             self.model_panel.choose(path)
+        # refuse here what cannot load, so the model loaded now stays loaded
+        if self.model_panel.unreadable and self.model_panel.path == path:
+            self.statusBar().showMessage(f"{Path(path).name} cannot be read (see the model panel); "
+                                         "the loaded model stays.", 8000)
+            self.model_ready.emit(False)
+            return
+        if (self.settings.get("gpu/use") == "cuda" and self.backend_list is not None
+                and not self.backend_list.device.startswith("cuda")):
+            reason = self.backend_list.cuda_reason or "no CUDA device is available"
+            self._offer_cpu_fallback(WorkerError("load", "placement", f"GPU use is cuda, but {reason}"))
+            return
         self.model_panel.start_loading()
         self._loading = True
         self.statusBar().showMessage(f"Loading {Path(path).name}…")
@@ -270,6 +281,7 @@ class MainWindow(QMainWindow):
         self.backend_list = backends
         if self.settings_dialog is not None:
             self.settings_dialog.set_backends(backends)
+            self.settings_dialog.set_gpu_status(backends)
         if not self.state.loaded:
             self.status.device_label.setText(f"device {backends.device}")
 
@@ -302,7 +314,7 @@ class MainWindow(QMainWindow):
             self._show_error("Could not load the model", error)
             self.model_ready.emit(False)
         elif error.operation == "inspect":
-            self.model_panel.show_error(error.text)
+            self.model_panel.show_inspect_error(error.text)
         elif error.operation == "backend":
             self._show_error("Could not switch the backend", error)
         elif error.operation == "generate":

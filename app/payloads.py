@@ -103,3 +103,4 @@ class BackendList:
     device: str = "cpu"  # "cuda:0 (NVIDIA ...)" when a GPU is usable
     vram_free_bytes: int = 0
     vram_total_bytes: int = 0
+    cuda_reason: str = ""  # why there is no usable CUDA device ("" when there is one)

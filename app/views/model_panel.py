@@ -57,6 +57,8 @@ class ModelPanel(QWidget):
         self.setAcceptDrops(True)
         self.path = ""
         self.loaded = False
+        self.loaded_path = ""  # the model loaded now ("" when none)
+        self.unreadable = False  # the chosen model's header could not be read: Load stays disabled
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
 
@@ -117,8 +119,8 @@ class ModelPanel(QWidget):
         self.recent = QListWidget()
         self.recent.setAccessibleName("Recent models")
         self.recent.setMaximumHeight(110)
-        self.recent.itemActivated.connect(lambda item: self.choose(item.data(Qt.ItemDataRole.UserRole)))
-        self.recent.itemDoubleClicked.connect(lambda item: self.choose(item.data(Qt.ItemDataRole.UserRole)))
+        self.recent.setToolTip("Double-click (or Enter) loads a recent model")
+        self.recent.itemActivated.connect(self._load_recent)  # double-click or Enter: choose and load
         layout.addWidget(self.recent)
 
     # ---- choosing
@@ -139,8 +141,22 @@ class ModelPanel(QWidget):
         self.meta.clear()
         self.fit_label.setText("Reading the model's header…")
         self.error_label.setVisible(False)
-        self.load_button.setEnabled(True)
+        self.unreadable = False
+        self._update_load_button()
         self.inspect_requested.emit(self.path)
+
+    def _load_recent(self, item) -> None:
+        path = item.data(Qt.ItemDataRole.UserRole)
+        if path != self.path:
+            self.choose(path)
+        self.load_requested.emit(self.path)
+
+    def _update_load_button(self) -> None:
+        """Load for a new choice, Reload for the model loaded now; disabled while nothing readable is chosen."""
+        self.load_button.setText("Reload" if self.loaded and self.path == self.loaded_path else "Load")
+        self.load_button.setEnabled(bool(self.path) and not self.unreadable)
+        self.load_button.setToolTip("This model's header could not be read: fix the file or choose another"
+                                    if self.unreadable else "")
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
         urls = event.mimeData().urls()
@@ -197,22 +213,28 @@ class ModelPanel(QWidget):
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
         self.unload_button.setEnabled(state.loaded)
-        self.load_button.setEnabled(bool(self.path))
-        if state.loaded:
-            self.load_button.setText("Reload")
-            if state.path and state.path != self.path:
+        self.loaded_path = state.path if state.loaded else ""
+        if state.loaded and state.path:
+            if state.path != self.path:  # e.g. a failed load of another choice kept this model
                 self.path = state.path
-                self.path_label.setText(state.path)
+                self.unreadable = False
+                self.meta.clear()
+                self.fit_label.setText("")
+            self.path_label.setText(state.path)  # also replaces "Making …" once the test model has loaded
             if state.info and not self.meta.topLevelItemCount():
                 self.show_summary(ModelSummary(state.path, state.info), self.fit_label.text())
-        else:
-            self.load_button.setText("Load")
+        self._update_load_button()
+
+    def show_inspect_error(self, text: str) -> None:
+        """The chosen model cannot be read: say why, and keep Load disabled until another one is chosen."""
+        self.unreadable = True
+        self.show_error(text)
 
     def show_error(self, text: str) -> None:
         self._started = None
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
-        self.load_button.setEnabled(bool(self.path))
+        self._update_load_button()
         self.error_label.setText(text)
         self.error_label.setVisible(True)
         if self.fit_label.text().startswith("Reading"):

@@ -18,6 +18,7 @@ from app.payloads import BackendList
 from app.settings import TABLE, Setting, Settings
 
 BACKEND_KEY = "model/backend"
+GPU_KEY = "gpu/use"
 
 
 class SettingsDialog(QDialog):
@@ -52,6 +53,11 @@ class SettingsDialog(QDialog):
         self.backend_note.setWordWrap(True)
         self.backend_note.setStyleSheet("color: gray;")
         forms["Model"].addRow(self.backend_note)
+        self.gpu_note = QLabel()
+        self.gpu_note.setWordWrap(True)
+        self.gpu_note.setStyleSheet("color: gray;")
+        self.gpu_note.setAccessibleName("CUDA availability")
+        forms["Model"].addRow(self.gpu_note)
         self.backend_table = QTreeWidget()
         self.backend_table.setHeaderLabels(["Backend", "On this computer"])
         self.backend_table.setRootIsDecorated(False)
@@ -66,6 +72,7 @@ class SettingsDialog(QDialog):
         self._note(backends)
         if backends is not None:
             self.set_backends(backends)
+            self.set_gpu_status(backends)
         self.setMinimumWidth(620)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -150,6 +157,18 @@ class SettingsDialog(QDialog):
             item.setToolTip(1, reason)
             if not ok:
                 item.setDisabled(True)
+
+    def set_gpu_status(self, backends: BackendList) -> None:
+        """GPU use "cuda" is offered only where torch sees a CUDA device; otherwise it is disabled, with the reason."""
+        combo: QComboBox = self.editors[GPU_KEY]
+        index = combo.findText("cuda")
+        item = combo.model().item(index) if isinstance(combo.model(), QStandardItemModel) else None
+        ok = backends.device.startswith("cuda")
+        reason = backends.device if ok else (backends.cuda_reason or "no CUDA device is available")
+        if item is not None:
+            item.setEnabled(ok)
+        combo.setItemData(index, ("available: " if ok else "unavailable: ") + reason, Qt.ItemDataRole.ToolTipRole)
+        self.gpu_note.setText(f"GPU use cuda: {reason}" if ok else f"GPU use cuda is unavailable here: {reason}")
 
     def backend_enabled(self, name: str) -> bool:
         combo: QComboBox = self.editors[BACKEND_KEY]

@@ -26,3 +26,84 @@ def test_refused_send_keeps_the_typed_text(harness):
     harness.send(chat.prompt.toPlainText())  # accepted: now the box empties
     assert chat.prompt.toPlainText() == ""
     assert harness.window.controller.messages[0].content == "A long question I typed carefully"
+
+
+def test_an_unreadable_choice_cannot_unload_the_working_model(harness, qtbot):
+    w, panel = harness.window, harness.window.model_panel
+    harness.load("/models/good.gguf")
+    kept = harness.api.sessions[-1]
+    assert panel.load_button.text() == "Reload"
+    with qtbot.waitSignal(harness.worker.failed, timeout=5000):
+        panel.choose("/models/bad.gguf")  # its header cannot be read
+    qtbot.waitUntil(lambda: panel.unreadable, timeout=3000)
+    assert not panel.load_button.isEnabled() and "could not be read" in panel.load_button.toolTip()
+    assert panel.load_button.text() == "Load"  # not "Reload": the choice is another model
+    assert "bad magic" in panel.error_label.text()
+    with qtbot.waitSignal(w.model_ready, timeout=3000) as sig:
+        w.load_model("/models/bad.gguf")  # e.g. from a menu: refused before the worker unloads anything
+    assert sig.args[0] is False and w.state.loaded and w.state.path == "/models/good.gguf" and not kept.closed
+    assert "the loaded model stays" in w.statusBar().currentMessage()
+    harness.send("still there?")
+    assert w.controller.messages[-1].content == "Hello there!"
+    panel.choose("/models/other.gguf")  # a readable choice enables Load again
+    assert panel.load_button.isEnabled()
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_cuda_without_cuda_asks_before_unloading(harness, qtbot, accept):
+    from PySide6.QtWidgets import QMessageBox
+
+    w = harness.window
+    harness.load("/models/good.gguf")
+    qtbot.waitUntil(lambda: w.backend_list is not None, timeout=3000)  # the fake reports device "cpu"
+    harness.settings.set("gpu/use", "cuda")
+    w.load_model("/models/second.gguf")
+    box = w.error_box
+    assert box is not None and box.isVisible() and "no CUDA device is available" in box.text()
+    assert len(harness.api.sessions) == 1 and not harness.api.sessions[0].closed  # nothing unloaded yet
+    with qtbot.waitSignal(w.model_ready, timeout=5000) as sig:
+        box.button(QMessageBox.StandardButton.Yes if accept else QMessageBox.StandardButton.No).click()
+    if accept:
+        assert sig.args[0] is True and w.state.path == "/models/second.gguf"
+        assert harness.settings.get("gpu/use") == "off"
+    else:
+        assert sig.args[0] is False and w.state.path == "/models/good.gguf" and not harness.api.sessions[0].closed
+
+
+def test_settings_marks_cuda_unavailable_with_the_reason(harness, qtbot):
+    from dataclasses import replace
+
+    w = harness.window
+    qtbot.waitUntil(lambda: w.backend_list is not None, timeout=3000)
+    w.on_backends(replace(w.backend_list, cuda_reason="no CUDA device is available: torch 2.13.0+cpu is a CPU build"))
+    dialog = w.open_settings()
+    combo = dialog.editors["gpu/use"]
+    cuda = combo.findText("cuda")
+    assert not combo.model().item(cuda).isEnabled() and combo.model().item(combo.findText("twin")).isEnabled()
+    from PySide6.QtCore import Qt
+
+    assert "torch 2.13.0+cpu is a CPU build" in combo.itemData(cuda, Qt.ItemDataRole.ToolTipRole)
+    assert dialog.gpu_note.text() == ("GPU use cuda is unavailable here: no CUDA device is available: "
+                                      "torch 2.13.0+cpu is a CPU build")
+    gpu = replace(w.backend_list, device="cuda:0 (NVIDIA RTX 4090)", cuda_reason="")
+    dialog.set_gpu_status(gpu)
+    assert combo.model().item(cuda).isEnabled() and "RTX 4090" in dialog.gpu_note.text()
+    dialog.reject()
+
+
+def test_model_panel_states(harness, qtbot):
+    """Load vs Reload follows what is loaded; a made test model shows its path once loaded; double-click on a recent
+    model loads it."""
+    w, panel = harness.window, harness.window.model_panel
+    harness.load("/models/first.gguf")
+    harness.load("/models/second.gguf")
+    panel.choose("/models/converted.gguf")  # e.g. what the conversion wizard just wrote
+    assert panel.load_button.text() == "Load" and panel.load_button.isEnabled()
+    recent = [panel.recent.item(i).data(0x0100) for i in range(panel.recent.count())]
+    assert recent[:2] == ["/models/second.gguf", "/models/first.gguf"]
+    with qtbot.waitSignal(w.model_ready, timeout=5000) as sig:
+        panel.recent.itemActivated.emit(panel.recent.item(1))  # what a double-click or Enter sends
+    assert sig.args[0] is True and w.state.path == "/models/first.gguf" and panel.load_button.text() == "Reload"
+    with qtbot.waitSignal(w.model_ready, timeout=5000):
+        w.make_test_drive()
+    assert not panel.path_label.text().startswith("Making") and panel.path_label.text() == w.state.path
