@@ -24,6 +24,7 @@ import gguf
 import torch
 
 from engine.checkpoint_layout import Dims, GGUFTensor, arch_name, gguf_tensors, hf_shapes
+from engine.convert_guard import check_output, sweep_partials
 from engine.errors import Cancelled, ModelFormatError, TesseraError
 from engine.events import ProgressEvent
 from engine.gguf_writer import PlannedTensor, write_gguf
@@ -315,14 +316,15 @@ def convert(
     dtype: str = "bf16",
     progress: Callable[[ProgressEvent], None] | None = None,
     cancel: threading.Event | None = None,
+    force: bool = False,
 ) -> Path:
     """Convert the HF Qwen3-MoE folder `src` into the GGUF file `out` (matrices in `dtype`: bf16, f16, f32, q8_0, or a
     llama-quantize preset q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs with its per-tensor type mix; see engine/quant_mix.py).
+    An existing `out` is replaced only with `force`, and never when it is one of the source's files.
     Raises ModelFormatError/TesseraError naming the problem, Cancelled when `cancel` is set; never leaves a partial file."""
     out_type = parse_output_type(dtype)
-    out = Path(out)
-    if out.is_dir():
-        raise TesseraError(str(out), "is a folder; give the path of the .gguf file to write")
+    out = check_output(src, out, force=force)  # an existing file only with force, never a file of the source
+    sweep_partials(out)  # what a killed conversion to the same file left
     source = read_source(src)
     reader = source.reader()
 

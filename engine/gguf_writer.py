@@ -113,7 +113,11 @@ def write_gguf(
     header_estimate = 16 * 1024 * 1024
     check_free_space(path, sum(t.nbytes for t in tensors) + header_estimate)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+    except OSError as e:  # a read-only folder, no permission
+        raise TesseraError(str(path.parent), f"cannot write the output here ({e.strerror or e}); nothing was "
+                                             "written") from e
     try:
         add_metadata(writer)
         for t in tensors:
@@ -142,9 +146,10 @@ def write_gguf(
         os.replace(tmp, path)
     except OSError as e:
         _discard(writer, tmp)
-        if e.errno == errno.ENOSPC:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or e.errno is None:  # None: numpy's short write
             raise TesseraError(str(path.parent), "disk full while writing; the partial output was removed") from e
-        raise
+        raise TesseraError(str(path.parent), f"cannot write the output here ({e.strerror or e}); nothing was "
+                                             "written") from e
     except BaseException:
         _discard(writer, tmp)
         raise
@@ -162,4 +167,5 @@ def _np_dtype(qtype: gguf.GGMLQuantizationType) -> np.dtype:
 def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:
     with contextlib.suppress(Exception):  # already failing; the file is removed below either way
         writer.close()
-    tmp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a read-only folder says EROFS even for a file that was never made
+        tmp.unlink(missing_ok=True)

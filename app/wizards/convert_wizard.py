@@ -162,6 +162,9 @@ class OptionsPage(QWizardPage):
         self.verify.setChecked(True)
         self.prepack = QComboBox()
         self.prepack.setAccessibleName("Pre-pack for backend")
+        self.replace = QCheckBox("Replace the existing file")  # shown only when the output exists
+        self.replace.setVisible(False)
+        self.replace.toggled.connect(self._update_space)
         self.space = QLabel()
         self.space.setWordWrap(True)
         out_row = QHBoxLayout()
@@ -171,6 +174,7 @@ class OptionsPage(QWizardPage):
         holder.setLayout(dtype_box)
         form = QFormLayout(self)
         form.addRow("Output file:", out_row)
+        form.addRow("", self.replace)
         form.addRow("Tensor type:", holder)
         form.addRow("", self.verify)
         form.addRow("Pre-pack for:", self.prepack)
@@ -225,6 +229,16 @@ class OptionsPage(QWizardPage):
             return f"{path} is a folder; give a file name ending in .gguf."
         if not path.parent.is_dir():
             return f"The folder {path.parent} does not exist."
+        if path.exists():
+            from engine.convert_guard import check_output
+            from engine.errors import TesseraError
+
+            try:
+                check_output(self._source.summary["folder"], path, force=True)
+            except TesseraError as e:
+                return f"{e.message[:1].upper()}{e.message[1:]}."
+            if not self.replace.isChecked():
+                return f"{path.name} already exists: tick “Replace the existing file” to overwrite it."
         free = self.free_bytes()
         if free is not None and free < self.needed_bytes() + FREE_MARGIN:
             return (f"Not enough free space in {path.parent}: about {_gb(self.needed_bytes())} needed, {_gb(free)} "
@@ -237,7 +251,9 @@ class OptionsPage(QWizardPage):
         problem = self.problem()
         free = self.free_bytes()
         line = f"about {_gb(self.needed_bytes())} needed" + (f", {_gb(free)} free" if free is not None else "")
-        if Path(self.out.text().strip()).exists():
+        exists = Path(self.out.text().strip()).is_file()
+        self.replace.setVisible(exists)
+        if exists and self.replace.isChecked():
             line += " — the existing file will be replaced when the conversion completes"
         self.space.setText(problem or line)
         self.space.setStyleSheet("color: #c62828;" if problem else "")
@@ -248,7 +264,8 @@ class OptionsPage(QWizardPage):
 
     def options(self) -> dict:
         return {"src": self._source.summary["folder"], "out": self.out.text().strip(), "dtype": self.dtype(),
-                "verify": self.verify.isChecked(), "prepack": self.prepack.currentData()}
+                "verify": self.verify.isChecked(), "prepack": self.prepack.currentData(),
+                "force": self.replace.isChecked() and Path(self.out.text().strip()).exists()}
 
 
 class RunPage(JobPage):

@@ -99,7 +99,7 @@ def _backends() -> dict[str, tuple[bool, str]]:
         return {}
 
 
-def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None):
+def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None, force: bool = False):
     """A job function: convert, then (optionally) teacher-force the same text through source and output, then
     (optionally) fill the packed-weight cache for one backend so the first load is fast."""
 
@@ -107,7 +107,7 @@ def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str 
         from engine.convert import convert
 
         t0 = time.perf_counter()
-        path = convert(src, out, dtype=dtype, progress=progress, cancel=cancel)
+        path = convert(src, out, dtype=dtype, progress=progress, cancel=cancel, force=force)
         result = {"path": str(path), "bytes": Path(path).stat().st_size, "seconds": time.perf_counter() - t0,
                   "dtype": dtype, "verify": None}
         if verify and not cancel.is_set():

@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["bf16", "q8_0", "f16", "f32", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs"],
         help="type of the matrices (default bf16); q4_0 .. iq4_xs write llama-quantize's per-tensor type mix",
     )
+    p.add_argument("--force", action="store_true",
+                   help="replace OUT if it exists (never a file of SRC: converting over the source is always refused)")
     p.add_argument("--verify", action="store_true", help="afterwards, compare the logits of source and output")
     p.add_argument("--text", default=None, help="text for --verify (default: a built-in sample)")
     p.add_argument(
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"\r[{e.done + 1}/{e.total}] {e.detail:<40}", end="", file=sys.stderr, flush=True)
 
     _sigterm_as_interrupt()
-    out = convert(args.src, args.out, dtype=args.dtype, progress=progress)
+    out = convert(args.src, args.out, dtype=args.dtype, progress=progress, force=args.force)
     print(f"\rwrote {out} in {time.perf_counter() - t0:.1f} s{' ' * 30}", file=sys.stderr)
     status = 0
     if args.verify:

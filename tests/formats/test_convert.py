@@ -221,7 +221,7 @@ def test_interruption_and_errors_leave_existing_output_untouched(tmp_path, sourc
 
     monkeypatch.setattr(convert_mod.SourceReader, "get", flaky)
     with pytest.raises(KeyboardInterrupt):
-        convert(sources["moe"], out)
+        convert(sources["moe"], out, force=True)
     assert out.read_bytes() == b"previous file" and _leftovers(tmp_path) == []
 
 
@@ -406,7 +406,7 @@ def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
     assert f"experts packed for {available[0]}" in capsys.readouterr().err
     packed = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert packed, "nothing written to the packed-weight cache"
-    assert main(["convert", str(sources["moe"]), str(out), "--prepack", "Torch"]) == 0
+    assert main(["convert", str(sources["moe"]), str(out), "--prepack", "Torch", "--force"]) == 0
     assert "nothing to pack" in capsys.readouterr().err
 
 

@@ -144,3 +144,21 @@ def test_prepack_fills_the_packed_weight_cache(qtbot, bf16_hf_model, tmp_path, m
     assert "packed" in w.done_page.text.text()
     if backend != "Torch":
         assert any(p.is_file() for p in cache.rglob("*")), "nothing was written to the packed-weight cache"
+
+
+def test_an_existing_output_needs_replace_ticked_and_a_source_file_never(qtbot, bf16_hf_model, tmp_path):
+    """Issue 13 item 3: the wizard asks before replacing a file, and never offers to write over the source."""
+    w = _open(qtbot, bf16_hf_model)
+    w.next()
+    opts = w.options_page
+    existing = tmp_path / "older.gguf"
+    existing.write_bytes(b"an older conversion")
+    opts.out.setText(str(existing))
+    assert not opts.isComplete() and "Replace the existing file" in opts.space.text()
+    assert opts.replace.isVisibleTo(opts)
+    opts.replace.setChecked(True)
+    assert opts.isComplete() and opts.options()["force"] is True
+    opts.out.setText(str(bf16_hf_model / "model.safetensors"))
+    assert not opts.isComplete() and "file of the model being converted" in opts.space.text()
+    opts.out.setText(str(tmp_path / "new.gguf"))
+    assert opts.isComplete() and opts.options()["force"] is False and not opts.replace.isVisibleTo(opts)
