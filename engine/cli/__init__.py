@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "engine.cli.bench",
     "eval-demo": "engine.cli.eval_demo",
     "bench-moe": "engine.cli.bench_moe",
+    "cache": "engine.cli.cache",
 }
 
 
@@ -50,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except TesseraError as e:
         if args.debug:
             raise
-        print(f"error: {e.subject}: {e.message}", file=sys.stderr)
+        from engine.text import terminal_safe  # names from files may carry terminal escape sequences
+
+        print(f"error: {terminal_safe(e.subject)}: {terminal_safe(e.message)}", file=sys.stderr)
         return 1
     except Cancelled:
         print("error: cancelled", file=sys.stderr)
