@@ -1,6 +1,7 @@
 """`python -m app` / `tessera`: parse arguments, build Settings, store, worker and window, run.
 
---model PATH             open and load a model at start (default: the built-in demo model; --no-demo: none)
+--model PATH             open and load a model at start (default: the last model loaded, or the demo model;
+                         --no-demo: none)
 --prompt TEXT            send TEXT once the model has loaded; repeat to send several turns, each after the last reply
 --screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
 --screenshot-target T    window (default) | settings | graphs
@@ -21,7 +22,8 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tessera", description="Chat with Qwen3-MoE models locally.")
-    p.add_argument("--model", help="GGUF file or Hugging Face folder to load at start")
+    p.add_argument("--model", help="GGUF file or Hugging Face folder to load at start (default: the last model "
+                                   "loaded, or the demo model)")
     p.add_argument("--prompt", action="append", default=[], help="message to send once the model has loaded "
                                                                     "(repeatable: one turn each)")
     p.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window, then quit")
@@ -31,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --prompt: screenshot when the last reply has streamed N tokens")
     p.add_argument("--quit-when-done", action="store_true",
                    help="with --prompt: quit once the last reply is complete")
-    p.add_argument("--no-demo", action="store_true", help="do not open the demo model automatically")
+    p.add_argument("--no-demo", action="store_true",
+                   help="open no model at start (neither the last one loaded nor the demo model)")
     p.add_argument("--theme", choices=("light", "dark"), help="set the theme (saved in the settings)")
     p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
     return p.parse_args(argv)
@@ -72,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: app.quit())
 
     model = args.model
-    if model is None and not args.no_demo:
-        demo = paths.demo_model()
-        model = str(demo) if demo else None
+    if model is None and not args.no_demo:  # the last model loaded (Settings > Reopen the last model), or the demo
+        start = paths.startup_model(settings.get("recent/models"), settings.get("model/reopen_last"))
+        model = str(start) if start else None
 
     def finish() -> None:
         if args.screenshot:

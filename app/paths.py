@@ -69,3 +69,11 @@ def demo_model_card() -> Path | None:
         if name.is_file():
             return name
     return None
+
+
+def startup_model(recent: list[str], reopen_last: bool) -> Path | None:
+    """The model to open at start when none is named: the last one loaded (still on disk) when reopen_last, else the
+    demo model (None when neither exists)."""
+    if reopen_last and recent and Path(recent[0]).exists():
+        return Path(recent[0])
+    return demo_model()

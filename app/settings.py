@@ -48,6 +48,8 @@ TABLE: tuple[Setting, ...] = (
             reload=True),
     Setting("model/context_length", 4096, "Context length", "Model", "Tokens of context (prompt + reply).",
             minimum=256, maximum=262144, reload=True),
+    Setting("model/reopen_last", True, "Reopen the last model at start", "Model",
+            "Start with the model loaded last (if its file is still there); otherwise start on the demo model."),
     Setting("gpu/use", "off", "GPU use", "Model",
             "off: everything on the CPU. cuda: attention, norms, router and lm_head on the GPU, routed experts on the "
             "CPU backend, hot experts cached on the GPU. twin: the same plan with the CPU standing in for the GPU "

@@ -107,3 +107,16 @@ def test_model_panel_states(harness, qtbot):
     with qtbot.waitSignal(w.model_ready, timeout=5000):
         w.make_test_drive()
     assert not panel.path_label.text().startswith("Making") and panel.path_label.text() == w.state.path
+
+
+def test_startup_reopens_the_last_model_by_default(harness, tmp_path):
+    from app import paths
+
+    last = tmp_path / "last.gguf"
+    last.write_bytes(b"GGUF")
+    settings = harness.settings
+    assert settings.get("model/reopen_last") is True  # on by default
+    assert paths.startup_model([str(last), "/gone/older.gguf"], True) == last
+    assert paths.startup_model([str(last)], False) == paths.demo_model()  # setting off: the demo model
+    assert paths.startup_model(["/gone/deleted.gguf"], True) == paths.demo_model()  # file gone: the demo model
+    assert paths.startup_model([], True) == paths.demo_model()
