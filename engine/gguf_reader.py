@@ -17,7 +17,6 @@ padding to `general.alignment` (default 32), tensor data. GGUF dims are innermos
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import struct
@@ -64,19 +63,6 @@ class GGUFTensorInfo:
         return self.ggml_type.name
 
 
-# Parsed headers of the last few files: a load reads the same header three times (inspect, weights, tokenizer), and a
-# Qwen vocabulary takes ~0.5 s to parse. An entry is used only when a hash of the header bytes (everything before the
-# tensor data, ~10 MB for Qwen: ~15 ms) still matches, so a rewritten file is always parsed afresh.
-# Callers must not mutate `metadata`.
-_HEADER_CACHE: dict[tuple[str, int], tuple[bytes, tuple]] = {}
-_HEADER_CACHE_SIZE = 2
-
-
-def _digest(buf: np.ndarray, end: int) -> bytes:
-    return hashlib.blake2b(memoryview(buf[:end]), digest_size=16).digest()
-
-
-
 class GGUFFile:
     """An open, validated GGUF file: `metadata` (key -> Python value), `tensors` (name -> GGUFTensorInfo, file order).
 
@@ -97,17 +83,8 @@ class GGUFFile:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, no copies
         except (OSError, ValueError) as e:
             raise ModelFormatError(self.source, f"cannot memory-map: {e}") from None
-        key = (str(self.path.resolve()), size)
-        cached = _HEADER_CACHE.get(key)
-        header = None
-        if cached is not None and _digest(self._map, cached[1][4]) == cached[0]:
-            header = cached[1]
-        if header is None:
-            header = _Parser(self._map, self.source).parse()
-            _HEADER_CACHE[key] = (_digest(self._map, header[4]), header)
-            while len(_HEADER_CACHE) > _HEADER_CACHE_SIZE:
-                _HEADER_CACHE.pop(next(iter(_HEADER_CACHE)))
-        self.version, self.metadata, self.tensors, self.alignment, self.data_offset = header
+        parsed = _Parser(self._map, self.source).parse()
+        self.version, self.metadata, self.tensors, self.alignment, self.data_offset = parsed
 
     # ---- access ----------------------------------------------------------------------------------------------------
 

@@ -6,14 +6,17 @@ check it, so a file that cannot load is reported here, before any memory is comm
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import GGUF_ARCH, ModelConfig
-from engine.errors import ModelFormatError
+
+if TYPE_CHECKING:
+    from engine.weights import ModelFile
 
 _GGUF_EXPERT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
 _HF_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
@@ -54,57 +57,30 @@ class ModelInfo:
     parameters: int = 0
 
 
-def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
-    p = Path(path)
-    if p.is_dir():
-        return _inspect_hf(p)
-    if p.suffix.lower() == ".safetensors" or p.name == "config.json":
-        return _inspect_hf(p.parent)
-    if p.suffix.lower() in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
-        from engine.safetensors_reader import refuse_pickle
+def inspect_model(model: ModelFile | str | os.PathLike[str]) -> ModelInfo:
+    """Header facts of an opened model (engine.weights.open_model), or of the model file or folder at a path."""
+    from engine.weights import ModelFile, open_model
 
-        raise refuse_pickle(p)
-    return _inspect_gguf(p)
+    if not isinstance(model, ModelFile):
+        model = open_model(model)
+    cfg, sizes = model.config, []
+    if model.gguf is not None:
+        from engine import quants
 
-
-def _inspect_gguf(path: Path) -> ModelInfo:
-    from engine import quants
-    from engine.gguf_reader import open_gguf_model
-    from engine.weights import check_gguf_tensors
-
-    if not path.exists():
-        raise ModelFormatError(str(path), "does not exist")
-    f = open_gguf_model(path)
-    cfg = ModelConfig.from_gguf(f.metadata, str(path), f.tensors.keys())
-    check_gguf_tensors(cfg, {n: t.shape for n, t in f.tensors.items()}, str(path))
-    sizes = []
-    for t in f.tensors.values():
-        n = 1
-        for d in t.shape:
-            n *= d
-        loaded = t.nbytes if t.ggml_type in quants.FLOAT_TYPES else 4 * n
-        sizes.append((t.name, t.type_name, n, t.nbytes, loaded, bool(_GGUF_EXPERT.match(t.name))))
-    name = f.metadata.get("general.name") or path.stem
-    f.close()
-    return _info(str(path), "gguf", str(name), cfg, sizes)
-
-
-def _inspect_hf(folder: Path) -> ModelInfo:
-    from engine.safetensors_reader import open_hf_folder
-    from engine.weights import plan_hf
-
-    ckpt = open_hf_folder(folder)
-    plan_hf(ckpt, str(folder))
-    sizes = []
-    for n in ckpt.names:
-        if n == "lm_head.weight" and ckpt.config.tie_word_embeddings:
-            continue
-        count = 1
-        for d in ckpt.shape(n):
-            count *= d
-        b = ckpt.nbytes(n)
-        sizes.append((n, ckpt.dtype(n), count, b, b, bool(_HF_EXPERT.match(n))))
-    return _info(str(folder), "hf", folder.name, ckpt.config, sizes)
+        for t in model.gguf.tensors.values():
+            n = math.prod(t.shape)
+            loaded = t.nbytes if t.ggml_type in quants.FLOAT_TYPES else 4 * n
+            sizes.append((t.name, t.type_name, n, t.nbytes, loaded, bool(_GGUF_EXPERT.match(t.name))))
+        name = model.gguf.metadata.get("general.name") or model.path.stem
+    else:
+        ckpt = model.hf
+        for n in ckpt.names:
+            if n == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            b = ckpt.nbytes(n)
+            sizes.append((n, ckpt.dtype(n), math.prod(ckpt.shape(n)), b, b, bool(_HF_EXPERT.match(n))))
+        name = model.path.name
+    return _info(str(model.path), model.format, str(name), cfg, sizes)
 
 
 _Sizes = list[tuple[str, str, int, int, int, bool]]

@@ -45,17 +45,18 @@ def load(
     """
     from engine.model_info import inspect_model
     from engine.tokenizer import Tokenizer
-    from engine.weights import load_weights
+    from engine.weights import load_weights, open_model
 
     path = Path(path)
     if threads is not None:
         if threads < 1:
             raise TesseraError("--threads", f"must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    info = inspect_model(path)
-    weights = load_weights(path, progress=progress, cancel=cancel)
+    model = open_model(path)  # every header read once, here
+    info = inspect_model(model)
+    weights = load_weights(model, progress=progress, cancel=cancel)
     _check_cancel(cancel)
-    tokenizer = Tokenizer.from_path(path)
+    tokenizer = Tokenizer.from_model(model)
     _check_cancel(cancel)
     return Session(path, weights, tokenizer, info, backend=backend, threads=threads, context_length=context_length,
                    progress=progress, prefix_cache_bytes=prefix_cache_bytes, placement=placement,

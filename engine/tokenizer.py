@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ModelFormatError
+
+if TYPE_CHECKING:
+    from engine.weights import ModelFile
 
 # Qwen2/Qwen3's pre-tokenizer regex (their tokenizer.json; llama.cpp's "qwen2" pre-tokenizer).
 QWEN2_SPLIT_REGEX = (
@@ -71,6 +74,13 @@ class Tokenizer:
         from engine.gguf_reader import open_gguf_model
 
         return cls.from_gguf_metadata(open_gguf_model(p).metadata, str(p))
+
+    @classmethod
+    def from_model(cls, model: ModelFile) -> Tokenizer:
+        """From a model opened by engine.weights.open_model: its GGUF metadata (no second parse) or its HF folder."""
+        if model.gguf is not None:
+            return cls.from_gguf_metadata(model.gguf.metadata, str(model.path))
+        return cls.from_hf_folder(model.path)
 
     @classmethod
     def from_gguf_metadata(cls, md: dict[str, Any], source: str = "model.gguf") -> Tokenizer:

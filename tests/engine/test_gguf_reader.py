@@ -211,8 +211,8 @@ def test_missing_file(tmp_path):
         open_gguf(tmp_path / "nope.gguf")
 
 
-def test_header_cache_sees_rewritten_file(good, tmp_path):
-    """The parsed-header cache never serves a stale header: same path, same size, different bytes."""
+def test_a_rewritten_file_is_read_afresh(good, tmp_path):
+    """Each open parses the header it finds: same path, same size, different bytes."""
     p = tmp_path / "same.gguf"
     p.write_bytes(good.read_bytes())
     assert open_gguf(p).metadata["general.name"] == "tiny"
