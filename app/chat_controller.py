@@ -66,9 +66,25 @@ class ChatController(QObject):
         return self._active is not None
 
     def set_model(self, loaded: bool, name: str = "", context_length: int = 0) -> None:
+        changed = loaded and name != self.model_name
         self.model_loaded, self.model_name = loaded, name
         self.context_length = context_length
         self._emit_context()
+        if changed:
+            self._say_if_another_model()
+
+    def last_model(self) -> str:
+        """The model that wrote this conversation's last reply ("" when none is known)."""
+        for m in reversed(self.messages):
+            if m.role == "assistant" and m.state != "streaming" and m.metrics.get("model"):
+                return str(m.metrics["model"])
+        conv = self.store.conversation(self.conversation_id) if self.conversation_id else None
+        return conv.model if conv is not None and self.messages else ""
+
+    def _say_if_another_model(self) -> None:
+        previous = self.last_model()
+        if self.model_loaded and previous and previous != self.model_name:
+            self.notice.emit(f"This chat was written by {previous}; the next reply comes from {self.model_name}.")
 
     def set_thinking(self, on: bool) -> None:
         self.thinking = bool(on)
@@ -93,6 +109,7 @@ class ChatController(QObject):
         self.conversation_reset.emit(list(self.messages))
         self.current_changed.emit(conversation_id)
         self._emit_context()
+        self._say_if_another_model()
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename(conversation_id, title.strip() or DEFAULT_TITLE)
@@ -184,7 +201,8 @@ class ChatController(QObject):
         if result.text:
             a.raw = result.text
         m = a.message
-        metrics = dict(result.metrics)
+        metrics = {k: v for k, v in m.metrics.items() if k in ("model", "continued_from")}
+        metrics.update(result.metrics)
         self._apply(a, None)
         stop = metrics.get("stop_reason", "")
         m.state = "error" if result.error else ("stopped" if stop == "cancelled" else "done")
@@ -212,7 +230,11 @@ class ChatController(QObject):
 
     def _start_reply(self) -> None:
         history = self.history()
-        reply = self._append(Message("assistant", state="streaming"))
+        attribution = {"model": self.model_name}  # which model wrote this reply (shown in its header)
+        previous = self.last_model()
+        if previous and previous != self.model_name:
+            attribution["continued_from"] = previous
+        reply = self._append(Message("assistant", state="streaming", metrics=attribution))
         request_id = self.worker.generate(history, sampling_from_settings(self.settings), self.thinking)
         self._active = _Active(request_id, self.conversation_id, len(self.messages) - 1, reply)
         self.busy_changed.emit(True)

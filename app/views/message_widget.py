@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
@@ -35,6 +37,18 @@ def footer_text(metrics: dict) -> str:
     if metrics.get("backend"):
         parts.append(str(metrics["backend"]))
     return " · ".join(parts)
+
+
+def role_header(message: Message) -> str:
+    """`<b>Assistant</b> · model.gguf`, and which model wrote the chat before when this reply continues it on another."""
+    head = f"<b>{html.escape(ROLE_NAMES.get(message.role, message.role))}</b>"
+    model = message.metrics.get("model") if message.role == "assistant" else None
+    if model:
+        head += f" <span style='color: gray;'>· {html.escape(str(model))}</span>"
+        before = message.metrics.get("continued_from")
+        if before:
+            head += f" <span style='color: #b36b00;'>(continues a chat written by {html.escape(str(before))})</span>"
+    return head
 
 
 class MarkdownBrowser(QTextBrowser):
@@ -179,6 +193,7 @@ class MessageWidget(QFrame):
         self.footer.setText(footer_text(message.metrics) if message.state != "streaming" else
                             f"{message.metrics.get('generated_tokens', 0)} tokens…")
         self.footer.setVisible(message.role == "assistant")
+        self.role_label.setText(role_header(message))
         note = STATE_NOTES.get(message.state, message.state)
         if message.state == "error" and message.metrics.get("error"):
             note = f"failed: {message.metrics['error']}"

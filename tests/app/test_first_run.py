@@ -120,3 +120,28 @@ def test_startup_reopens_the_last_model_by_default(harness, tmp_path):
     assert paths.startup_model([str(last)], False) == paths.demo_model()  # setting off: the demo model
     assert paths.startup_model(["/gone/deleted.gguf"], True) == paths.demo_model()  # file gone: the demo model
     assert paths.startup_model([], True) == paths.demo_model()
+
+
+def test_each_reply_names_its_model_and_a_switch_is_said(harness, qtbot):
+    w = harness.window
+    harness.load("/models/good.gguf")
+    harness.send("first")
+    first = w.chat.widgets[1]
+    assert "good.gguf" in first.role_label.text() and "continues" not in first.role_label.text()
+    harness.load("/models/other.gguf")  # the same chat stays open
+    assert "written by good.gguf; the next reply comes from other.gguf" in w.chat.notice_label.text()
+    harness.send("second")
+    second = w.chat.widgets[3]
+    assert "other.gguf" in second.role_label.text()
+    assert "continues a chat written by good.gguf" in second.role_label.text()
+    harness.send("third")  # same model as the reply before: no note
+    assert "continues" not in w.chat.widgets[5].role_label.text()
+    stored = harness.store.messages(w.controller.conversation_id)
+    assert [m.metrics.get("model") for m in stored if m.role == "assistant"] == ["good.gguf", "other.gguf",
+                                                                                 "other.gguf"]
+    assert stored[3].metrics["continued_from"] == "good.gguf" and stored[3].metrics["stop_reason"] == "eos"
+    conv = w.controller.conversation_id
+    w.controller.new_conversation()
+    harness.load("/models/good.gguf")
+    w.controller.open_conversation(conv)  # an old chat opened on another model says so
+    assert "written by other.gguf; the next reply comes from good.gguf" in w.chat.notice_label.text()
