@@ -180,6 +180,7 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(c.regenerate)
         self.chat.edit_requested.connect(c.edit)
         self.chat.thinking_toggled.connect(c.set_thinking)
+        self.chat.open_model_requested.connect(self.model_panel.choose_file)
         # sidebar
         self.sidebar.new_requested.connect(c.new_conversation)
         self.sidebar.open_requested.connect(c.open_conversation)
@@ -248,6 +249,7 @@ class MainWindow(QMainWindow):
         self.state = state
         self.status.set_state(state)
         self.model_panel.set_state(state)
+        self._show_demo_intro(state)
         self.controller.set_model(state.loaded, state.name, state.context_length)
         self.unload_action.setEnabled(state.loaded)
         if state.loaded:
@@ -263,6 +265,13 @@ class MainWindow(QMainWindow):
         self._update_page()
         if was_loading:
             self.model_ready.emit(state.loaded)
+
+    def _show_demo_intro(self, state: ModelState) -> None:
+        """On the demo model an empty chat explains it and offers example prompts; on any other, the plain hint."""
+        demo = paths.demo_model()
+        on_demo = state.loaded and demo is not None and Path(state.path).resolve() == demo.resolve()
+        if on_demo != (self.chat.intro is not None):
+            self.chat.set_intro(paths.demo_examples() if on_demo else None)
 
     def on_inspected(self, summary: ModelSummary) -> None:
         fit = estimate(summary.info, self.settings.get("model/context_length"), ram_available(),

@@ -77,3 +77,18 @@ def startup_model(recent: list[str], reopen_last: bool) -> Path | None:
     if reopen_last and recent and Path(recent[0]).exists():
         return Path(recent[0])
     return demo_model()
+
+
+def demo_examples() -> dict:
+    """The demo model's introduction (resources/demo/examples.json: title, summary, example prompts that it answers
+    right), or {} when it is not shipped or unreadable."""
+    import json
+
+    model = demo_model()
+    path = model.parent / "examples.json" if model is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}

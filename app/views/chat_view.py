@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QInputDialog, QLabel, QMe
                                QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
 from app.store import Message
+from app.views.demo_intro import DemoIntro
 from app.views.message_widget import MessageWidget
 
 REPAINT_MS = 50
@@ -23,6 +24,7 @@ class ChatView(QWidget):
     regenerate_requested = Signal()
     edit_requested = Signal(int, str)
     thinking_toggled = Signal(bool)
+    open_model_requested = Signal()  # "Open a model…" in the demo model's empty state
 
     def __init__(self, dark: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
@@ -31,6 +33,7 @@ class ChatView(QWidget):
         self.widgets: list[MessageWidget] = []
         self._dirty: dict[int, Message] = {}
         self._follow = True
+        self.intro: DemoIntro | None = None  # the demo model's empty state, while the demo model is loaded
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -109,15 +112,44 @@ class ChatView(QWidget):
         self.widgets = []
         for m in messages:
             self.append_message(m)
-        self.empty_label.setVisible(not messages)
+        self._update_empty()
         self._follow = True
+
+    def set_intro(self, intro: dict | None) -> None:
+        """Show the demo model's introduction (title, summary, examples) in an empty chat, or not (None)."""
+        if self.intro is not None:
+            self.column.removeWidget(self.intro)
+            self.intro.deleteLater()
+            self.intro = None
+        if intro:
+            self.intro = DemoIntro(intro)
+            self.intro.example_chosen.connect(self.send_example)
+            self.intro.open_requested.connect(self.open_model_requested)
+            self.column.insertWidget(0, self.intro)
+        self._update_empty()
+
+    def send_example(self, prompt: str) -> None:
+        """An example prompt, sent as if typed (whatever is in the box stays there if the send is refused)."""
+        if self.busy:
+            return
+        typed = self.prompt.toPlainText()
+        self.prompt.setPlainText(prompt)
+        self._send()
+        if self.prompt.toPlainText() == prompt:  # refused: give the box back its own text
+            self.prompt.setPlainText(typed)
+
+    def _update_empty(self) -> None:
+        empty = not self.widgets
+        self.empty_label.setVisible(empty and self.intro is None)
+        if self.intro is not None:
+            self.intro.setVisible(empty)
 
     def append_message(self, message: Message) -> None:
         w = MessageWidget(len(self.widgets), message, self.dark)
         w.action.connect(self._action)
         self.column.insertWidget(self.column.count() - 1, w)
         self.widgets.append(w)
-        self.empty_label.setVisible(False)
+        self._update_empty()
         self._refresh_actions()
 
     def update_message(self, index: int, message: Message) -> None:
