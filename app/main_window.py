@@ -90,9 +90,10 @@ class MainWindow(QMainWindow):
         self.chat.set_thinking(self.controller.thinking)
         self.refresh_conversations()
         self._update_page()
-        if store.recovered:
-            self.statusBar().showMessage(f"{store.recovered} reply(s) were interrupted when the app last stopped; "
-                                         "they are kept and marked.", 10000)
+        if store.recovered:  # in the chat, where it stays until the next message (a load replaces status messages)
+            n = store.recovered
+            self.chat.show_notice(f"{n} {'reply was' if n == 1 else 'replies were'} interrupted when the app last "
+                                  f"stopped; {'it is' if n == 1 else 'they are'} kept and marked \"interrupted\".")
 
         self._memory_timer = QTimer(self)
         self._memory_timer.timeout.connect(self._update_memory)

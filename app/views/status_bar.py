@@ -1,26 +1,42 @@
-"""Status bar: model · backend (reason on hover) · device · threads · memory · last tok/s."""
+"""Status bar: model · backend (reason on hover) · device · threads · memory · last tok/s.
+
+The permanent labels sit on the right, each with a separator; temporary messages on the left are elided to the room
+left beside them (the whole text on hover), so they never run into the labels."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 from app.payloads import ModelState
 
 
+class _Field(QLabel):
+    """A permanent label that takes no room (and shows no separator) while it is empty."""
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        super().setText(text)
+        self.setVisible(bool(text))
+
+
 class TesseraStatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.model_label = QLabel("No model")
-        self.backend_label = QLabel("")
-        self.device_label = QLabel("")
-        self.threads_label = QLabel("")
-        self.memory_label = QLabel("")
-        self.speed_label = QLabel("")
+        self.model_label = _Field("No model")
+        self.backend_label = _Field("")
+        self.device_label = _Field("")
+        self.threads_label = _Field("")
+        self.memory_label = _Field("")
+        self.speed_label = _Field("")
         for name, w in (("Model", self.model_label), ("Backend", self.backend_label), ("Device", self.device_label),
                         ("Threads", self.threads_label), ("Memory used", self.memory_label),
                         ("Last speed", self.speed_label)):
             w.setAccessibleName(name)
+            w.setStyleSheet("QLabel { padding: 0 6px; border-left: 1px solid palette(mid); }")
             self.addPermanentWidget(w)
+            w.setVisible(bool(w.text()))
+        self.message_text = ""  # the whole temporary message (what is shown may be elided)
+        self.messageChanged.connect(self._message_changed)
 
     def set_state(self, state: ModelState) -> None:
         if not state.loaded:
@@ -32,11 +48,26 @@ class TesseraStatusBar(QStatusBar):
             return
         self.model_label.setText(state.name)
         self.model_label.setToolTip(state.path)
-        reason = f" — {state.backend_reason}" if state.backend_reason else ""
-        self.backend_label.setText(f"backend {state.backend}{reason}")
+        self.backend_label.setText(f"backend {state.backend}")  # why: on hover (a switch says it once, as a message)
         self.backend_label.setToolTip(f"Expert backend {state.backend}: {state.backend_reason or 'no reason given'}")
         self.device_label.setText(f"device {state.device}")
         self.threads_label.setText(f"{state.threads} threads" if state.threads else "")
+
+    def showMessage(self, text: str, timeout: int = 0) -> None:  # noqa: N802 - Qt override
+        self.message_text = text
+        room = self.width() - sum(w.width() for w in self._permanent() if w.isVisible()) - 24
+        shown = self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, max(room, 80))
+        self.setToolTip(text if shown != text else "")
+        super().showMessage(shown, timeout)
+
+    def _message_changed(self, text: str) -> None:
+        if not text:
+            self.message_text = ""
+            self.setToolTip("")
+
+    def _permanent(self) -> list[QLabel]:
+        return [self.model_label, self.backend_label, self.device_label, self.threads_label, self.memory_label,
+                self.speed_label]
 
     def set_memory(self, rss_bytes: int) -> None:
         self.memory_label.setText(f"{rss_bytes / 1024**3:.2f} GiB used")

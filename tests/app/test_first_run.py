@@ -42,7 +42,7 @@ def test_an_unreadable_choice_cannot_unload_the_working_model(harness, qtbot):
     with qtbot.waitSignal(w.model_ready, timeout=3000) as sig:
         w.load_model("/models/bad.gguf")  # e.g. from a menu: refused before the worker unloads anything
     assert sig.args[0] is False and w.state.loaded and w.state.path == "/models/good.gguf" and not kept.closed
-    assert "the loaded model stays" in w.statusBar().currentMessage()
+    assert "the loaded model stays" in w.status.message_text
     harness.send("still there?")
     assert w.controller.messages[-1].content == "Hello there!"
     panel.choose("/models/other.gguf")  # a readable choice enables Load again
@@ -145,3 +145,40 @@ def test_each_reply_names_its_model_and_a_switch_is_said(harness, qtbot):
     harness.load("/models/good.gguf")
     w.controller.open_conversation(conv)  # an old chat opened on another model says so
     assert "written by other.gguf; the next reply comes from good.gguf" in w.chat.notice_label.text()
+
+
+def test_status_bar_messages_do_not_run_into_the_labels(harness):
+    w = harness.window
+    harness.load("/models/good.gguf")
+    bar = w.status
+    assert bar.backend_label.text() == "backend AVX512"  # the reason once, on hover, not twice in the bar
+    assert "best available" in bar.backend_label.toolTip()
+    assert not bar.threads_label.isHidden() and bar.speed_label.isHidden()  # empty labels take no room
+    long = "Loaded a model whose name is very long " * 12
+    w.resize(900, 600)
+    bar.showMessage(long, 5000)
+    shown = bar.currentMessage()
+    assert shown.endswith("…") and len(shown) < len(long) and bar.message_text == long and bar.toolTip() == long
+    room = bar.width() - sum(lab.width() for lab in bar._permanent() if lab.isVisible())
+    assert bar.fontMetrics().horizontalAdvance(shown) <= room
+    bar.showMessage("short", 5000)
+    assert bar.currentMessage() == "short" and bar.toolTip() == ""
+
+
+def test_interrupted_replies_notice_stays_in_the_chat(qtbot, data_dir):  # noqa: F811
+    from app import paths
+    from app.store import ConversationStore, Message
+
+    store = ConversationStore(paths.database_path())
+    conv = store.create_conversation("killed", "good.gguf")
+    store.add_message(conv.id, Message("user", "hi"))
+    store.add_message(conv.id, Message("assistant", "par", state="streaming"))
+    store.close()
+    h = Harness(qtbot, FakeApi())  # opens the store again: the streaming reply is recovered as interrupted
+    try:
+        w = h.window
+        assert "1 reply was interrupted when the app last stopped" in w.chat.notice_label.text()
+        h.load("/models/good.gguf")  # loading shows its own status message; the notice stays
+        assert "1 reply was interrupted" in w.chat.notice_label.text() and not w.chat.notice_label.isHidden()
+    finally:
+        h.close()
