@@ -56,6 +56,9 @@ GGUF_KEYS = {
 }
 GGUF_VALUE_LENGTH = f"{GGUF_ARCH}.attention.value_length"
 GGUF_ARCH_KEY = "general.architecture"
+# RoPE base when a file does not give one: transformers' Qwen3MoeConfig default and llama.cpp's freq_base default, so a
+# config.json without rope_theta means the same model to transformers, to the converter's GGUF and to llama.cpp.
+DEFAULT_ROPE_THETA = 10000.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float = DEFAULT_ROPE_THETA
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
@@ -317,7 +320,7 @@ class ModelConfig:
             decoder_sparse_step=1,
             mlp_only_layers=tuple(dense),
             rms_norm_eps=get("rms_norm_eps", kind=float),
-            rope_theta=get("rope_theta", 10000.0, float),
+            rope_theta=get("rope_theta", DEFAULT_ROPE_THETA, float),
             max_position_embeddings=get("max_position_embeddings"),
             tie_word_embeddings=tied,
             bos_token_id=get("bos_token_id", None),
@@ -367,7 +370,8 @@ def _default_head_dim(hidden: Any, heads: Any, source: str, hidden_key: str, hea
 
 
 def _hf_rope_theta(d: dict[str, Any], source: str) -> float:
-    """rope_theta from the published form (`rope_theta`, `rope_scaling`) or transformers 5's `rope_parameters`."""
+    """rope_theta from the published form (`rope_theta`, `rope_scaling`) or transformers 5's `rope_parameters`;
+    DEFAULT_ROPE_THETA when neither gives one, as transformers reads such a config."""
     params = d.get("rope_parameters")
     scaling = d.get("rope_scaling")
     theta = d.get("rope_theta")
@@ -381,7 +385,7 @@ def _hf_rope_theta(d: dict[str, Any], source: str) -> float:
             raise ModelFormatError(source, f"key {key}: rope_type {rope_type!r} is not supported (only 'default')")
         if p.get("rope_theta") is not None:
             theta = p["rope_theta"]
-    return 10000.0 if theta is None else theta
+    return DEFAULT_ROPE_THETA if theta is None else theta
 
 
 def _gguf_scalar(v: Any, kind: type, key: str, source: str) -> Any:

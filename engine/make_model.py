@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint_layout import Dims, gguf_tensors, hf_shapes
+from engine.checkpoint_layout import gguf_tensors, hf_shapes
+from engine.config import ModelConfig
 from engine.errors import TesseraError
 from engine.events import ProgressEvent
 from engine.tokenizer_build import BuiltTokenizer, build_tokenizer
@@ -145,7 +146,7 @@ class RandomWeights:
     """HF-named random tensors whose values depend only on (seed, name); rounded through `dtype`."""
 
     def __init__(self, cfg: dict, seed: int, dtype: torch.dtype):
-        self.shapes = hf_shapes(Dims.from_hf_config(cfg))
+        self.shapes = hf_shapes(ModelConfig.from_hf_dict(cfg))
         self.seed = seed
         self.dtype = dtype
         self.std = float(cfg.get("initializer_range", 0.02))
@@ -282,11 +283,11 @@ def make_model(
         cfg = hf_config(preset, layers=layers, dtype=dtype, tok=tok, overrides=config_overrides)
         cfg["_name_or_path"] = f"tessera-random-{preset}"
         _write_text_files(folder, cfg, tok)
-        dims = Dims.from_hf_config(cfg)
+        config = ModelConfig.from_hf_dict(cfg)
         out_type = parse_output_type(dtype)
         weights = RandomWeights(cfg, seed, torch.bfloat16 if dtype == "bf16" else torch.float32)
-        meta = gguf_metadata(folder, cfg, dims, out_type)
-        tensors = plan_tensors(dims, weights.get, out_type)
-        assert [t.name for t in tensors] == [t.name for t in gguf_tensors(dims)]
+        meta = gguf_metadata(folder, config, cfg["_name_or_path"], out_type)
+        tensors = plan_tensors(config, weights.get, out_type)
+        assert [t.name for t in tensors] == [t.name for t in gguf_tensors(config)]
         write_gguf(out, arch_name(), meta, tensors, progress=progress)
     return out

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import gguf
 
-from engine.checkpoint_layout import Dims, GGUFTensor, gguf_tensors, is_norm
+from engine.checkpoint_layout import GGUFTensor, gguf_tensors, is_norm
+from engine.config import ModelConfig
 from engine.errors import TesseraError
 
 Q = gguf.GGMLQuantizationType
@@ -80,43 +81,43 @@ def _layer(t: GGUFTensor) -> int:
     return int(m.group(1))
 
 
-def _mix_type(t: GGUFTensor, dims: Dims, out: OutputType) -> gguf.GGMLQuantizationType:
+def _mix_type(t: GGUFTensor, cfg: ModelConfig, out: OutputType) -> gguf.GGMLQuantizationType:
     """llama_tensor_get_type_impl for the tensors of a qwen3moe file and the presets in OUTPUT_TYPES (no imatrix)."""
     ft, new = out.file_type, out.default
-    gqa = dims.heads // dims.kv_heads
-    if t.kind == K.OUTPUT or (dims.tied and t.kind == K.TOKEN_EMBD):
+    gqa = cfg.num_attention_heads // cfg.num_key_value_heads
+    if t.kind == K.OUTPUT or (cfg.tie_word_embeddings and t.kind == K.TOKEN_EMBD):
         return Q.Q8_0 if not _fits(t.shape, new) else (new if new == Q.Q8_0 else Q.Q6_K)
     if t.kind == K.TOKEN_EMBD:
         return new
     if t.kind == K.ATTN_V:  # counted once per layer, in layer order, so i_attention_wv is the layer index
         if ft == FT.MOSTLY_IQ4_XS and gqa >= 4:
             new = Q.Q5_K
-        elif ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and _use_more_bits(_layer(t), dims.layers):
+        elif ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and _use_more_bits(_layer(t), cfg.num_hidden_layers):
             new = Q.Q6_K
-        if dims.experts == 8:
+        if cfg.num_experts == 8:
             new = Q.Q8_0
         return new
     if t.kind == K.ATTN_K:
-        return Q.Q8_0 if dims.experts == 8 else new
+        return Q.Q8_0 if cfg.num_experts == 8 else new
     if t.kind in (K.FFN_DOWN, K.FFN_DOWN_EXP):
-        i, n = _layer(t), dims.layers
+        i, n = _layer(t), cfg.num_hidden_layers
         if ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
             return Q.Q6_K
         if ft == FT.MOSTLY_IQ4_XS and i < n // 8:
             return Q.Q5_K
         return new
-    if t.kind == K.ATTN_OUT and dims.experts == 8 and ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_IQ4_XS):
+    if t.kind == K.ATTN_OUT and cfg.num_experts == 8 and ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_IQ4_XS):
         return Q.Q5_K
     return new
 
 
-def tensor_type(t: GGUFTensor, dims: Dims, out: OutputType) -> gguf.GGMLQuantizationType:
-    """The GGML type tensor `t` of a model with dims `dims` is written in, for output type `out`."""
+def tensor_type(t: GGUFTensor, cfg: ModelConfig, out: OutputType) -> gguf.GGMLQuantizationType:
+    """The GGML type tensor `t` of a model of `cfg` is written in, for output type `out`."""
     if is_norm(t) or t.kind == K.FFN_GATE_INP:
         return Q.F32
     if out.default in (Q.F32, Q.F16, Q.BF16):
         return out.default
-    chosen = _mix_type(t, dims, out) if out.is_mix else out.default
+    chosen = _mix_type(t, cfg, out) if out.is_mix else out.default
     if not _fits(t.shape, chosen):
         chosen = _FALLBACK.get(chosen, Q.F16)
         if not _fits(t.shape, chosen):  # llama.cpp: "must use F16 due to unusual shape"
@@ -124,6 +125,6 @@ def tensor_type(t: GGUFTensor, dims: Dims, out: OutputType) -> gguf.GGMLQuantiza
     return chosen
 
 
-def tensor_types(dims: Dims, out: OutputType) -> dict[str, gguf.GGMLQuantizationType]:
+def tensor_types(cfg: ModelConfig, out: OutputType) -> dict[str, gguf.GGMLQuantizationType]:
     """GGUF tensor name -> type, for every tensor of the file, in writing order."""
-    return {t.name: tensor_type(t, dims, out) for t in gguf_tensors(dims)}
+    return {t.name: tensor_type(t, cfg, out) for t in gguf_tensors(cfg)}

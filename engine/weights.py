@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint_layout import GGUFTensor, model_tensors
+from engine.checkpoint_layout import GGUFTensor, gguf_tensors, hf_shapes
 from engine.config import ModelConfig
 from engine.errors import Cancelled, ModelFormatError
 from engine.events import ProgressEvent
@@ -111,7 +111,7 @@ def load_weights(
 
 def check_gguf_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], source: str) -> list[GGUFTensor]:
     """Check a GGUF's tensor table (name -> numpy-order shape) against the table; returns the table in load order."""
-    table = list(model_tensors(cfg))
+    table = list(gguf_tensors(cfg))
     known = {t.name for t in table}
     for name in shapes:
         if name not in known:
@@ -132,11 +132,7 @@ def check_hf_tensors(ckpt: HFCheckpoint, source: str) -> list[GGUFTensor]:
     """Check an opened HF checkpoint's names and shapes against the table (headers only); returns the table in load
     order. Each routed expert is stored on its own (`model.layers.{i}.mlp.experts.{e}.{proj}.weight`)."""
     cfg = ckpt.config
-    table = list(model_tensors(cfg))
-    want: dict[str, tuple[int, ...]] = {}
-    for t in table:
-        for src in t.sources:
-            want[src] = t.shape[1:] if t.stacked else t.shape
+    want = hf_shapes(cfg)
     for name in ckpt.names:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # tied: some checkpoints store the shared matrix twice; the embedding is the one used
@@ -151,7 +147,7 @@ def check_hf_tensors(ckpt: HFCheckpoint, source: str) -> list[GGUFTensor]:
     for name in want:
         if name not in stored:
             raise ModelFormatError(source, f"tensor {name} is missing")
-    return table
+    return list(gguf_tensors(cfg))
 
 
 def _stack(ckpt: HFCheckpoint, t: GGUFTensor, src: str, cancel: threading.Event | None) -> torch.Tensor:

@@ -80,9 +80,9 @@ def inspect_source(folder: str):
         cfg = src.config
         width = {"F32": 4, "F16": 2, "BF16": 2}.get(max(dtypes, key=list(src.dtypes.values()).count), 2)
         return {
-            "folder": str(src.folder), "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_experts"),
-            "experts_per_token": cfg.get("num_experts_per_tok"), "hidden_size": cfg.get("hidden_size"),
-            "vocab_size": cfg.get("vocab_size"), "tensors": len(src.dtypes), "shards": len(shards),
+            "folder": str(src.folder), "layers": cfg.num_hidden_layers, "experts": cfg.num_experts,
+            "experts_per_token": cfg.num_experts_per_tok, "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size, "tensors": len(src.dtypes), "shards": len(shards),
             "bytes": size, "dtypes": dtypes, "params": size // width, "backends": _backends(),
         }
 
@@ -90,13 +90,10 @@ def inspect_source(folder: str):
 
 
 def _backends() -> dict[str, tuple[bool, str]]:
-    """Backends a converted model can be pre-packed for ({name: (available, reason)}; empty without engine.native)."""
-    try:
-        from engine import native
+    """Backends a converted model can be pre-packed for: {name: (available, reason)}, Auto and Torch left out."""
+    from engine import backends
 
-        return {k: v for k, v in native.backend_status().items() if k != "Auto"}
-    except Exception:  # noqa: BLE001 - pre-packing is optional; the page says why it is off
-        return {}
+    return {k: v for k, v in backends.status().items() if k not in (backends.AUTO, backends.TORCH)}
 
 
 def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None, force: bool = False):

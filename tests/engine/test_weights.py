@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import Cancelled, ModelFormatError
-from engine.checkpoint_layout import model_tensors
+from engine.checkpoint_layout import gguf_tensors
 from engine.weights import load_weights
 from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 
@@ -22,7 +22,7 @@ def test_gguf_to_canonical(tmp_path):
     events = []
     w = load_weights(write_gguf(tmp_path / "m.gguf", cfg, tensors=src), progress=events.append)
     assert w.config == cfg
-    table = {t.name: t.canonical for t in model_tensors(cfg)}
+    table = {t.name: t.canonical for t in gguf_tensors(cfg)}
     assert set(w.tensors) == set(table.values())
     for g, c in table.items():
         assert torch.equal(w.tensors[c], torch.from_numpy(src[g])), g
@@ -82,7 +82,7 @@ def test_hf_and_gguf_fixtures_agree(tiny_hf_model, tiny_gguf_model):
     """make-model writes the same weights both ways: both loaders give identical canonical tensors."""
     a, b = load_weights(tiny_hf_model), load_weights(tiny_gguf_model)
     assert a.config == b.config
-    assert set(a.tensors) == set(b.tensors) == {t.canonical for t in model_tensors(a.config)}
+    assert set(a.tensors) == set(b.tensors) == {t.canonical for t in gguf_tensors(a.config)}
     for name in a.tensors:
         assert torch.equal(a.tensors[name], b.tensors[name]), name
 
@@ -219,7 +219,7 @@ def test_table_uses_llama_cpp_names():
     import gguf
 
     cfg = tiny_config(num_hidden_layers=2, mlp_only_layers=(1,))
-    ours = {t.name for t in model_tensors(cfg)}
+    ours = {t.name for t in gguf_tensors(cfg)}
     T = gguf.MODEL_TENSOR
     theirs = set()
     for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN3MOE]:

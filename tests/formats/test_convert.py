@@ -17,6 +17,7 @@ from engine.cli import main
 from engine.convert import convert
 from engine.errors import Cancelled, ModelFormatError, TesseraError
 from engine.make_model import make_model
+from engine.safetensors_reader import HFCheckpoint
 
 Q = gguf.GGMLQuantizationType
 T = gguf.MODEL_TENSOR
@@ -206,12 +207,10 @@ def test_cancel_leaves_no_output(tmp_path, sources):
 
 
 def test_interruption_and_errors_leave_existing_output_untouched(tmp_path, sources, monkeypatch):
-    from engine import convert as convert_mod
-
     out = tmp_path / "m.gguf"
     out.write_bytes(b"previous file")
     calls = {"n": 0}
-    real_get = convert_mod.SourceReader.get
+    real_get = HFCheckpoint.get
 
     def flaky(self, name):
         calls["n"] += 1
@@ -219,7 +218,7 @@ def test_interruption_and_errors_leave_existing_output_untouched(tmp_path, sourc
             raise KeyboardInterrupt
         return real_get(self, name)
 
-    monkeypatch.setattr(convert_mod.SourceReader, "get", flaky)
+    monkeypatch.setattr(HFCheckpoint, "get", flaky)
     with pytest.raises(KeyboardInterrupt):
         convert(sources["moe"], out, force=True)
     assert out.read_bytes() == b"previous file" and _leftovers(tmp_path) == []
@@ -262,15 +261,16 @@ def test_bad_sources_are_named(tmp_path, sources):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ModelFormatError, match="not a Qwen3-MoE folder: config.json is missing"):
+    with pytest.raises(ModelFormatError, match="is missing") as e:
         convert(empty, out)
+    assert e.value.subject == str(empty / "config.json")
 
     other = _copy(src, tmp_path / "llama")
     cfg = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(
         json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
     )
-    with pytest.raises(ModelFormatError, match="not a Qwen3-MoE model.*LlamaForCausalLM"):
+    with pytest.raises(ModelFormatError, match="unsupported architecture 'llama'"):
         convert(other, out)
 
     pickled = tmp_path / "pickled"
@@ -278,42 +278,44 @@ def test_bad_sources_are_named(tmp_path, sources):
     shutil.copy(src / "config.json", pickled / "config.json")
     shutil.copy(src / "tokenizer.json", pickled / "tokenizer.json")
     (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
-    with pytest.raises(ModelFormatError, match="pickle checkpoints are refused") as e:
+    with pytest.raises(ModelFormatError, match="pickle checkpoints are not loaded") as e:
         convert(pickled, out)
     assert e.value.subject.endswith("pytorch_model.bin")
 
     sharded = make_model(tmp_path / "sharded", max_shard_bytes=1_000_000)
     shard = sorted(sharded.glob("model-*.safetensors"))[1]
     shard.unlink()
-    with pytest.raises(ModelFormatError, match="missing shard") as e:
+    with pytest.raises(ModelFormatError, match="shard is missing") as e:
         convert(sharded, out)
     assert e.value.subject == str(shard)
 
     mismatch = _copy(src, tmp_path / "mismatch")
     (mismatch / "config.json").write_text(json.dumps({**cfg, "moe_intermediate_size": 128}))
-    with pytest.raises(ModelFormatError, match="shape mismatch") as e:
+    with pytest.raises(ModelFormatError, match=r"tensor model\.layers\.0\.mlp\.experts\.0\.\S+ has shape .* config.json"
+                       r" needs") as e:
         convert(mismatch, out)
-    assert e.value.subject.startswith("tensor model.layers.0.mlp.experts.0.")
+    assert e.value.subject == str(mismatch)
 
     missing = _copy(src, tmp_path / "missing")
     (missing / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 4}))
-    with pytest.raises(ModelFormatError, match="missing from the checkpoint") as e:
+    with pytest.raises(ModelFormatError, match=r"tensor model\.layers\.3\.\S+ is missing"):
         convert(missing, out)
-    assert e.value.subject.startswith("tensor model.layers.3.")
 
     extra = _copy(src, tmp_path / "extra")
     from safetensors.torch import save_file
 
-    save_file({"model.layers.0.mlp.shared_expert.up_proj.weight": torch.zeros(4, 96)}, str(extra / "z.safetensors"))
-    with pytest.raises(ModelFormatError, match="not part of a Qwen3-MoE checkpoint") as e:
+    stored = load_file(str(extra / "model.safetensors"))
+    stored["model.layers.0.mlp.shared_expert.up_proj.weight"] = torch.zeros(4, 96)
+    save_file(stored, str(extra / "model.safetensors"))
+    with pytest.raises(ModelFormatError, match="tensor model.layers.0.mlp.shared_expert.up_proj.weight: unknown"):
         convert(extra, out)
-    assert e.value.subject == "tensor model.layers.0.mlp.shared_expert.up_proj.weight"
 
     truncated = _copy(src, tmp_path / "truncated")
     shard = truncated / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-1000])
-    with pytest.raises(ModelFormatError, match="beyond the end of the file"):
+    with pytest.raises(ModelFormatError, match="invalid safetensors file") as e:
         convert(truncated, out)
+    assert e.value.subject == str(shard)
 
     no_tok = _copy(src, tmp_path / "notok")
     (no_tok / "tokenizer.json").unlink()
@@ -332,13 +334,27 @@ def test_transformers_rope_parameters_form_is_accepted(tmp_path, sources):
     assert field(reader, "qwen3moe.rope.freq_base") == theta
 
 
+def test_config_without_rope_theta_means_what_transformers_reads(tmp_path, sources):
+    """No rope_theta anywhere: transformers' Qwen3MoeConfig default, written as freq_base so llama.cpp agrees."""
+    from transformers import Qwen3MoeConfig
+
+    src = _copy(sources["moe"], tmp_path / "no-theta")
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["rope_theta"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    hf = Qwen3MoeConfig.from_pretrained(src)
+    theirs = hf.rope_parameters["rope_theta"] if getattr(hf, "rope_parameters", None) else hf.rope_theta
+    reader = gguf.GGUFReader(convert(src, tmp_path / "m.gguf"))
+    assert field(reader, "qwen3moe.rope.freq_base") == theirs == 10000.0
+
+
 def test_cli_convert(tmp_path, sources, capsys):
     out = tmp_path / "m.gguf"
     assert main(["convert", str(sources["moe"]), str(out), "--dtype", "q8_0"]) == 0
     assert gguf.GGUFReader(out).fields["general.file_type"].contents() == 7
     assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf")]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == f"error: {tmp_path / 'nowhere'}: is not a folder (expected a Hugging Face model folder)"
+    assert err == f"error: {tmp_path / 'nowhere'}: is not a folder (expected a Hugging Face model folder or .gguf file)"
     with pytest.raises(SystemExit) as e:
         main(["convert", str(sources["moe"]), str(out), "--dtype", "q4_k"])
     assert e.value.code == 2
@@ -395,9 +411,9 @@ def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sou
 
 
 def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
-    from engine import native
+    from engine import backends
 
-    available = [name for name, (ok, _) in native.backend_status().items() if ok and name not in ("Auto", "Reference")]
+    available = [name for name in backends.available_names() if name != "Reference"]
     if not available:
         pytest.skip("no packing backend on this machine")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -420,10 +436,8 @@ def test_output_bytes_predicts_the_file_size(tmp_path, sources, dtype):
 
 
 def test_cancel_inside_an_expert_stack(tmp_path, sources, monkeypatch):
-    from engine import convert as convert_mod
-
     cancel = threading.Event()
-    real_get = convert_mod.SourceReader.get
+    real_get = HFCheckpoint.get
     seen = []
 
     def get(self, name):
@@ -432,7 +446,7 @@ def test_cancel_inside_an_expert_stack(tmp_path, sources, monkeypatch):
             cancel.set()
         return real_get(self, name)
 
-    monkeypatch.setattr(convert_mod.SourceReader, "get", get)
+    monkeypatch.setattr(HFCheckpoint, "get", get)
     with pytest.raises(Cancelled):
         convert(sources["moe"], tmp_path / "m.gguf", cancel=cancel)
     assert seen[-1] == "model.layers.0.mlp.experts.2.up_proj.weight"  # stopped at the next expert, not the next tensor
@@ -445,7 +459,7 @@ def test_corrupt_headers_and_index_are_named(tmp_path, sources):
     index = json.loads((bad_index / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
     (bad_index / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(ModelFormatError, match="not a file name in this folder"):
+    with pytest.raises(ModelFormatError, match=r"tensor model.norm.weight: bad shard file name '\.\./elsewhere"):
         convert(bad_index, tmp_path / "o.gguf")
 
     corrupt = _copy(src, tmp_path / "corrupt")
@@ -457,5 +471,5 @@ def test_corrupt_headers_and_index_are_named(tmp_path, sources):
     raw = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # shorter than before: pad to the same length
     assert len(raw) == n
     shard.write_bytes(data[:8] + raw + data[8 + n :])
-    with pytest.raises(ModelFormatError, match="corrupt safetensors header entry for tensor model.norm.weight"):
+    with pytest.raises(ModelFormatError, match="invalid safetensors file"):
         convert(corrupt, tmp_path / "o.gguf")

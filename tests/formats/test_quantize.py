@@ -4,13 +4,15 @@ llama-quantize's per-tensor type mix (engine/quant_mix.py)."""
 from __future__ import annotations
 
 import collections
+import json
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from engine.checkpoint_layout import Dims
+from engine.config import ModelConfig
 from engine.quant_mix import OUTPUT_TYPES, QUANTIZED_NAMES, parse_output_type, tensor_types
 from engine.quantize import QUANTIZABLE, QuantizeError, quantize
 
@@ -115,20 +117,8 @@ def test_bad_input_is_a_named_error():
 
 # ---- llama-quantize's per-tensor mix ------------------------------------------------------------------------------
 
-QWEN3_30B_A3B = Dims(
-    vocab=151936,
-    hidden=2048,
-    layers=48,
-    heads=32,
-    kv_heads=4,
-    head_dim=128,
-    experts=128,
-    experts_per_tok=8,
-    moe_inter=768,
-    dense_inter=6144,
-    tied=False,
-    moe_layers=(True,) * 48,
-)
+_PUBLISHED = json.loads((Path(__file__).resolve().parents[1] / "data" / "qwen3-moe-configs.json").read_text())
+QWEN3_30B_A3B = ModelConfig.from_hf_dict(_PUBLISHED["Qwen3-30B-A3B"], "Qwen3-30B-A3B")
 # use_more_bits(i, 48): i < 6, i >= 42, or (i - 6) % 3 == 2 (llama.cpp src/llama-quant.cpp).
 MORE_BITS_48 = {0, 1, 2, 3, 4, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35, 38, 41, 42, 43, 44, 45, 46, 47}
 
@@ -153,11 +143,11 @@ def test_q4_k_m_mix_of_qwen3_30b_a3b_matches_llama_quantize():
     assert abs(sum(sizes.values()) / 18.56e9 - 1) < 0.01, sum(sizes.values())
 
 
-def _bytes(dims, types):
+def _bytes(cfg, types):
     from engine.checkpoint_layout import gguf_tensors
 
     out = {}
-    for t in gguf_tensors(dims):
+    for t in gguf_tensors(cfg):
         block, size = gguf.GGML_QUANT_SIZES[types[t.name]]
         out[t.name] = int(np.prod(t.shape)) // block * size
     return out
@@ -181,7 +171,9 @@ def test_other_presets_of_qwen3_30b_a3b():
 
 
 def test_rows_that_do_not_split_fall_back_as_llama_quantize_does():
-    tiny = Dims(437, 96, 3, 6, 2, 16, 8, 2, 160, 224, True, (True, True, True))  # 8 experts, tied embeddings
+    tiny = ModelConfig(vocab_size=437, hidden_size=96, intermediate_size=224, moe_intermediate_size=160,
+                       num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=16, num_experts=8,
+                       num_experts_per_tok=2, tie_word_embeddings=True)  # 8 experts, tied embeddings
     t = tensor_types(tiny, parse_output_type("q4_k_m"))
     assert t["token_embd.weight"] == Q.Q8_0  # tied: output rules; 96 % 256 != 0 -> Q8_0
     assert t["blk.0.ffn_up_exps.weight"] == t["blk.0.ffn_down_exps.weight"] == Q.Q5_0  # Q4_K -> Q5_0
@@ -190,7 +182,9 @@ def test_rows_that_do_not_split_fall_back_as_llama_quantize_does():
     assert t["blk.1.attn_output.weight"] == Q.Q5_1  # 8 experts: Q5_K, which falls back to Q5_1
     iq = tensor_types(tiny, parse_output_type("iq4_xs"))
     assert iq["blk.1.ffn_gate_exps.weight"] == Q.IQ4_NL
-    odd = Dims(437, 40, 1, 2, 1, 20, 4, 2, 40, 40, False, (True,))  # rows of 40 split into neither 32 nor 256
+    odd = ModelConfig(vocab_size=437, hidden_size=40, intermediate_size=40, moe_intermediate_size=40,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=20, num_experts=4,
+                      num_experts_per_tok=2)  # rows of 40 split into neither 32 nor 256
     assert tensor_types(odd, parse_output_type("q4_k_m"))["blk.0.ffn_up_exps.weight"] == Q.F16
 
 
@@ -224,8 +218,8 @@ def test_make_model_writes_the_mix_and_valid_blocks(tmp_path, dtype):
     out_type = parse_output_type(dtype)
     assert reader.fields["general.file_type"].contents() == int(out_type.file_type)
     cfg = hf_config("tiny-kquant", layers=None, dtype="f32", tok=_tok(tmp_path), overrides={})
-    dims = Dims.from_hf_config(cfg)
-    expected = tensor_types(dims, out_type)
+    config = ModelConfig.from_hf_dict(cfg)
+    expected = tensor_types(config, out_type)
     got = {t.name: Q(t.tensor_type) for t in reader.tensors}
     assert got == expected
     mix = collections.Counter(got.values())
@@ -234,7 +228,7 @@ def test_make_model_writes_the_mix_and_valid_blocks(tmp_path, dtype):
         assert [got[f"blk.{i}.ffn_down_exps.weight"] for i in range(4)] == [out_type.default] * 2 + [Q.Q6_K] * 2
     # Each quantized tensor decodes (gguf.quants.dequantize) to make-model's random weights within its type's bound.
     weights = RandomWeights(cfg, 4, torch.float32)
-    sources = {t.name: t.sources for t in gguf_tensors(dims)}
+    sources = {t.name: t.sources for t in gguf_tensors(config)}
     for t in reader.tensors:
         qtype = Q(t.tensor_type)
         if qtype == Q.F32:

@@ -34,7 +34,7 @@ def test_bad_sources_are_named(qtbot, tmp_path, bf16_hf_model):
     w = ConvertWizard()
     qtbot.addWidget(w)
     w.source.path.setText(str(tmp_path))
-    qtbot.waitUntil(lambda: "config.json is missing" in w.source.info.text(), timeout=60_000)
+    qtbot.waitUntil(lambda: "config.json: is missing" in w.source.info.text(), timeout=60_000)
     assert not w.source.isComplete()
     pickle_dir = tmp_path / "pickled"
     pickle_dir.mkdir()
@@ -42,7 +42,7 @@ def test_bad_sources_are_named(qtbot, tmp_path, bf16_hf_model):
         shutil.copy(f, pickle_dir / f.name)
     (pickle_dir / "pytorch_model.bin").write_bytes(b"\x80\x02")
     w.source.path.setText(str(pickle_dir))
-    qtbot.waitUntil(lambda: "pickle checkpoints are refused" in w.source.info.text(), timeout=60_000)
+    qtbot.waitUntil(lambda: "pickle checkpoints are not loaded" in w.source.info.text(), timeout=60_000)
     assert str(pickle_dir / "pytorch_model.bin") in w.source.info.text() and not w.source.isComplete()
     w.source.wait_for_job()
 
