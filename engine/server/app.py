@@ -182,7 +182,7 @@ class OpenAIServer:
     async def health(self, request: Request) -> Response:
         s = self.scheduler
         return JSONResponse({"status": "ok", "model": self.options.model_name, "busy": s.busy, "waiting": s.waiting,
-                             "max_waiting": s.max_waiting})
+                             "max_waiting": s.max_waiting, "requests": dict(s.stats)})
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)

@@ -71,8 +71,9 @@ class _Trimmed:
         self.held = text[len(body):]
         return [Delta(self.kind, body)] if body else []
 
-    def drop_held(self) -> None:
-        self.held = ""
+    def take_held(self) -> str:
+        held, self.held = self.held, ""
+        return held
 
 
 class ChatOutputParser:
@@ -88,6 +89,7 @@ class ChatOutputParser:
         self.reasoning = _Trimmed("reasoning")
         self.content = _Trimmed("content")
         self.calls = 0
+        self.before_call = ""  # whitespace before an open <tool_call>: dropped if it parses, kept if it does not
 
     def feed(self, text: str) -> list[Delta]:
         self.buffer += text
@@ -106,7 +108,7 @@ class ChatOutputParser:
             if (self.state, len(self.buffer)) == before:
                 break
         if self.state == "call":  # an unclosed tool call: the model's text, as it wrote it
-            out += self.content.add(CALL_OPEN + self.buffer)
+            out += self.content.add(self.before_call + CALL_OPEN + self.buffer)
             self.buffer = ""
         return out
 
@@ -134,7 +136,7 @@ class ChatOutputParser:
             if start >= 0:
                 self.state, self.buffer = "call", buf[start + len(CALL_OPEN):]
                 out = self.content.add(buf[:start])
-                self.content.drop_held()  # whitespace before a call is layout, not content
+                self.before_call = self.content.take_held()  # layout, not content, if the call parses
                 return out
             keep = 0 if final or not self.tools else _partial_tag_tail(buf, CALL_OPEN)
             self.buffer = buf[len(buf) - keep:]
@@ -146,7 +148,7 @@ class ChatOutputParser:
         block, self.buffer, self.state = buf[:end], buf[end + len(CALL_CLOSE):], "content"
         parsed = parse_tool_call(block.strip())
         if parsed is None:
-            return self.content.add(CALL_OPEN + block + CALL_CLOSE)
+            return self.content.add(self.before_call + CALL_OPEN + block + CALL_CLOSE)
         self.calls += 1
         return [Delta("tool_call", name=parsed[0], arguments=parsed[1], call_id=f"call_{uuid.uuid4().hex[:24]}")]
 
