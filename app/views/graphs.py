@@ -1,9 +1,12 @@
-"""Live graphs (pyqtgraph): prefill/decode tok/s over time, time to first token and cache-hit rates per request, and a
-bandwidth readout. Only measured numbers are drawn: a series with no data says why instead of showing a made-up line."""
+"""Live graphs (pyqtgraph): decode tok/s over generation time, and per reply prefill tok/s, time to first token and
+cache-hit rates, plus a bandwidth readout. Only measured numbers are drawn: a series with no data says why instead of
+showing a made-up line.
+
+Each phase has its own axis (prefill runs at thousands of tok/s, decode at tens to hundreds). The decode line's x axis
+is generation time: the seconds spent computing, with the idle time between replies left out (a gap marks each new
+reply). Time to first token is in milliseconds here and in each reply's footer."""
 
 from __future__ import annotations
-
-import time
 
 import pyqtgraph as pg
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
@@ -17,11 +20,11 @@ DECODE_WINDOW = 8  # decode tok/s is measured over the last 8 decode steps (one 
 class GraphsPanel(QWidget):
     def __init__(self, dark: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
-        self.t0 = time.monotonic()
+        self.busy_s = 0.0  # seconds spent generating so far (the decode line's x axis)
         self.decode_x: list[float] = []
         self.decode_y: list[float] = []
-        self.prefill_x: list[float] = []
-        self.prefill_y: list[float] = []
+        self.prefill_x: list[int] = []  # reply numbers
+        self.prefill_y: list[float] = []  # prefill tok/s of that reply
         self.ttft: list[float] = []
         self.prefix_hit: list[float] = []  # percent, one per request
         self.expert_hit: list[float] = []  # percent, one per request that had an expert cache
@@ -31,6 +34,7 @@ class GraphsPanel(QWidget):
         self._req_bytes = 0
         self._req_seconds = 0.0
         self._recent: list[tuple[int, float]] = []  # (tokens, seconds) of the last decode steps
+        self._prefill = [0, 0.0]  # tokens and seconds of this reply's prefill steps
 
         pg.setConfigOptions(antialias=True)
         layout = QVBoxLayout(self)
@@ -47,32 +51,32 @@ class GraphsPanel(QWidget):
             w.setAccessibleName(title)
             return w
 
-        self.speed_plot = plot("Tokens per second", "tok/s", "time (s)")
-        self.speed_plot.addLegend(offset=(5, 5))
+        self.speed_plot = plot("Decode tokens per second", "tok/s", "generation time (s, idle time left out)")
         self.decode_curve = self.speed_plot.plot([], [], pen=pg.mkPen("#2b7bd6", width=2), name="decode",
                                                  connect="finite")
-        self.prefill_curve = self.speed_plot.plot([], [], pen=None, symbol="o", symbolSize=7,
-                                                  symbolBrush="#e07b00", name="prefill")
-        self.ttft_plot = plot("Time to first token", "ms", "message")
+        self.prefill_plot = plot("Prefill tokens per second", "tok/s", "reply")
+        self.prefill_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#e07b00")
+        self.prefill_plot.addItem(self.prefill_bars)
+        self.ttft_plot = plot("Time to first token", "ms", "reply")
         self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#7a5cc7")
         self.ttft_plot.addItem(self.ttft_bars)
-        self.hit_plot = plot("Cache hit rate per request", "%", "request")
+        # the legend is in the title (coloured names), where it cannot cover a point
+        self.hit_plot = plot("Cache hit rate: <span style='color:#2a9d55'>■ prefix KV</span> "
+                             "<span style='color:#c0392b'>▲ expert cache</span>", "%", "reply")
         self.hit_plot.setYRange(0, 100)
-        self.hit_plot.addLegend(offset=(5, 5))
         self.prefix_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#2a9d55", width=2), symbol="s", symbolSize=6,
                                                symbolBrush="#2a9d55", name="prefix KV")
         self.expert_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#c0392b", width=2), symbol="t", symbolSize=6,
                                                symbolBrush="#c0392b", name="expert cache")
-        for w in (self.ttft_plot, self.hit_plot, self.speed_plot):
+        for w in (self.ttft_plot, self.hit_plot, self.speed_plot, self.prefill_plot):
             w.getAxis("left").enableAutoSIPrefix(False)
-        for w in (self.ttft_plot, self.hit_plot):
+        for w in (self.prefill_plot, self.ttft_plot, self.hit_plot):
             w.getAxis("bottom").setTickSpacing(1, 1)
-        grid.addWidget(self.speed_plot, 0, 0)
-        grid.addWidget(self.ttft_plot, 0, 1)
-        grid.addWidget(self.hit_plot, 0, 2)
-        grid.setColumnStretch(0, 2)
-        grid.setColumnStretch(1, 1)
-        grid.setColumnStretch(2, 1)
+            w.setXRange(0.5, 5.5, padding=0)
+        for column, (w, stretch) in enumerate(((self.speed_plot, 2), (self.prefill_plot, 1), (self.ttft_plot, 1),
+                                               (self.hit_plot, 1))):
+            grid.addWidget(w, 0, column)
+            grid.setColumnStretch(column, stretch)
 
         self.set_dark(dark)
         self.expert_label = QLabel(f"Expert cache: {NO_EXPERT_CACHE}")
@@ -99,13 +103,20 @@ class GraphsPanel(QWidget):
         self._show_bandwidth(None)
 
     def add_chunk(self, chunk: TokenChunk) -> None:
-        """Fold the steps of one streamed chunk into the tok/s series (one point per phase per chunk)."""
-        now = time.monotonic() - self.t0
+        """Fold the steps of one streamed chunk into the tok/s series (prefill: one bar per reply; decode: one point
+        per chunk, at the generation time reached)."""
         prefill = [st for st in chunk.steps if st.phase == "prefill"]
-        secs = sum(st.seconds for st in prefill)
-        if prefill and secs > 0:
-            self.prefill_x.append(now)
-            self.prefill_y.append(sum(st.tokens for st in prefill) / secs)
+        self._prefill[0] += sum(st.tokens for st in prefill)
+        self._prefill[1] += sum(st.seconds for st in prefill)
+        if prefill and self._prefill[1] > 0:
+            if not self.prefill_x or self.prefill_x[-1] != self.requests + 1:
+                self.prefill_x.append(self.requests + 1)
+                self.prefill_y.append(0.0)
+            self.prefill_y[-1] = self._prefill[0] / self._prefill[1]  # all of this reply's prefill steps so far
+            self.prefill_bars.setOpts(x=self.prefill_x, height=self.prefill_y, width=0.6)
+            self.prefill_plot.setXRange(0.5, max(5, self.requests + 1) + 0.5, padding=0)
+        self.busy_s += sum(st.seconds for st in chunk.steps)
+        now = self.busy_s
         decode = [st for st in chunk.steps if st.phase == "decode"]
         self._recent = (self._recent + [(st.tokens, st.seconds) for st in decode])[-DECODE_WINDOW:]
         secs = sum(sec for _t, sec in self._recent)
@@ -116,11 +127,11 @@ class GraphsPanel(QWidget):
             self._req_bytes += st.expert_bytes
             self._req_seconds += st.seconds
         self.decode_curve.setData(self.decode_x, self.decode_y)
-        self.prefill_curve.setData(self.prefill_x, self.prefill_y)
 
     def add_result(self, result: GenerationResult) -> None:
         m = result.metrics
         self._recent = []
+        self._prefill = [0, 0.0]
         if self.decode_x and self.decode_y[-1] == self.decode_y[-1]:  # a gap (NaN) between requests in the line
             self.decode_x.append(self.decode_x[-1])
             self.decode_y.append(float("nan"))

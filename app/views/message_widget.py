@@ -18,7 +18,8 @@ STATE_NOTES = {"interrupted": "interrupted: the app stopped while this reply was
 
 
 def footer_text(metrics: dict) -> str:
-    """`12.3 tok/s · 145 tokens · 0.42 s to first token · prefill 530 tok/s · 60% prefix reused · stop: eos · AVX512`"""
+    """`12.3 tok/s · 145 tokens · 420 ms to first token · prefill 530 tok/s · 60% prefix reused · stop: eos · AVX512`
+    (time to first token in ms, as on the graph)"""
     if not metrics:
         return ""
     parts = []
@@ -27,7 +28,7 @@ def footer_text(metrics: dict) -> str:
     if metrics.get("generated_tokens") is not None:
         parts.append(f"{int(metrics['generated_tokens'])} tokens")
     if metrics.get("ttft_s"):
-        parts.append(f"{metrics['ttft_s']:.2f} s to first token")
+        parts.append(f"{1000 * metrics['ttft_s']:.0f} ms to first token")
     if metrics.get("prefill_tok_s"):
         parts.append(f"prefill {metrics['prefill_tok_s']:.0f} tok/s")
     if metrics.get("prefix_hit_rate"):

@@ -49,3 +49,22 @@ def test_failed_request_adds_no_points(qtbot):
     g.add_result(GenerationResult(1, "", {"stop_reason": "error"}, "boom"))
     assert g.requests == 0 and g.ttft == []
     assert "hardware wizard" in g.bandwidth_label.text()
+
+
+def test_each_phase_has_its_own_scale_and_idle_time_is_left_out(qtbot):
+    import time
+
+    g = GraphsPanel()
+    qtbot.addWidget(g)
+    for rid in (1, 2):
+        g.add_chunk(chunk([StepSample("prefill", 2000, 0.5), StepSample("prefill", 1000, 0.25)], rid))
+        g.add_chunk(chunk([StepSample("decode", 1, 0.02)] * 4, rid))
+        g.add_result(result(rid, ttft_s=0.0034))
+        time.sleep(0.2)  # idle between replies: not on the x axis
+    assert g.prefill_x == [1, 2] and g.prefill_y == [pytest.approx(4000.0)] * 2  # one bar per reply, its own plot
+    assert g.prefill_plot is not g.speed_plot and g.prefill_plot.getPlotItem().vb is not g.speed_plot.getPlotItem().vb
+    finite = [x for x, y in zip(g.decode_x, g.decode_y) if y == y]
+    assert finite == [pytest.approx(0.75 + 0.08), pytest.approx(2 * 0.75 + 2 * 0.08)]  # generation seconds only
+    assert [y for y in g.decode_y if y == y] == [pytest.approx(50.0)] * 2
+    assert g.ttft == [pytest.approx(3.4)] * 2  # ms, as the footer says
+    assert g.hit_plot.getPlotItem().legend is None and "prefix KV" in g.hit_plot.getPlotItem().titleLabel.text

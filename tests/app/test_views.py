@@ -34,8 +34,9 @@ def test_interrupted_and_failed_replies_say_so(qtbot):
 def test_footer_numbers():
     text = footer_text({"decode_tok_s": 12.345, "generated_tokens": 145, "ttft_s": 0.4213, "prefill_tok_s": 530.2,
                         "prefix_hit_rate": 0.6, "stop_reason": "eos", "backend": "AVX512"})
-    assert text == ("12.3 tok/s · 145 tokens · 0.42 s to first token · prefill 530 tok/s · 60% prefix reused · "
+    assert text == ("12.3 tok/s · 145 tokens · 421 ms to first token · prefill 530 tok/s · 60% prefix reused · "
                     "stop: eos · AVX512")
+    assert "3 ms to first token" in footer_text({"ttft_s": 0.0034})  # as the graph shows it (was "0.00 s")
 
 
 def test_user_messages_can_be_edited_replies_regenerated(qtbot):
