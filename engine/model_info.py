@@ -48,6 +48,7 @@ class ModelInfo:
     dense_layers: list[int] = field(default_factory=list)
     tie_word_embeddings: bool = False
     tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> number of tensors
+    expert_type: str = ""  # stored type of the routed experts (BF16, Q8_0, ...), "mixed" when layers differ
     num_tensors: int = 0
     total_bytes: int = 0
     loaded_bytes: int = 0
@@ -89,6 +90,7 @@ _Sizes = list[tuple[str, str, int, int, int, bool]]
 def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> ModelInfo:
     """sizes: (tensor, type name, elements, stored bytes, loaded bytes, is routed expert) per stored tensor."""
     types = Counter(t for _, t, _, _, _, _ in sizes)
+    expert_types = {s[1] for s in sizes if s[5]}
     total = sum(s[3] for s in sizes)
     expert = sum(s[3] for s in sizes if s[5])
     rest = sum(s[3] for s in sizes if not s[5] and s[0] not in _EMBEDDING)
@@ -113,6 +115,7 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
         dense_layers=cfg.dense_layers,
         tie_word_embeddings=cfg.tie_word_embeddings,
         tensor_types=dict(sorted(types.items())),
+        expert_type=expert_types.pop() if len(expert_types) == 1 else "mixed",
         num_tensors=len(sizes),
         total_bytes=total,
         loaded_bytes=sum(s[4] for s in sizes),

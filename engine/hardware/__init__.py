@@ -75,7 +75,7 @@ def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model
     table, auto, auto_reason, source = backends(cpu)
     report.update(backends=table, backends_source=source, auto_backend=auto, auto_reason=auto_reason)
     if shape is not None:
-        report["model"] = estimate(shape[0], shape[1], auto=auto, memory=memory, gpus=gpus)
+        report["model"] = estimate(*shape, auto=auto, memory=memory, gpus=gpus)
     report["remedies"] = remedies(report)
     report["probe_seconds"] = round(time.perf_counter() - t0, 2)
     step("verdict", f"Auto picks {auto}")

@@ -4,12 +4,12 @@ decode speed, and remedies in plain words for what looks wrong.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from engine.errors import TesseraError
-from engine.hardware.presets import BYTES_PER_WEIGHT, MoeShape, preset, shape_from_hf_config
+from engine.config import ModelConfig
+from engine.hardware.presets import BYTES_PER_WEIGHT, active_expert_params, dense_params, expert_params, preset
 
 GB = 1e9
 BACKENDS = ("AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
@@ -55,85 +55,45 @@ def backends(cpu: dict) -> tuple[dict[str, dict], str, str, str]:
     return out, str(auto), str(auto_reason), "native"
 
 
-def model_shape(model: str | None, preset_name: str | None) -> tuple[MoeShape, str]:
-    """(shape, dtype of the stored weights) for --model PATH or --preset NAME."""
+def model_shape(model: str | None, preset_name: str | None) -> tuple[ModelConfig, str, str]:
+    """(config, name, stored dtype of the routed experts) for --model PATH or --preset NAME. A model is read by the
+    engine's own inspector (headers only), so a file the engine cannot load is named here."""
     if preset_name:
-        return preset(preset_name), "bf16"
+        cfg = preset(preset_name)
+        return cfg, cfg.source, "bf16"
+    from engine.model_info import inspect_model
+    from engine.weights import open_model
+
     path = Path(model)
     if not path.exists():
         raise TesseraError(str(path), "no such file or folder")
-    if path.is_dir():
-        cfg_path = path / "config.json"
-        if not cfg_path.is_file():
-            raise TesseraError(str(path), "not a Hugging Face model folder (config.json missing)")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as e:
-            raise TesseraError(str(cfg_path), f"unreadable config.json: {e}") from e
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        return shape_from_hf_config(cfg, path.name), {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(
-            dtype, "bf16")
-    return _gguf_shape(path)
+    opened = open_model(path)
+    info = inspect_model(opened)
+    stored = info.expert_type.lower()
+    return opened.config, info.name, stored if stored in BYTES_PER_WEIGHT else "bf16"
 
 
-def _gguf_shape(path: Path) -> tuple[MoeShape, str]:
-    """Shape and dominant expert type from a GGUF header (the gguf package reads the header; no weights are loaded)."""
-    try:
-        import gguf
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # any parse failure is a user-facing file problem
-        raise TesseraError(str(path), f"not a readable GGUF file: {e}") from e
-
-    def field(key: str, default=None):
-        f = reader.fields.get(key)
-        if f is None:
-            if default is None:
-                raise TesseraError(f"{path}: key {key}", "missing from the GGUF metadata")
-            return default
-        return f.contents()
-
-    arch = field("general.architecture")
-    if arch != "qwen3moe":
-        raise TesseraError(str(path), f"architecture is {arch!r}, Tessera runs qwen3moe")
-    vocab = len(field("tokenizer.ggml.tokens", []) or []) or int(field(f"{arch}.vocab_size", 0))
-    names = {t.name for t in reader.tensors}
-    expert_types = {t.tensor_type.name.lower() for t in reader.tensors if "_exps" in t.name}
-    dtype = expert_types.pop() if len(expert_types) == 1 else "bf16"
-    layers = int(field(f"{arch}.block_count"))
-    heads = int(field(f"{arch}.attention.head_count"))
-    hidden = int(field(f"{arch}.embedding_length"))
-    shape = MoeShape(
-        path.name, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field(f"{arch}.attention.key_length", hidden // heads)),
-        moe_intermediate_size=int(field(f"{arch}.expert_feed_forward_length")),
-        num_experts=int(field(f"{arch}.expert_count")), num_experts_per_tok=int(field(f"{arch}.expert_used_count")),
-        vocab_size=vocab, tie_word_embeddings="output.weight" not in names,
-        dense_layers=sum(1 for i in range(layers) if f"blk.{i}.ffn_gate_exps.weight" not in names),
-        intermediate_size=int(field(f"{arch}.feed_forward_length", 0)))
-    return shape, (dtype if dtype in BYTES_PER_WEIGHT else "bf16")
-
-
-def estimate(shape: MoeShape, stored: str, *, auto: str, memory: dict, gpus: list[dict]) -> dict:
+def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dict, gpus: list[dict]) -> dict:
     """Fit in RAM/VRAM and the decode roofline for the backend Auto picked."""
     expert_fmt = EXPERT_FORMAT.get(auto) or stored
-    dense_bytes = shape.dense_params() * BYTES_PER_WEIGHT[stored]
-    expert_bytes = shape.expert_params() * BYTES_PER_WEIGHT[expert_fmt]
-    active = shape.active_expert_params() * BYTES_PER_WEIGHT[expert_fmt]
+    dense, experts, active_experts = dense_params(cfg), expert_params(cfg), active_expert_params(cfg)
+    embedding = cfg.vocab_size * cfg.hidden_size
+    dense_bytes = dense * BYTES_PER_WEIGHT[stored]
+    expert_bytes = experts * BYTES_PER_WEIGHT[expert_fmt]
+    active = active_experts * BYTES_PER_WEIGHT[expert_fmt]
     # Per token the CPU also reads the non-expert weights when there is no GPU (all but the embedding table's rows).
-    dense_per_token = (shape.dense_params() - shape.vocab_size * shape.hidden_size) * BYTES_PER_WEIGHT[stored]
+    dense_per_token = (dense - embedding) * BYTES_PER_WEIGHT[stored]
     gpu = max(gpus, key=lambda g: g["vram_free_gb"]) if gpus else None
     ram_need = expert_bytes + (0 if gpu else dense_bytes)
     bw = memory["read_bandwidth_gbs"] * GB
     out = {
-        "name": shape.name,
-        "total_params": shape.dense_params() + shape.expert_params(),
-        "active_params": shape.dense_params() - shape.vocab_size * shape.hidden_size + shape.active_expert_params(),
+        "name": name,
+        "total_params": dense + experts,
+        "active_params": dense - embedding + active_experts,
         "ram_needed_bytes": int(ram_need),
         "active_expert_bytes_per_token": int(active),
-        "total_params_b": round((shape.dense_params() + shape.expert_params()) / 1e9, 2),
-        "active_params_b": round((shape.dense_params() - shape.vocab_size * shape.hidden_size
-                                  + shape.active_expert_params()) / 1e9, 2),
+        "total_params_b": round((dense + experts) / 1e9, 2),
+        "active_params_b": round((dense - embedding + active_experts) / 1e9, 2),
         "stored_dtype": stored,
         "expert_format": expert_fmt,
         "backend": auto,

@@ -32,7 +32,9 @@ def test_quantized_expands(tmp_path):
     cfg = tiny_config(hidden_size=256, moe_intermediate_size=256, head_dim=64)
     info = inspect_model(write_gguf(tmp_path / "q.gguf", cfg, qtype=Q.Q8_0))
     assert info.tensor_types["Q8_0"] > 0 and info.tensor_types["F32"] > 0
-    assert info.loaded_bytes > 3 * info.total_bytes
+    assert info.loaded_bytes > 3 * info.total_bytes and info.expert_type == "Q8_0"
+    mixed = write_gguf(tmp_path / "mixed.gguf", tiny_config(), qtype={"blk.0.ffn_up_exps.weight": Q.BF16})
+    assert inspect_model(mixed).expert_type == "mixed"
 
 
 def test_qwen3_30b_shapes_header_only(tmp_path):
@@ -51,7 +53,7 @@ def test_qwen3_30b_shapes_header_only(tmp_path):
     assert info.active_expert_bytes_per_token == 2 * per_layer
     assert abs(per_layer * 48 / 1e9 - 3.62) < 0.01
     assert info.expert_bytes == 2 * 128 * 3 * 2048 * 768 * 2
-    assert info.tensor_types == {"BF16": 2 + 2 * 8, "F32": 1 + 2 * 4}
+    assert info.tensor_types == {"BF16": 2 + 2 * 8, "F32": 1 + 2 * 4} and info.expert_type == "BF16"
 
 
 def test_errors(tmp_path):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-import numpy as np
 import pytest
 
+from engine.config import ModelConfig
 from engine.errors import TesseraError
 from engine.hardware import presets, verdict
 
@@ -17,85 +18,66 @@ MEM = {"available_gb": 100.0, "read_bandwidth_gbs": 50.0, "read_bandwidth_1t_gbs
 def test_preset_sizes_match_published_figures():
     # tests/data/qwen3-moe-configs.json: per-token active expert bytes 3.62 GB (30B) / 28.4 GB (235B) in bf16
     a3b, a22b = presets.preset("qwen3-30b-a3b"), presets.preset("QWEN3-235B-A22B")
-    assert a3b.active_expert_params() * 2 / 1e9 == pytest.approx(3.62, abs=0.01)
-    assert a22b.active_expert_params() * 2 / 1e9 == pytest.approx(28.4, abs=0.05)
-    assert (a3b.dense_params() + a3b.expert_params()) / 1e9 == pytest.approx(30.5, abs=0.1)
-    assert (a22b.dense_params() + a22b.expert_params()) / 1e9 == pytest.approx(235.1, abs=0.2)
+    assert presets.active_expert_params(a3b) * 2 / 1e9 == pytest.approx(3.62, abs=0.01)
+    assert presets.active_expert_params(a22b) * 2 / 1e9 == pytest.approx(28.4, abs=0.05)
+    assert (presets.dense_params(a3b) + presets.expert_params(a3b)) / 1e9 == pytest.approx(30.5, abs=0.1)
+    assert (presets.dense_params(a22b) + presets.expert_params(a22b)) / 1e9 == pytest.approx(235.1, abs=0.2)
+    published = json.loads((Path(__file__).resolve().parents[1] / "data" / "qwen3-moe-configs.json").read_text())
+    assert a3b == ModelConfig.from_hf_dict(published["Qwen3-30B-A3B"]) and a3b.source == "Qwen3-30B-A3B"
+    assert a22b == ModelConfig.from_hf_dict(published["Qwen3-235B-A22B"])
     with pytest.raises(TesseraError, match="--preset"):
         presets.preset("llama")
 
 
 def test_estimate_cpu_only_roofline_and_fit():
-    shape = presets.preset("qwen3-30b-a3b")
-    m = verdict.estimate(shape, "bf16", auto="AVX512", memory=MEM, gpus=[])
-    active = shape.active_expert_params() * 2
+    cfg = presets.preset("qwen3-30b-a3b")
+    m = verdict.estimate(cfg, "Qwen3-30B-A3B", "bf16", auto="AVX512", memory=MEM, gpus=[])
+    active = presets.active_expert_params(cfg) * 2
     assert m["decode_tok_s_upper_bound"] == pytest.approx(50e9 / active, rel=1e-3)
     assert m["decode_tok_s_upper_bound_cpu_only"] < m["decode_tok_s_upper_bound"]
     assert m["ram_needed_gb"] == pytest.approx(61.1, abs=0.2) and m["fits_ram"]
-    int8 = verdict.estimate(shape, "bf16", auto="AVX512Int8", memory=MEM, gpus=[])
+    int8 = verdict.estimate(cfg, "Qwen3-30B-A3B", "bf16", auto="AVX512Int8", memory=MEM, gpus=[])
     assert int8["expert_format"] == "int8"
     assert int8["decode_tok_s_upper_bound"] == pytest.approx(2 * m["decode_tok_s_upper_bound"], rel=1e-3)
-    small = verdict.estimate(shape, "bf16", auto="AVX512", memory={**MEM, "available_gb": 32.0}, gpus=[])
+    small = verdict.estimate(cfg, "Qwen3-30B-A3B", "bf16", auto="AVX512", memory={**MEM, "available_gb": 32.0}, gpus=[])
     assert not small["fits_ram"]
 
 
 def test_estimate_with_gpu_splits_ram_and_vram():
-    shape = presets.preset("qwen3-30b-a3b")
+    cfg = presets.preset("qwen3-30b-a3b")
     gpu = {"name": "RTX 4090", "vram_free_gb": 22.0}
-    m = verdict.estimate(shape, "bf16", auto="AMXInt8", memory=MEM, gpus=[gpu])
-    assert m["fits_vram"] and m["vram_needed_gb"] == pytest.approx(shape.dense_params() * 2 / 1e9, abs=0.01)
-    assert m["ram_needed_gb"] == pytest.approx(shape.expert_params() / 1e9, abs=0.01)  # int8 experts only
+    m = verdict.estimate(cfg, "Qwen3-30B-A3B", "bf16", auto="AMXInt8", memory=MEM, gpus=[gpu])
+    assert m["fits_vram"] and m["vram_needed_gb"] == pytest.approx(presets.dense_params(cfg) * 2 / 1e9, abs=0.01)
+    assert m["ram_needed_gb"] == pytest.approx(presets.expert_params(cfg) / 1e9, abs=0.01)  # int8 experts only
     assert "RTX 4090" in m["placement"] and "decode_tok_s_upper_bound_cpu_only" not in m
 
 
-def test_model_shape_from_hf_folder(tmp_path):
-    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "moe_intermediate_size": 40,
-           "intermediate_size": 96, "num_experts": 6, "num_experts_per_tok": 2, "vocab_size": 300,
-           "mlp_only_layers": [1], "torch_dtype": "float32"}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    shape, dtype = verdict.model_shape(str(tmp_path), None)
-    assert dtype == "f32" and shape.dense_layers == 1 and shape.moe_layers == 2 and shape.head_dim == 24
-    assert shape.active_expert_params() == 2 * 2 * 3 * 64 * 40
-    del cfg["num_experts"]
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(TesseraError, match="num_experts"):
-        verdict.model_shape(str(tmp_path), None)
+def test_model_shape_from_model_files(tiny_hf_model, tiny_gguf_model, tmp_path):
+    """A model is read by the engine's inspector: the config it loads with, its name, its experts' stored type."""
+    from engine.make_model import make_model
+    from engine.weights import load_weights
+
+    for path, want_name in ((tiny_hf_model, tiny_hf_model.name), (tiny_gguf_model, "tessera-random-tiny")):
+        cfg, name, dtype = verdict.model_shape(str(path), None)
+        assert cfg == load_weights(path).config and dtype == "f32" and name == want_name  # GGUF: general.name
+    dense = make_model(tmp_path / "dense.gguf", fmt="gguf", dtype="bf16", config_overrides={"mlp_only_layers": [1]})
+    cfg, _, dtype = verdict.model_shape(str(dense), None)
+    assert dtype == "bf16" and cfg.dense_layers == [1]
+    assert presets.active_expert_params(cfg) == len(cfg.moe_layers) * cfg.num_experts_per_tok * 3 * cfg.hidden_size * (
+        cfg.moe_intermediate_size)
 
 
 def test_model_shape_errors_name_the_path(tmp_path):
     with pytest.raises(TesseraError, match="no such file"):
         verdict.model_shape(str(tmp_path / "absent.gguf"), None)
-    with pytest.raises(TesseraError, match="config.json missing"):
+    with pytest.raises(TesseraError, match="is missing") as e:
         verdict.model_shape(str(tmp_path), None)
+    assert e.value.subject == str(tmp_path / "config.json")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")
-    with pytest.raises(TesseraError, match="not a readable GGUF"):
+    with pytest.raises(TesseraError, match="not a GGUF file") as e:
         verdict.model_shape(str(bad), None)
-
-
-def test_model_shape_from_gguf_header(tmp_path):
-    import gguf
-
-    path = tmp_path / "tiny.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    for key, value in {"block_count": 2, "embedding_length": 32, "attention.head_count": 4,
-                       "attention.head_count_kv": 2, "attention.key_length": 16, "expert_feed_forward_length": 24,
-                       "expert_count": 4, "expert_used_count": 2}.items():
-        w.add_uint32(f"qwen3moe.{key}", value)
-    w.add_token_list(["a", "b", "c"])
-    for i in range(2):
-        for part in ("gate", "up"):
-            w.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", np.zeros((4, 24, 32), dtype=np.float16))
-        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.zeros((4, 32, 24), dtype=np.float16))
-    w.add_tensor("output.weight", np.zeros((3, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shape, dtype = verdict.model_shape(str(path), None)
-    assert dtype == "f16" and shape.num_experts == 4 and shape.num_experts_per_tok == 2 and shape.vocab_size == 3
-    assert shape.dense_layers == 0 and not shape.tie_word_embeddings and shape.head_dim == 16
+    assert e.value.subject == str(bad)
 
 
 def _report(**cpu_over):
