@@ -46,13 +46,21 @@ def to_json(conversation: Conversation, messages: list[Message]) -> str:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same folder, then rename."""
+    """Write via a temporary file in the same folder, then rename. The file gets the permissions a new file of the
+    user's gets (0666 less the umask, usually 0644), not mkstemp's private 0600: an export is for other programs."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask

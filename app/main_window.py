@@ -54,6 +54,7 @@ class MainWindow(QMainWindow):
         self.last_error: WorkerError | None = None
         self._loading = False
         self.fits: dict[str, object] = {}  # path -> FitEstimate of the last inspection
+        self._export_folder = ""  # where the last export went (the next export dialog starts there)
         self.setWindowTitle("Tessera")
         self.setAcceptDrops(True)
         dark = is_dark(settings.get("ui/theme"))
@@ -251,6 +252,7 @@ class MainWindow(QMainWindow):
         self.status.set_state(state)
         self.model_panel.set_state(state)
         self._show_demo_intro(state)
+        self.graphs.twin = "twin" in state.device  # "cpu (twin of the GPU half)"
         self.controller.set_model(state.loaded, state.name, state.context_length)
         self.unload_action.setEnabled(state.loaded)
         if state.loaded:
@@ -402,8 +404,10 @@ class MainWindow(QMainWindow):
             return
         ext, flt = (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
         name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name + ext, flt)
+        start = Path(self._export_folder or Path.home()) / (name + ext)  # the last folder used, else home
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(start), flt)
         if path:
+            self._export_folder = str(Path(path).parent)
             messages = self.store.messages(conversation_id)
             write_atomic(path, to_markdown(conv, messages) if fmt == "markdown" else to_json(conv, messages))
             self.statusBar().showMessage(f"Exported to {path}", 5000)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QInputDialog, QLabel, QMessageBox, QPlainTextEdit,
-                               QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QMessageBox,
+                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
 from app.store import Message
 from app.views.demo_intro import DemoIntro
@@ -64,6 +64,7 @@ class ChatView(QWidget):
         self.prompt.setPlaceholderText("Message (Ctrl+Enter to send, Esc to stop)")
         self.prompt.setAccessibleName("Message input")
         self.prompt.setMaximumHeight(84)
+        self.prompt.setTabChangesFocus(True)  # Tab moves on to the next control; Ctrl+Tab types a tab
         self.prompt.installEventFilter(self)
         layout.addWidget(self.prompt)
 
@@ -205,8 +206,15 @@ class ChatView(QWidget):
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
         """Ctrl+Enter and Esc typed in the prompt box, also when the window-level shortcuts do not see them."""
+        if obj is self.prompt and event.type() == QEvent.Type.ShortcutOverride:
+            if event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+                event.accept()  # Ctrl+Tab is ours here (a tab character), not a window shortcut
+                return True
         if obj is self.prompt and event.type() == QEvent.Type.KeyPress:
             ctrl = event.modifiers() & Qt.KeyboardModifier.ControlModifier
+            if ctrl and event.key() == Qt.Key.Key_Tab:
+                self.prompt.insertPlainText("\t")
+                return True
             if ctrl and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
                 self._send()
                 return True
@@ -237,14 +245,43 @@ class ChatView(QWidget):
             if text is None or not text.strip():
                 return
             later = len(self.widgets) - index - 1
-            if later and not self.confirm(f"Editing this message removes the {later} message(s) after it. Continue?"):
+            after = "the message after it" if later == 1 else f"the {later} messages after it"
+            if later and not self.confirm(f"Editing this message removes {after}. Continue?"):
                 return
             self.edit_requested.emit(index, text)
 
     # dialogs are methods so tests can answer them
     def ask_edit(self, text: str) -> str | None:
-        new, ok = QInputDialog.getMultiLineText(self, "Edit message", "Message:", text)
-        return new if ok else None
+        """The message in a wide, wrapping editor; None when cancelled."""
+        dialog = EditDialog(text, self)
+        return dialog.text() if dialog.exec() == QDialog.DialogCode.Accepted else None
 
     def confirm(self, question: str) -> bool:
         return QMessageBox.question(self, "Edit message", question) == QMessageBox.StandardButton.Yes
+
+
+class EditDialog(QDialog):
+    """Edit a message: a wrapping editor wide enough for a paragraph (Ctrl+Enter saves, Esc cancels)."""
+
+    def __init__(self, text: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Edit message")
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Edit the message; the reply is generated again (later turns are removed)."))
+        self.editor = QPlainTextEdit(text)
+        self.editor.setAccessibleName("Message text")
+        self.editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
+        self.editor.setTabChangesFocus(True)
+        layout.addWidget(self.editor, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Save).setText("Save and ask again")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            QShortcut(QKeySequence(keys), self, self.accept)
+        self.resize(640, 300)
+        self.editor.setFocus()
+
+    def text(self) -> str:
+        return self.editor.toPlainText()

@@ -31,6 +31,7 @@ class GraphsPanel(QWidget):
         self.expert_x: list[int] = []  # request numbers of those
         self.requests = 0
         self.measured_gbs = 0.0
+        self.twin = False  # the GPU half runs on the CPU (GPU use = twin): say so instead of "on the GPU"
         self._req_bytes = 0
         self._req_seconds = 0.0
         self._recent: list[tuple[int, float]] = []  # (tokens, seconds) of the last decode steps
@@ -152,7 +153,8 @@ class GraphsPanel(QWidget):
             self.expert_hit.append(100.0 * float(hit))
             self.expert_x.append(self.requests)
             self.expert_curve.setData(self.expert_x, self.expert_hit)
-            self.expert_label.setText(f"Expert cache: {100.0 * float(hit):.0f}% of routed experts served on the GPU")
+            where = "by the GPU half (CPU twin)" if self.twin else "on the GPU"
+            self.expert_label.setText(f"Expert cache: {100.0 * float(hit):.0f}% of routed experts served {where}")
         elif not self.expert_hit:
             self.expert_label.setText(f"Expert cache: {NO_EXPERT_CACHE}")
         achieved = self._req_bytes / self._req_seconds / 1e9 if self._req_seconds > 0 and self._req_bytes else None

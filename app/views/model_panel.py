@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QListWidget, QProgressBar, QPushButton,
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
+from app import paths
 from app.payloads import LoadProgress, ModelState, ModelSummary
 
 # header facts shown first, in this order, with friendlier names; other keys follow as they are
@@ -125,14 +126,26 @@ class ModelPanel(QWidget):
 
     # ---- choosing
     def choose_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", self.start_folder(),
+                                              "GGUF models (*.gguf);;All files (*)")
         if path:
             self.choose(path)
 
     def choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a Hugging Face model folder")
+        path = QFileDialog.getExistingDirectory(self, "Open a Hugging Face model folder", self.start_folder())
         if path:
             self.choose(path)
+
+    def start_folder(self) -> str:
+        """Where the open dialogs start: the folder of the model chosen last (or the most recent one), else home
+        (never the working directory, which is the source checkout when started by ./run.sh)."""
+        recent = [self.recent.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.recent.count())]
+        for candidate in [self.path, *recent]:
+            if candidate:
+                folder = Path(candidate).parent  # a GGUF's folder, or the folder holding an HF model folder
+                if folder.is_dir() and not _inside(folder, paths.resources_dir()):
+                    return str(folder)
+        return str(Path.home())
 
     def choose(self, path: str) -> None:
         """Select a model: its header is read in the worker (inspect_requested) and shown by show_summary."""
@@ -247,3 +260,11 @@ class ModelPanel(QWidget):
             item = self.recent.item(self.recent.count() - 1)
             item.setData(Qt.ItemDataRole.UserRole, p)
             item.setToolTip(p)
+
+
+def _inside(folder: Path, parent: Path) -> bool:
+    try:
+        folder.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False

@@ -182,3 +182,66 @@ def test_interrupted_replies_notice_stays_in_the_chat(qtbot, data_dir):  # noqa:
         assert "1 reply was interrupted" in w.chat.notice_label.text() and not w.chat.notice_label.isHidden()
     finally:
         h.close()
+
+
+def test_edit_dialog_plural_and_tab(harness, qtbot, monkeypatch):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QPlainTextEdit
+
+    from app.views.chat_view import EditDialog
+
+    w, chat = harness.window, harness.window.chat
+    harness.load()
+    harness.send("first question")
+    asked = []
+    monkeypatch.setattr(chat, "ask_edit", lambda text: "edited")
+    monkeypatch.setattr(chat, "confirm", lambda q: asked.append(q) or False)
+    chat._action("edit", 0)
+    assert asked == ["Editing this message removes the message after it. Continue?"]
+    # Tab leaves the message box; Ctrl+Tab types a tab
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow, timeout=2000)
+    chat.prompt.setFocus()
+    qtbot.waitUntil(chat.prompt.hasFocus, timeout=2000)
+    qtbot.keyClick(chat.prompt, Qt.Key.Key_Tab, Qt.KeyboardModifier.ControlModifier)
+    assert chat.prompt.toPlainText() == "\t" and chat.prompt.hasFocus()
+    qtbot.keyClick(chat.prompt, Qt.Key.Key_Tab)
+    assert not chat.prompt.hasFocus() and chat.prompt.toPlainText() == "\t"
+    dialog = EditDialog("a long message " * 40, chat)
+    qtbot.addWidget(dialog)
+    assert dialog.width() >= 600 and dialog.editor.lineWrapMode() == QPlainTextEdit.LineWrapMode.WidgetWidth
+    assert dialog.text().startswith("a long message")
+
+
+def test_dialogs_start_at_home_and_exports_are_readable(harness, qtbot, monkeypatch, tmp_path):
+    import os
+    import stat
+    from pathlib import Path
+
+    from PySide6.QtWidgets import QFileDialog
+
+    from app import paths
+
+    w, panel = harness.window, harness.window.model_panel
+    seen = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a: seen.append(a[2]) or ("", "")))
+    panel.choose_file()
+    assert seen == [str(Path.home())]  # not the source checkout ./run.sh runs in
+    harness.load(str(paths.demo_model()))  # the demo lives in the checkout: still home
+    panel.choose_file()
+    models = tmp_path / "models"
+    models.mkdir()
+    harness.load(str(models / "mine.gguf"))
+    panel.choose_file()
+    assert seen[1:] == [str(Path.home()), str(models)]
+    harness.send("export me")
+    out = tmp_path / "exports" / "chat.md"
+    out.parent.mkdir()
+    starts = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a: starts.append(a[2]) or (str(out), "")))
+    w.export(w.controller.conversation_id, "markdown")
+    w.export(w.controller.conversation_id, "markdown")
+    assert Path(starts[0]).parent == Path.home() and Path(starts[1]).parent == out.parent  # then the last folder
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask  # 0644 with the usual umask, not mkstemp's 0600

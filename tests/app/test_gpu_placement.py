@@ -30,7 +30,7 @@ def test_twin_expert_cache_reaches_status_and_graph(real, tiny_gguf_model):
     real.send("Hello there")
     panel = w.graphs
     assert len(panel.expert_hit) == 1 and 0.0 <= panel.expert_hit[0] <= 100.0
-    assert "served on the GPU" in panel.expert_label.text()
+    assert "served by the GPU half (CPU twin)" in panel.expert_label.text()  # no GPU: not "on the GPU"
 
 
 def test_without_gpu_use_the_graph_says_no_expert_cache(real, tiny_gguf_model):

@@ -142,7 +142,7 @@ def test_edit_and_regenerate(harness, monkeypatch):
     with harness.qtbot.waitSignal(harness.worker.finished, timeout=5000):
         w.chat.widgets[0].edit_button.click()
     harness.qtbot.waitUntil(lambda: not w.controller.busy)
-    assert "removes the 3 message(s)" in asked[0]
+    assert "removes the 3 messages after it" in asked[0]
     assert [m.content for m in w.controller.messages] == ["edited question", "Hello there!"]
     assert calls[-1]["messages"] == [{"role": "user", "content": "edited question"}]
     assert [m.content for m in harness.store.messages(w.controller.conversation_id)] == ["edited question",
