@@ -53,11 +53,10 @@ class EngineApi:
         return SamplingParams(**{k: v for k, v in params.items() if k in fields})
 
     def backend_status(self) -> BackendList:
-        from engine import native
+        from engine import backends
 
-        status = {name: (bool(ok), str(reason)) for name, (ok, reason) in native.backend_status().items()}
-        status.setdefault("Torch", (True, "pure PyTorch experts, no native kernel"))
-        choice, reason = native.auto_backend()
+        status = backends.status()  # every name a user may choose, in the order to offer them
+        choice, reason = backends.auto()
         device, free, total = "cpu", 0, 0
         import torch
 

@@ -10,8 +10,8 @@ Where the computation happens is chosen here, never in the model:
   the native mat-vec (`engine.native.dense_matvec`) reads each weight once per call, widens it exactly to f32 and
   accumulates in f32 on the native thread pool. Measured on the development machine (docs/BENCHMARKS.md): it beats
   torch on an f32 copy made per call at every T from 1 to 512 (and an f32 copy kept resident for T <= 16), so it is
-  used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that, and when the native
-  module is not built, torch runs on an f32 upcast made per call.
+  used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that torch runs on an f32
+  upcast made per call.
 - any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype.
 
 Letters: T tokens, K input features, N output features.
@@ -60,10 +60,6 @@ def dense_pool(threads: int | None = None):
         return _pools[n]
 
 
-def native_available() -> bool:
-    return native.dense_kernel() is not None
-
-
 def _bf16_exact(w: torch.Tensor) -> bool:
     """Whether every value of the f32 tensor `w` is a bfloat16 value (so bf16 storage loses nothing)."""
     return not bool((w.contiguous().view(torch.int32) & 0xFFFF).any())  # the low 16 bits a bf16 value lacks
@@ -80,14 +76,13 @@ class Linear:
         self.name = name
         self.device = torch.device(device)
         on_cpu = self.device.type == "cpu"
-        if on_cpu and weight.dtype == torch.float32 and native_available() and _bf16_exact(weight):
+        if on_cpu and weight.dtype == torch.float32 and _bf16_exact(weight):
             weight = weight.to(torch.bfloat16)  # lossless: GGUF keeps e.g. a bf16 model's routers as f32
         self.weight = weight.to(device=self.device).contiguous()  # [N, K] as stored (a no-op for CPU tensors)
         self.out_features, self.in_features = self.weight.shape
         self.path = (
             "torch-f32" if self.weight.dtype == torch.float32
-            else "native" if on_cpu and native_available()
-            else "torch-upcast" if on_cpu
+            else "native" if on_cpu
             else "torch-device"
         )
         self._pool = dense_pool() if self.path == "native" else None
@@ -112,31 +107,35 @@ class Linear:
         return f"Linear({self.name}, {self.out_features}x{self.in_features} {self.weight.dtype}, {self.path})"
 
 
-@contextmanager
-def step_threads(linears: Iterable[Linear], experts) -> Iterator[None]:
-    """Runs a forward step with ONE torch thread when its heavy work is all native: the routed experts on a native pool
-    (an ExpertBackend with a `pool`), no dense weight on a GPU, and >= 90 % of the dense weight bytes on the native
-    path (GGUF files keep the small routers in f32, which torch multiplies well on one thread). What torch still does
-    then (norms,
-    RoPE, attention over the cache, softmax/top-k) is small, and torch's OpenMP team, spinning between its parallel
-    regions, takes the cores from the native pools: measured on the 2-core development machine, a 4-layer
-    Qwen3-30B-A3B-shaped bf16 model decoded at ~95-120 ms/step with one torch thread vs ~165-180 ms with two, and
-    prefilled 128 tokens in ~0.9-1.0 s vs ~1.5-2.9 s. Anything else (f32 models, a GPU, torch experts) keeps torch's
-    thread count. The previous count is restored on exit."""
+def step_torch_threads(linears: Iterable[Linear], experts) -> int | None:
+    """The torch thread count of a forward step, decided once per model (and again when its experts change): 1 when
+    the step's heavy work is all native: the routed experts on a native pool (an ExpertBackend with a `pool`), no
+    dense weight on a GPU, and >= 90 % of the dense weight bytes on the native path (GGUF files keep the small routers
+    in f32, which torch multiplies well on one thread). What torch still does then (norms, RoPE, attention over the
+    cache, softmax/top-k) is small, and torch's OpenMP team, spinning between its parallel regions, takes the cores
+    from the native pools: measured on the 2-core development machine, a 4-layer Qwen3-30B-A3B-shaped bf16 model
+    decoded at ~95-120 ms/step with one torch thread vs ~165-180 ms with two, and prefilled 128 tokens in ~0.9-1.0 s
+    vs ~1.5-2.9 s. Anything else (f32 models, a GPU, torch experts) gives None: torch keeps its thread count."""
     linears = list(linears)
     native_bytes = sum(lin.nbytes for lin in linears if lin.path == "native")
-    native_step = (
-        getattr(experts, "pool", None) is not None
+    all_native = (
+        experts.pool is not None
         and native_bytes > 0
         and native_bytes >= 0.9 * sum(lin.nbytes for lin in linears)
         and not any(lin.path == "torch-device" for lin in linears)
-        and torch.get_num_threads() > 1
     )
-    if not native_step:
+    return 1 if all_native else None
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Runs the block with `n` torch threads (None, or fewer cores than that: as they are); the previous count is
+    restored on exit, errors included."""
+    before = torch.get_num_threads()
+    if n is None or before <= n:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:

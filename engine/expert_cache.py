@@ -50,7 +50,7 @@ class _Resident:
     experts: list[int] = field(default_factory=list)
 
 
-class HotExpertCache:
+class HotExpertCache(ExpertBackend):
     """ExpertBackend that serves resident experts on `device` and sends the other (token, expert) pairs to `cpu_backend`.
 
     experts_per_layer: the VRAM budget, as experts per MoE layer (0 disables the cache; all pairs go to the CPU).
@@ -77,6 +77,7 @@ class HotExpertCache:
         self.device = torch.device(device)
         self.twin = self.device.type == "cpu"
         self.name = f"{cpu_backend.name}+{'twin' if self.twin else self.device.type}-cache"
+        self.reason = cpu_backend.reason
         # The twin computes in f32 so that its logits equal the all-CPU engine's; on a GPU, experts keep their stored
         # dtype to save VRAM.
         self.dtype = dtype or (torch.float32 if self.twin else next(iter(layers.values())).gate_proj.dtype)
@@ -92,8 +93,6 @@ class HotExpertCache:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-cpu-experts")
         self._host_buffers: dict[str, torch.Tensor] = {}
-        skip = getattr(cpu_backend, "supports_skip", False)
-        self._cpu_supports_skip = bool(skip)
         for i in layers:
             self._set_resident(i, list(range(min(experts_per_layer, layers[i].num_experts))))
 
@@ -210,10 +209,9 @@ class HotExpertCache:
         w_host.copy_(w_cpu, non_blocking=not self.twin)
         if not self.twin:
             torch.cuda.current_stream().synchronize()  # the host copies above have landed (a few KB per token)
-        submit = getattr(self.cpu_backend, "submit", None)
-        if submit is not None:
-            # The native backend runs on its own thread pool: submit returns at once, sync() waits for the result.
-            submit(layer, x_host, ids_host, w_host)
+        if self.cpu_backend.pool is not None:
+            # A native backend runs on its own thread pool: submit returns at once, sync() waits for the result.
+            self.cpu_backend.submit(layer, x_host, ids_host, w_host)
             return _Pending(self.cpu_backend.sync)
         return self._pool.submit(self.cpu_backend.forward, layer, x_host, ids_host, w_host)  # [T, H] when done
 
@@ -232,7 +230,7 @@ class HotExpertCache:
         ids = topk_ids.to("cpu")  # [T, k]
         w = topk_weights.to("cpu", torch.float32)  # [T, k]
         keep = ~on_device.to("cpu")  # [T, k]
-        if self._cpu_supports_skip:
+        if self.cpu_backend.supports_skip:
             return torch.where(keep, ids, torch.full_like(ids, -1)), torch.where(keep, w, torch.zeros_like(w))
         per_row = keep.sum(dim=1)  # [T]
         if bool((per_row == per_row[0]).all()) and int(per_row[0]) > 0:
@@ -244,3 +242,4 @@ class HotExpertCache:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.cpu_backend.close()

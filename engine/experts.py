@@ -32,9 +32,16 @@ class LayerExperts:
 
 @runtime_checkable
 class ExpertBackend(Protocol):
-    """Computes y[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]) for one layer, expert(x) = down(silu(gate x) * up x)."""
+    """Computes y[t] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]) for one layer, expert(x) = down(silu(gate x) * up x).
 
-    name: str
+    Every backend subclasses this protocol, so it inherits the defaults of the optional parts below; callers use them
+    directly and never probe with getattr/hasattr.
+    """
+
+    name: str  # what computes the experts: "AVX512", "Torch", "AVX512+twin-cache"
+    reason: str = ""  # why this backend: "picks AVX512: ..." or the backend's own one-line description
+    supports_skip: bool = False  # an expert id of -1 means "this slot contributes nothing"
+    pool = None  # the native thread pool the experts run on (submit returns at once); None: they run on the caller
 
     def forward(
         self,
@@ -45,17 +52,33 @@ class ExpertBackend(Protocol):
     ) -> torch.Tensor:  # [T, H] float32
         ...
 
+    def submit(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """Start `forward`; `sync()` returns its output. Returns at once only for backends with a `pool`."""
+        self._submitted = self.forward(layer, x, topk_ids, topk_weights)
 
-class TorchExperts:
+    def sync(self) -> torch.Tensor:
+        out, self._submitted = self._submitted, None
+        return out
+
+    def take_step_stats(self) -> tuple[int, int] | None:
+        """(expert pairs, pairs served by the hot-expert cache) since the last call; None without such a cache."""
+        return None
+
+    def close(self) -> None:
+        """Release threads and buffers; the backend is not used afterwards."""
+
+
+class TorchExperts(ExpertBackend):
     """Plain PyTorch experts: the pure-torch engine and the correctness twin of every native backend."""
 
     name = "Torch"
     supports_skip = True  # an expert id of -1 means "this slot contributes nothing"
 
-    def __init__(self, layers: dict[int, LayerExperts], dtype: torch.dtype = torch.float32):
+    def __init__(self, layers: dict[int, LayerExperts], dtype: torch.dtype = torch.float32, reason: str = ""):
         # Compute dtype float32 regardless of the stored dtype, as transformers does with an fp32 model.
         self.layers = layers
         self.dtype = dtype
+        self.reason = reason or "pure-PyTorch experts"
 
     def forward(self, layer: int, x, topk_ids, topk_weights):
         experts = self.layers[layer]

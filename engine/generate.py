@@ -92,9 +92,8 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
     m = RequestMetrics(prompt_tokens=len(prompt_ids), reused_tokens=cache.length, backend=backend_name)
     m.prefix_hit_rate = m.reused_tokens / m.prompt_tokens
     experts = model.experts
-    take_cache_stats = getattr(experts, "take_step_stats", None)  # the GPU expert cache (or its twin) reports hits
-    if take_cache_stats is not None:
-        take_cache_stats()  # drop counts left from before this request
+    has_cache = experts.take_step_stats() is not None  # the GPU expert cache (or its twin) reports hits; this call
+    # also drops counts left from before this request
     pairs_total, pairs_on_device = 0, 0
     stop_ids = set() if params.ignore_eos else set(eos_token_ids)
     stop_ids |= set(params.stop_token_ids)
@@ -107,7 +106,7 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
         ts = time.perf_counter()
         logits = model.forward(torch.tensor(ids, dtype=torch.long), cache, stats=stats)  # [1, V]
         seconds = time.perf_counter() - ts
-        on_gpu = take_cache_stats()[1] if take_cache_stats is not None else 0
+        on_gpu = experts.take_step_stats()[1] if has_cache else 0
         pairs_total, pairs_on_device = pairs_total + stats.pairs, pairs_on_device + on_gpu
         if on_step is not None:
             on_step(StepMetrics(phase, len(ids), seconds, stats.pairs, on_gpu, stats.experts_hit() * bytes_per_expert))
@@ -116,7 +115,7 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
     def done(reason: str, text: str, ids: list[int]) -> DoneEvent:
         m.stop_reason = reason
         m.generated_tokens = len(ids)
-        if take_cache_stats is not None:
+        if has_cache:
             m.expert_cache_hit_rate = pairs_on_device / pairs_total if pairs_total else 0.0
         if m.prefill_s > 0:
             m.prefill_tok_s = (m.prompt_tokens - m.reused_tokens) / m.prefill_s

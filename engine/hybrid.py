@@ -1,30 +1,30 @@
-"""From a placement plan to a running model: which device each dense part gets, and whether the routed experts go through
-the hot-expert cache. The one place where the plan meets the model; engine/model.py only receives devices and an
-ExpertBackend.
+"""From a placement plan to a running model: which device each dense part gets, which CPU backend computes the routed
+experts, and whether they go through the hot-expert cache. The one place where the plan meets the model (`build`);
+engine/model.py only receives devices and an ExpertBackend.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import TesseraError
+from engine.events import ProgressEvent
 from engine.expert_cache import HotExpertCache
 from engine.experts import ExpertBackend, LayerExperts
 from engine.model import ModelDevices
 from engine.placement import PlacementPlan, check_cuda_available, load_plan, part_names, plan_from_settings
 
 
-
 @dataclass(frozen=True)
 class PlacementSettings:
     """The settings panel's placement: dense parts on `device`, a hot-expert cache of `gpu_experts_per_layer` experts.
-    `twin` runs the GPU half on the CPU with the same code (for tests and for trying the cache without a GPU)."""
+    Whether the GPU half runs on its CPU twin is `engine.load(twin=...)`, the one twin flag."""
 
     device: str = "cpu"
     gpu_experts_per_layer: int = 0
-    twin: bool = False
 
 
 PlacementArg = PlacementPlan | PlacementSettings | str | os.PathLike | None
@@ -33,23 +33,24 @@ PlacementArg = PlacementPlan | PlacementSettings | str | os.PathLike | None
 def resolve_plan(placement: PlacementArg, config, *, backend: str = "Auto", twin: bool = False) -> PlacementPlan:
     """The plan for this model: from a rules file, a ready plan, or (None) everything on the CPU.
 
-    A backend named explicitly (not Auto) overrides the rules' backend; `twin` runs every accelerator part on the CPU
-    with the same code path. Raises a TesseraError when the plan needs CUDA that this machine lacks (unless twin).
+    A backend named explicitly (not Auto) overrides the rules' backend; `twin` (the one twin flag; it replaces a ready
+    plan's) runs every accelerator part on the CPU with the same code path. Raises a TesseraError when the plan needs
+    CUDA that this machine lacks (unless twin).
     """
     n, moe = config.num_hidden_layers, [config.is_moe_layer(i) for i in range(config.num_hidden_layers)]
     if placement is None:
-        plan = plan_from_settings(n, moe, device="cpu", backend=backend, twin=twin)
+        plan = plan_from_settings(n, moe, device="cpu", backend=backend)
     elif isinstance(placement, PlacementSettings):
         plan = plan_from_settings(n, moe, device=placement.device, backend=backend,
-                                  gpu_experts_per_layer=placement.gpu_experts_per_layer, twin=placement.twin or twin)
+                                  gpu_experts_per_layer=placement.gpu_experts_per_layer)
     elif isinstance(placement, PlacementPlan):
         plan = placement
         missing = [name for name, _kind in part_names(n, moe) if name not in plan.parts]
         if missing:
             raise TesseraError("placement", f"the plan does not place {missing[0]} of this model")
-        plan.twin = plan.twin or twin
     else:
-        plan = load_plan(Path(placement), n, moe, twin=twin)
+        plan = load_plan(Path(placement), n, moe)
+    plan.twin = twin
     if backend != "Auto":
         plan.experts_backend = backend
     check_cuda_available(plan)
@@ -93,3 +94,26 @@ def wrap_experts(plan: PlacementPlan, cpu_backend: ExpertBackend, layers: dict[i
         experts_per_layer=plan.resolve_gpu_experts(config.num_experts),
         prefill_threshold=plan.gpu_prefill_threshold,
     )
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """What the model is built from, besides its weights: where the dense parts run and what computes the experts."""
+
+    devices: ModelDevices
+    experts: ExpertBackend  # the plan's CPU backend, inside the hot-expert cache when the plan has one
+    backend_name: str  # the CPU backend that runs ("AVX512", "Torch"): "Auto" resolved
+    backend_reason: str  # why it runs: the registry's reason, or why Auto picked it
+
+
+def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threads: int | None, model_id: str,
+          progress: Callable[[ProgressEvent], None] | None = None) -> ModelParts:
+    """The one call from a plan to the parts of a model: devices of the dense parts, the CPU backend (packed through
+    the packed-weight cache; engine.backends resolves its name) and the hot-expert cache around it when the plan
+    uses one."""
+    from engine import native
+    from engine.pack_cache import default_root
+
+    cpu = native.make_backend(plan.experts_backend, layers, threads=threads, cache_dir=default_root(),
+                              model_id=model_id, progress=progress)
+    return ModelParts(model_devices(plan, config), wrap_experts(plan, cpu, layers, config), cpu.name, cpu.reason)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.dense import Linear, step_threads
+from engine.dense import Linear, step_torch_threads, torch_threads
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -172,7 +172,6 @@ class Qwen3MoeModel:
     def __init__(self, weights, experts: ExpertBackend, devices: ModelDevices = ModelDevices()):
         cfg = self.config = weights.config
         t = weights.tensors
-        self.experts = experts
         self.devices = devices
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
         # The embedding table stays as stored (rows are converted when looked up, which is exact for f16/bf16).
@@ -185,6 +184,12 @@ class Qwen3MoeModel:
             for i in range(cfg.num_hidden_layers)
         ]
         self.linears = [self.lm_head] + [lin for block in self.layers for lin in block.linears()]
+        self.set_experts(experts)
+
+    def set_experts(self, experts: ExpertBackend) -> None:
+        """Use `experts` for the routed experts from the next step on (a backend switch keeps the rest of the model)."""
+        self.experts = experts
+        self.step_threads = step_torch_threads(self.linears, experts)  # 1 or None (torch's count), decided here once
 
     def new_cache(self, capacity: int) -> KVCache:
         cfg = self.config
@@ -200,7 +205,7 @@ class Qwen3MoeModel:
         last_only: bool = True,
         stats: RoutingStats | None = None,
     ) -> torch.Tensor:  # [1, V] float32 (last position) or [T, V] when last_only is False
-        with step_threads(self.linears, self.experts):  # one torch thread when the heavy work is all native
+        with torch_threads(self.step_threads):  # one torch thread when the heavy work is all native
             return self._forward(input_ids, cache, last_only, stats)
 
     def _forward(self, input_ids, cache: KVCache, last_only: bool, stats: RoutingStats | None) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The sole importer of the native extension (`engine._native`): backend status, packing, the disk cache of packed
-weights, and the `ExpertBackend` that runs a model's routed experts through a native kernel.
+"""The native extension (`engine._native`) for the engine: CPU probe, thread pools, packing, the tuning knobs that change
+packed bytes, and the `ExpertBackend` that runs a model's routed experts through a native kernel. Which backends exist
+and which one "Auto" picks is engine/backends.py, the module's other importer.
 
 Letters: T tokens, H hidden size, I moe_intermediate_size, E experts in the layer, k experts per token.
 """
@@ -17,122 +18,68 @@ from typing import Callable
 import numpy as np
 import torch
 
-from engine.errors import BackendUnavailableError, TesseraError
+from engine import _native
+from engine.backends import TORCH, resolve
+from engine.errors import TesseraError
 from engine.events import ProgressEvent
-from engine.experts import LayerExperts, TorchExperts
+from engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from engine.pack_cache import PackCache, layer_digest, layer_key
 
-try:
-    from engine import _native
-except ImportError as e:  # a source checkout that was never built: everything but Torch is unavailable
-    _native = None
-    _IMPORT_ERROR = str(e)
-else:
-    _IMPORT_ERROR = ""
-
-BACKEND_NAMES = ("Auto", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
 
 
-def _require_native() -> None:
-    if _native is None:
-        raise BackendUnavailableError("native module", f"engine._native is not built ({_IMPORT_ERROR}); reinstall Tessera")
-
-
 def layout_version() -> int:
-    _require_native()
     return int(_native.LAYOUT_VERSION)
 
 
 def cpu_features() -> dict:
     """CPUID flags, XCR0 (and its AMX bits 17/18), the AMX permission request (rc, errno, reason), core counts."""
-    _require_native()
     return _native.cpu_features()
 
 
 def physical_cores() -> int:
-    if _native is None:
-        return max(1, (os.cpu_count() or 1))
     return max(1, int(_native.cpu_features()["physical_cores"]))
 
 
-def backends() -> list[dict]:
-    """Every compiled backend: name, available, reason, emulated, isa_level, priority (highest priority first)."""
-    if _native is None:
-        return []
-    return list(_native.backends())
+def tuning() -> dict:
+    """Every TESSERA_* knob of the native kernels as they use it (read once per process in native/src/tuning.cpp)."""
+    return dict(_native.tuning())
 
 
-def available_backends(include_emulated: bool = True) -> list[str]:
-    return [b["name"] for b in backends() if b["available"] and (include_emulated or not b["emulated"])]
-
-
-def backend_status() -> dict[str, tuple[bool, str]]:
-    """{name: (available, reason)} for every backend name the app lists (non-compiled ones marked unavailable)."""
-    status = {b["name"]: (bool(b["available"]), str(b["reason"])) for b in backends() if not b["emulated"]}
-    for name in BACKEND_NAMES[1:]:
-        status.setdefault(name, (False, "not compiled into this build" if _native else f"native module missing: {_IMPORT_ERROR}"))
-    auto = auto_backend()
-    status = {"Auto": (True, f"{auto[0]}: {auto[1]}"), **status}
-    return status
-
-
-def auto_backend() -> tuple[str, str]:
-    """(name, reason) of the best available non-emulated backend; Torch when the native module is missing."""
-    if _native is None:
-        return "Torch", f"native module missing: {_IMPORT_ERROR}"
-    picked = _native.auto_backend()
-    if picked is None:
-        return "Torch", "no native backend available"
-    return str(picked[0]), str(picked[1])
-
-
-def resolve_backend(name: str) -> tuple[str, str]:
-    """Name -> (concrete backend, reason). Raises BackendUnavailableError naming the backend, never substitutes."""
-    if name == "Auto":
-        return auto_backend()
-    if name == "Torch":
-        return "Torch", "pure-torch experts"
-    known = {b["name"]: b for b in backends()}
-    if name not in known:
-        if name in BACKEND_NAMES:
-            raise BackendUnavailableError(f"backend {name}", backend_status()[name][1])
-        raise TesseraError(f"backend {name}", f"unknown backend; choose one of {', '.join(BACKEND_NAMES + ('Torch',))}")
-    b = known[name]
-    if not b["available"]:
-        raise BackendUnavailableError(f"backend {name}", str(b["reason"]))
-    return name, str(b["reason"])
+def packing_knobs(backend: str) -> dict:
+    """The knobs that change the bytes `backend` packs (part of the packed-weight cache key): {} for most backends."""
+    return {"int8_group": int(_native.tuning()["int8_group"])} if backend == "AVX512Int8" else {}
 
 
 def read_bandwidth(threads: int | None = None, seconds: float = 1.0, buffer_mib: float = 1024.0) -> float:
     """Native multi-threaded streaming-read probe: best pass in GB/s (1e9 B/s) over about `seconds`."""
-    _require_native()
     pool = _native.Pool(threads or physical_cores())
     return float(_native.read_bandwidth(pool, buffer_mib, seconds))
 
 
 def peak_gflops(what: str, threads: int | None = None, seconds: float = 0.5) -> float:
     """Register-only peak of `bf16_dot` (vdpbf16ps) or `fp32_fma` on `threads` cores; < 0 if the CPU lacks it."""
-    _require_native()
     return float(_native.peak_gflops(_native.Pool(threads or physical_cores()), what, seconds))
 
 
 def make_pool(threads: int | None = None):
-    _require_native()
-    return _native.Pool(int(threads or physical_cores()))
+    n = int(threads or physical_cores())
+    try:
+        return _native.Pool(n)
+    except RuntimeError as e:  # the OS refused the threads (ulimit -u, memory for their stacks)
+        raise TesseraError("--threads", f"cannot start {n} threads here ({e}); ask for fewer") from None
 
 
-def dense_kernel() -> str | None:
-    """The native dense mat-vec kernel this CPU runs ("AVX512", "AVX2", "Reference"), or None when not built."""
-    return None if _native is None else str(_native.dense_kernel())
+def dense_kernel() -> str:
+    """The native dense mat-vec kernel this CPU runs: "AVX512", "AVX2" or "Reference"."""
+    return str(_native.dense_kernel())
 
 
 def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, reference: bool = False) -> None:
     """out[T, N] = x[T, K] @ w[N, K].T with w bf16/f16 kept as stored (widened exactly, f32 accumulation); out is
     overwritten. CPU tensors, C-contiguous; wrong dtypes/shapes raise TypeError/ValueError naming the argument.
     `reference` runs the scalar double-accumulation twin."""
-    _require_native()
     _native.dense_matvec(w, x, out, pool, reference)
 
 
@@ -147,29 +94,19 @@ def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
     """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`."""
-    _require_native()
+    kernel = _native.backend(backend)
     gate = _as_native(experts.gate_proj, "gate_proj")  # [E, I, H]
     up = _as_native(experts.up_proj, "up_proj")  # [E, I, H]
     down = _as_native(experts.down_proj, "down_proj")  # [E, H, I]
     E, I, H = gate.shape
-    nbytes = _native.packed_bytes(backend, E, H, I, _DTYPES[gate.dtype])
-    blob = _native.aligned_empty(nbytes)
-    _native.pack(backend, gate, up, down, blob, pool)
+    blob = _native.aligned_empty(kernel.packed_bytes(E, H, I, _DTYPES[gate.dtype]))
+    kernel.pack(gate, up, down, blob, pool)
     return blob
 
 
 def packed_nbytes(backend: str, experts: LayerExperts) -> int:
     E, I, H = experts.gate_proj.shape  # gate_proj [E, I, H]
-    return int(_native.packed_bytes(backend, E, H, I, _DTYPES[_as_native(experts.gate_proj, "gate_proj").dtype]))
-
-
-def _int8_group() -> int:
-    """TESSERA_INT8_GROUP as the AVX512Int8 backend reads it (moe_avx512_int8.cpp group_param): 0 = per channel."""
-    try:
-        g = int(os.environ.get("TESSERA_INT8_GROUP", "128"))
-    except ValueError:
-        g = 0  # atoll of garbage
-    return 0 if g <= 0 else (g + 3) // 4 * 4
+    return int(_native.backend(backend).packed_bytes(E, H, I, _DTYPES[_as_native(experts.gate_proj, "gate_proj").dtype]))
 
 
 @functools.lru_cache(maxsize=1)
@@ -184,8 +121,7 @@ def _native_build() -> str:
 
 def packing_identity(backend: str) -> dict:
     """Everything besides the weights that changes a layer's packed bytes: part of the packed-weight cache key."""
-    knobs = {"int8_group": _int8_group()} if backend == "AVX512Int8" else {}
-    return {"backend": backend, "layout": layout_version(), "build": _native_build(), "knobs": knobs}
+    return {"backend": backend, "layout": layout_version(), "build": _native_build(), "knobs": packing_knobs(backend)}
 
 
 def _packed_as_keyed(backend: str, blob: np.ndarray, identity: dict) -> bool:
@@ -198,7 +134,7 @@ def _packed_as_keyed(backend: str, blob: np.ndarray, identity: dict) -> bool:
 
 def _check_dims(backend: str, blob: np.ndarray, experts: LayerExperts) -> None:
     E, I, H = experts.gate_proj.shape
-    dims = tuple(int(v) for v in _native.packed_dims(backend, blob))
+    dims = tuple(int(v) for v in _native.backend(backend).packed_dims(blob))
     if dims != (E, H, I):
         raise ValueError(f"packed for E, H, I = {dims}, the model has {(E, H, I)}")
 
@@ -217,12 +153,13 @@ class LoadStats:
 # ----------------------------------------------------------------------------------------------------------- the backend
 
 
-class NativeExperts:
+class NativeExperts(ExpertBackend):
     """An `ExpertBackend` running every MoE layer through one native backend on its own thread pool."""
 
     def __init__(self, name: str, reason: str, packed: dict[int, np.ndarray], pool, stats: LoadStats):
         self.name = name
         self.reason = reason
+        self.kernel = _native.backend(name)  # the handle: no name lookup per call
         self.packed = packed
         self.pool = pool
         self.threads = pool.size
@@ -240,7 +177,7 @@ class NativeExperts:
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         x, ids, w, out = self._args(layer, x, topk_ids, topk_weights)
-        _native.forward(self.name, self.packed[layer], ids, w, x, out, self.pool)
+        self.kernel.forward(self.packed[layer], ids, w, x, out, self.pool)
         return out
 
     def submit(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
@@ -249,7 +186,7 @@ class NativeExperts:
             raise RuntimeError("NativeExperts.submit: call sync() before the next submit")
         args = self._args(layer, x, topk_ids, topk_weights)
         x, ids, w, out = args
-        _native.forward_submit(self.name, self.packed[layer], ids, w, x, out, self.pool)
+        self.kernel.forward_submit(self.packed[layer], ids, w, x, out, self.pool)
         self._pending = args  # keeps the tensors alive until sync
 
     def sync(self) -> torch.Tensor:
@@ -272,18 +209,17 @@ def make_backend(
     model_id: str | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
 ):
-    """Packs `layers` for backend `name` ("Auto" resolves; "Torch" gives TorchExperts) and returns an ExpertBackend.
+    """Packs `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives TorchExperts)
+    and returns an ExpertBackend.
 
     With `cache_dir` and `model_id` (how `tessera-cli cache list` names the model: its path), packed layers go through
     the disk cache of engine.pack_cache: keyed by the content of each layer and every packing parameter, verified
     before use, repacked when damaged, skipped when the folder cannot be written, kept to a budget.
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
     """
-    concrete, reason = resolve_backend(name)
-    if concrete == "Torch":
-        backend = TorchExperts(layers)
-        backend.reason = reason
-        return backend
+    concrete, reason = resolve(name)
+    if concrete == TORCH:
+        return TorchExperts(layers, reason=reason)
     pool = make_pool(threads)
     stats = LoadStats(cache_dir=str(cache_dir or ""))
     cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None else None

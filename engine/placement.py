@@ -19,9 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from engine.backends import check_name
 from engine.errors import TesseraError
-
-BACKEND_NAMES = ("Auto", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference", "Torch")
 
 # Part kinds and the replacement classes accepted for each: Tessera's own name first, then KTransformers' aliases.
 _CLASS_ALIASES: dict[str, tuple[str, ...]] = {
@@ -107,7 +106,7 @@ class PlacementPlan:
 
     `gpu_experts_per_layer` is how many of each MoE layer's experts the hot-expert cache keeps on the accelerator
     (0 = no cache). `accelerator` is "cuda" when any part runs on a CUDA device, else "cpu"; `twin` means the GPU half runs
-    on the CPU (the CPU twin), with the same code path.
+    on the CPU (the CPU twin), with the same code path: set by engine.hybrid.resolve_plan from `engine.load(twin=...)`.
     """
 
     parts: dict[str, PartPlacement] = field(default_factory=dict)  # keyed by part name, layers expanded
@@ -208,13 +207,12 @@ def plan_from_settings(
     device: str = "cpu",
     backend: str = "Auto",
     gpu_experts_per_layer: int = 0,
-    twin: bool = False,
 ) -> PlacementPlan:
     """The plan the settings panel describes: dense parts on `device`, experts on the CPU backend, a hot-expert cache."""
     _check_device(device, "setting device")
     # The backend name is checked where it is built (engine.native.make_backend names what is wrong, and also
     # accepts the test-only emulated AMX backends), not here.
-    plan = PlacementPlan(experts_backend=backend, gpu_experts_per_layer=gpu_experts_per_layer, twin=twin,
+    plan = PlacementPlan(experts_backend=backend, gpu_experts_per_layer=gpu_experts_per_layer,
                          source="settings")
     for name, kind in part_names(num_layers, moe_layers):
         d = "cpu" if kind == "experts" else device
@@ -294,10 +292,10 @@ def parse_rules(text: str, source: str = "<rules>") -> list[_Rule]:
 
 
 def plan_from_rules(
-    rules: list[_Rule], num_layers: int, moe_layers: list[bool], *, source: str = "<rules>", twin: bool = False
+    rules: list[_Rule], num_layers: int, moe_layers: list[bool], *, source: str = "<rules>"
 ) -> PlacementPlan:
     """Resolve rules against a model's parts: first matching rule wins; unmatched parts stay on the CPU."""
-    plan = PlacementPlan(twin=twin, source=source)
+    plan = PlacementPlan(source=source)
     used_backend: tuple[str, str] | None = None
     gpu_experts: tuple[object, str] | None = None
     for name, kind in part_names(num_layers, moe_layers):
@@ -315,7 +313,7 @@ def plan_from_rules(
             placement = _apply_kwargs(rule, kind, where)
             if kind == "experts":
                 backend = str(rule.kwargs.get("backend", "Auto"))
-                _check_backend(backend, where)
+                check_name(backend, where)
                 if used_backend and used_backend[0] != backend:
                     raise TesseraError(where, f"backend {backend} differs from {used_backend[0]} set by "
                                        f"{used_backend[1]}: one CPU backend serves all layers")
@@ -349,8 +347,8 @@ def plan_from_rules(
     return plan
 
 
-def load_plan(path: str | Path, num_layers: int, moe_layers: list[bool], *, twin: bool = False) -> PlacementPlan:
-    return plan_from_rules(load_rules(path), num_layers, moe_layers, source=str(path), twin=twin)
+def load_plan(path: str | Path, num_layers: int, moe_layers: list[bool]) -> PlacementPlan:
+    return plan_from_rules(load_rules(path), num_layers, moe_layers, source=str(path))
 
 
 def _kind_matches(match_kind: str, kind: str) -> bool:
@@ -390,11 +388,6 @@ def _apply_kwargs(rule: _Rule, kind: str, where: str) -> PartPlacement:
 def _check_device(device: str, where: str) -> None:
     if not _DEVICE_RE.match(device):
         raise TesseraError(where, f"unknown device {device!r}: use cpu, cuda or cuda:N")
-
-
-def _check_backend(backend: str, where: str) -> None:
-    if backend not in BACKEND_NAMES:
-        raise TesseraError(where, f"unknown backend {backend!r}: use one of " + ", ".join(BACKEND_NAMES))
 
 
 def _no_unknown(mapping: dict, allowed: set[str], where: str) -> None:

@@ -6,7 +6,7 @@ the chat template first. Both reuse the K/V of the longest cached token prefix. 
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import BackendUnavailableError, Cancelled, TesseraError
+from engine.errors import Cancelled, TesseraError
 from engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
-from engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from engine.generate import check_prompt, generate
-from engine.hybrid import PlacementArg, model_devices, resolve_plan, wrap_experts
+from engine.hybrid import PlacementArg, build, resolve_plan, uses_expert_cache
 from engine.kv_cache import KVCache, PrefixCache
 from engine.model import Qwen3MoeModel, layer_experts
 from engine.sampling import SamplingParams
@@ -80,30 +79,6 @@ def model_id(path: Path) -> str:
     return str(path.resolve())
 
 
-def make_expert_backend(
-    name: str, layers: dict[int, LayerExperts], *, threads: int | None, model_key: str, progress: Progress
-) -> tuple[ExpertBackend, str, str]:
-    """(backend, its name, why it was chosen). "Torch" is the pure-torch engine; other names go to engine.native."""
-    if name == "Torch":
-        return TorchExperts(layers), "Torch", "pure-torch engine, as asked"
-    if importlib.util.find_spec("engine.native") is None:
-        if name == "Auto":
-            return TorchExperts(layers), "Torch", "native kernels are not part of this build"
-        raise BackendUnavailableError(f"backend {name}", "native kernels are not part of this build")
-    from engine import native
-
-    reason = "as asked"
-    if name == "Auto":
-        name, reason = native.auto_backend()
-        if name == "Torch":
-            return TorchExperts(layers), "Torch", reason
-    from engine.pack_cache import default_root
-
-    backend = native.make_backend(name, layers, threads=threads, cache_dir=default_root(), model_id=model_key,
-                                  progress=progress)
-    return backend, getattr(backend, "name", name), reason if name == "Auto" else getattr(backend, "reason", reason)
-
-
 class Session:
     """A loaded model. Attributes: config, info, tokenizer, backend_name, backend_reason, context_length."""
 
@@ -112,23 +87,22 @@ class Session:
                  placement: PlacementArg = None, twin: bool = False):
         self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
         limit = self.config.max_position_embeddings
-        if context_length is not None and not 1 < context_length <= limit:
-            raise TesseraError("--context-length", f"must be in 2..{limit} for this model, got {context_length}")
-        self.context_length = context_length or limit
+        if context_length is not None and context_length < 2:
+            raise TesseraError("--context-length", f"must be 2 or more, got {context_length}")
+        self.context_length = min(context_length or limit, limit)  # a wish: at most the model's trained context
         self._model_key = model_id(path)
         # Where each part runs (CPU only unless a rules file or settings put parts on a GPU or its CPU twin).
         self.placement = resolve_plan(placement, self.config, backend=backend, twin=twin)
-        backend = self.placement.experts_backend
         self._layers = layer_experts(self.config, weights.tensors)
         first = next(iter(self._layers.values()), None)
         self.bytes_per_expert = 0 if first is None else sum(
             t[0].numel() * t.element_size() for t in (first.gate_proj, first.up_proj, first.down_proj))
-        experts, self.backend_name, self.backend_reason = make_expert_backend(
-            backend, self._layers, threads=threads, model_key=self._model_key, progress=progress)
-        experts = wrap_experts(self.placement, experts, self._layers, self.config)
+        parts = build(self.placement, self._layers, self.config, threads=threads, model_id=self._model_key,
+                      progress=progress)
+        self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
         if progress is not None:
             progress(ProgressEvent("prepare", 0, 1, "non-expert weights to float32"))
-        self.model = Qwen3MoeModel(weights, experts, model_devices(self.placement, self.config))
+        self.model = Qwen3MoeModel(weights, parts.experts, parts.devices)
         if progress is not None:
             progress(ProgressEvent("prepare", 1, 1, ""))
         self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
@@ -145,13 +119,14 @@ class Session:
         if not self._busy.acquire(blocking=False):
             raise TesseraError("session", "is generating; switch the backend when the answer is done")
         try:
-            experts, name, reason = make_expert_backend(
-                name, self._layers, threads=self.threads, model_key=self._model_key, progress=progress)
-            experts = wrap_experts(self.placement, experts, self._layers, self.config)
-            self.placement.experts_backend = name
-            old, self.model.experts = self.model.experts, experts
-            self.backend_name, self.backend_reason = name, reason
-            getattr(old, "close", lambda: None)()
+            plan = dataclasses.replace(self.placement, experts_backend=name)
+            parts = build(plan, self._layers, self.config, threads=self.threads, model_id=self._model_key,
+                          progress=progress)
+            old = self.model.experts
+            self.model.set_experts(parts.experts)
+            self.placement.experts_backend = parts.backend_name
+            self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
+            old.close()
         finally:
             self._busy.release()
 
@@ -159,7 +134,7 @@ class Session:
         """Pick the hot experts from routing on the user's own recent prompts (prefill only, into a throwaway KV cache),
         then make the most-used ones resident. Returns {layer: resident experts}; {} when no expert cache is in use."""
         cache_backend = self.model.experts
-        if not hasattr(cache_backend, "rebalance") or not prompts:
+        if not uses_expert_cache(self.placement) or not self._layers or not prompts:
             return {}
         with self._busy:
             for text in prompts:
@@ -213,11 +188,18 @@ class Session:
 
     def chat(self, messages: list[dict], params: SamplingParams, *, enable_thinking: bool = True,
              tools: list[dict] | None = None, cancel: threading.Event | None = None,
-             on_step: Callable[[StepMetrics], None] | None = None) -> Iterator[TokenEvent | DoneEvent]:
+             on_step: Callable[[StepMetrics], None] | None = None,
+             allow_special_tokens: bool = False) -> Iterator[TokenEvent | DoneEvent]:
         """Render the chat template for `messages` (role system|user|assistant|tool, content) and stream the answer.
-        tools: OpenAI-style function definitions, rendered by the model's template (Qwen3: a <tools> system block)."""
-        prompt = self.render_chat(messages, enable_thinking=enable_thinking, tools=tools)
-        return self.generate(self.tokenizer.encode(prompt), params, cancel=cancel, on_step=on_step)
+        tools: OpenAI-style function definitions, rendered by the model's template (Qwen3: a <tools> system block).
+        User, system and tool content is tokenized without special tokens (a pasted `<|im_start|>` stays text and
+        cannot forge a turn) unless allow_special_tokens (engine/chat_tokens.py)."""
+        from engine.chat_tokens import encode_chat
+
+        ids = encode_chat(self.tokenizer, lambda msgs: self.render_chat(msgs, enable_thinking=enable_thinking,
+                                                                         tools=tools),
+                          messages, allow_special_tokens=allow_special_tokens)
+        return self.generate(ids, params, cancel=cancel, on_step=on_step)
 
     def render_chat(self, messages: list[dict], *, enable_thinking: bool = True,
                     tools: list[dict] | None = None) -> str:
@@ -239,7 +221,7 @@ class Session:
 
     def close(self) -> None:
         if self.model is not None:
-            getattr(self.model.experts, "close", lambda: None)()
+            self.model.experts.close()
         self.model = None
         self.prefix_cache.clear()
         self._layers = {}

@@ -44,6 +44,7 @@ def run(args) -> int:
 
     import torch
 
+    import engine.backends as backends
     import engine.native as N
     from engine.errors import TesseraError
     from engine.experts import LayerExperts, TorchExperts
@@ -54,11 +55,11 @@ def run(args) -> int:
         raise TesseraError("--threads", f"must be at least 1, got {threads}")
     torch.set_num_threads(threads)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
-    info = {b["name"]: b for b in N.backends()}
+    info = {b["name"]: b for b in backends.compiled()}
     if args.backends:
         wanted = [n.strip() for n in args.backends.split(",") if n.strip()]
         for n in wanted:
-            N.resolve_backend(n)  # named error for unknown/unavailable ones
+            backends.resolve(n)  # named error for unknown/unavailable ones
     else:
         wanted = [n for n, b in info.items() if b["available"]]
     timed = [n for n in wanted if not info[n]["emulated"] and n != "Reference"]

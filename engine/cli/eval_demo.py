@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.cli.run_options import BACKENDS
+from engine import backends
 
 HELP = "score the built-in demo model (or MODEL) on held-out arithmetic, letter, list and Tessera questions"
 DEFAULT_N = 12
@@ -15,8 +15,8 @@ DEFAULT_N = 12
 def add_arguments(p) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
                    help="a .gguf file or HF folder (default: the demo model in resources/demo/)")
-    p.add_argument("--backend", default="Auto", choices=BACKENDS, metavar="NAME",
-                   help=f"expert backend: {', '.join(BACKENDS)} (default Auto)")
+    p.add_argument("--backend", default="Auto", choices=backends.names(), metavar="NAME",
+                   help=f"expert backend: {', '.join(backends.names())} (default Auto)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
     p.add_argument("--n", type=int, default=DEFAULT_N, metavar="N",
                    help=f"held-out prompts per skill (default {DEFAULT_N}; the same prompts on every run)")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.placement import BACKEND_NAMES as BACKENDS  # the one list of backend names a user may choose
+from engine import backends
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
-    p.add_argument("--backend", default="Auto", choices=BACKENDS, metavar="NAME",
-                   help=f"expert backend: {', '.join(BACKENDS)} (default Auto: the best this CPU supports; "
-                        "Torch is the pure-PyTorch engine)")
+    names = backends.names()
+    p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
+                   help=f"expert backend: {', '.join(names)} (default Auto: the best this CPU supports; "
+                        "Torch is the pure-PyTorch engine; `tessera-cli check` says which run here and why)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
     p.add_argument("--context-length", type=int, default=None, metavar="N",
                    help="context length in tokens (default: the model's)")
@@ -78,8 +79,10 @@ def check_load_arguments(args) -> None:
         raise UsageError("--placement", "the rules file sets devices and the expert cache; drop --device/--gpu-experts")
     if args.gpu_experts is not None and args.gpu_experts < 0:
         raise UsageError("--gpu-experts", f"must be >= 0, got {args.gpu_experts}")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads", f"must be >= 1, got {args.threads}")
+    from engine.cli.arg_checks import threads_problem
+
+    if threads_problem(args.threads):
+        raise UsageError("--threads", threads_problem(args.threads))
     if args.context_length is not None and args.context_length < 2:
         raise UsageError("--context-length", f"must be >= 2, got {args.context_length}")
 
@@ -93,7 +96,7 @@ def placement_of(args):
     if args.device is None and args.gpu_experts is None and not args.twin:
         return None
     device = args.device or ("cuda" if args.twin or args.gpu_experts else "cpu")
-    return PlacementSettings(device=device, gpu_experts_per_layer=args.gpu_experts or 0, twin=args.twin)
+    return PlacementSettings(device=device, gpu_experts_per_layer=args.gpu_experts or 0)
 
 
 def load_session(args):

@@ -1,8 +1,8 @@
 """The CPU section of the hardware report: model, topology, ISA flags, XCR0 and whether AMX may be used.
 
-Sources, best first, named in the report's `source` field so nobody mistakes a guess for a measurement:
-`native` (engine.native.cpu_features(), CPUID in C++), `cpuid-python` (engine.hardware.cpuid, CPUID executed from
-Python), `proc-cpuinfo` (the kernel's flag list: a fallback that cannot show XCR0 or the AMX permission).
+Sources, named in the report's `source` field so nobody mistakes a guess for a measurement: `native`
+(engine.native.cpu_features(): CPUID, XGETBV and the AMX permission request in C++), else `proc-cpuinfo` (the kernel's
+flag list: a fallback that cannot show XCR0 or the AMX permission).
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import os
 import re
 from pathlib import Path
 
-from engine.hardware import cpuid as _cpuid
-
 # The flags the report always lists (DESIGN §3 needs these to pick a backend).
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                   "amx_tile", "amx_int8", "amx_bf16")
 XCR0_BITS = {"x87": 0, "sse": 1, "avx": 2, "opmask": 5, "zmm_hi256": 6, "hi16_zmm": 7, "xtilecfg": 17, "xtiledata": 18}
-# /proc/cpuinfo spells a few flags differently from the names above.
-_PROC_NAMES = {"sse4_2": "sse4_2", "amx_tile": "amx_tile", "amx_int8": "amx_int8", "amx_bf16": "amx_bf16"}
+# Every flag the report shows, spelled as /proc/cpuinfo spells them (the native probe says "sse42" for "sse4_2").
+ALL_FLAGS = ("sse4_2", "fma", "f16c", "avx", "avx2", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "avx_vnni", "avx512_bf16")
 
 
 def _read(path: str) -> str:
@@ -72,74 +71,54 @@ def topology(cpuinfo_text: str | None = None, sys_root: str = "/sys/devices/syst
 
 
 def _from_native() -> dict | None:
+    """engine.native.cpu_features(), or None when the native probe cannot run (then /proc/cpuinfo is the source)."""
     try:
-        from engine import native  # optional until the native module is built
-    except ImportError:
-        return None
-    fn = getattr(native, "cpu_features", None)
-    if fn is None:
-        return None
-    try:
-        return dict(fn())
-    except Exception:  # noqa: BLE001 - a broken native probe must not hide the Python fallback
+        from engine import native
+
+        return dict(native.cpu_features())
+    except Exception:  # noqa: BLE001 - a broken native probe must not hide the /proc/cpuinfo fallback
         return None
 
 
 def _amx_verdict(flags: dict[str, bool], xcr0: int | None) -> tuple[bool, str]:
-    """AMX usable + the reason, checked in DESIGN §4's order: CPUID, XCR0 bits 17/18, arch_prctl."""
+    """Why AMX cannot be used, checked in DESIGN §4's order (CPUID, then XCR0 bits 17/18), when the native probe's
+    permission request did not run."""
     if not flags.get("amx_tile"):
         return False, "CPU lacks amx_tile (no AMX on this processor, or AMX disabled in the BIOS)"
     if xcr0 is None:
-        return False, "OS has not enabled XSAVE (OSXSAVE off), so AMX state cannot be used"
+        return False, "XCR0 unknown (the native CPU probe did not run), so whether the OS enables AMX state is unknown"
     if not (xcr0 >> 17) & 1 or not (xcr0 >> 18) & 1:
         return False, (f"XCR0=0x{xcr0:x} lacks the AMX tile bits 17/18: the kernel does not enable AMX state "
                        "(Linux >= 5.16 needed, or AMX turned off by the kernel command line)")
-    return _cpuid.request_amx_permission()
+    return False, "the AMX permission request did not run (the native CPU probe did not run)"
 
 
-def _python_probe() -> tuple[str, dict[str, bool], int | None, str]:
-    """(source, flags, xcr0, brand) from CPUID run in Python, else from /proc/cpuinfo."""
-    try:
-        flags, xcr0 = _cpuid.read_flags()
-        return "cpuid-python", flags, xcr0, _cpuid.brand_string()
-    except OSError:
-        text = _read("/proc/cpuinfo")
-        blocks = _cpuinfo_blocks(text)
-        listed = set(blocks[0].get("flags", "").split()) if blocks else set()
-        flags = {name: _PROC_NAMES.get(name, name) in listed for name in _cpuid.FLAG_BITS}
-        return "proc-cpuinfo", flags, None, blocks[0].get("model name", "") if blocks else ""
+def _proc_probe() -> tuple[dict[str, bool], str]:
+    """(flags, model) from /proc/cpuinfo."""
+    blocks = _cpuinfo_blocks(_read("/proc/cpuinfo"))
+    listed = set(blocks[0].get("flags", "").split()) if blocks else set()
+    return {name: name in listed for name in ALL_FLAGS}, blocks[0].get("model name", "") if blocks else ""
 
 
-def _native_fields(native: dict) -> tuple[dict[str, bool], int | None, str, bool | None, str]:
-    """(flags, xcr0, model, amx usable or None, reason) from engine.native.cpu_features(), whichever shape it has:
-    a `flags` sub-dict, or the CpuFeatures struct's fields at top level (`sse42`, `amx_permitted`, `brand`)."""
-    src = dict(native.get("flags") or native)
-    if "sse42" in src:
-        src["sse4_2"] = src["sse42"]
-    flags = {name: bool(src.get(name, False)) for name in _cpuid.FLAG_BITS}
-    xcr0 = native.get("xcr0")
-    model = native.get("model") or native.get("brand") or ""
-    usable = native.get("amx_usable", native.get("amx_permitted"))
-    return flags, (None if xcr0 is None else int(xcr0)), model, usable, str(native.get("amx_reason", ""))
+def _native_fields(native: dict) -> tuple[dict[str, bool], int, str, bool, str]:
+    """(flags, xcr0, model, amx usable, reason) from engine.native.cpu_features()."""
+    src = dict(native["flags"])
+    src["sse4_2"] = src.get("sse42", False)
+    flags = {name: bool(src.get(name, False)) for name in ALL_FLAGS}
+    return flags, int(native["xcr0"]), str(native.get("brand", "")), bool(native["amx_permitted"]), str(
+        native.get("amx_reason") or ("granted" if native["amx_permitted"] else "native probe gave no reason"))
 
 
 def probe_cpu() -> dict:
     """The report's `cpu` object: model, topology, flags {name: bool}, xcr0, amx {usable, reason}, source."""
     native = _from_native()
-    if native is not None and ("flags" in native or "avx2" in native):
+    if native is not None:
         source = "native"
         flags, xcr0, model, amx_usable, amx_reason = _native_fields(native)
-        if amx_usable is not None and not amx_reason:
-            amx_reason = "granted" if amx_usable else "native probe gave no reason"
     else:
-        source, flags, xcr0, model = _python_probe()
-        amx_usable = None
-        amx_reason = ""
-    if amx_usable is None:
-        if source == "proc-cpuinfo" and flags.get("amx_tile"):
-            amx_usable, amx_reason = _cpuid.request_amx_permission()
-        else:
-            amx_usable, amx_reason = _amx_verdict(flags, xcr0)
+        source, xcr0 = "proc-cpuinfo", None
+        flags, model = _proc_probe()
+        amx_usable, amx_reason = _amx_verdict(flags, xcr0)
     if not model:
         blocks = _cpuinfo_blocks(_read("/proc/cpuinfo"))
         model = blocks[0].get("model name", "unknown CPU") if blocks else "unknown CPU"

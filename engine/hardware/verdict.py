@@ -12,47 +12,27 @@ from engine.config import ModelConfig
 from engine.hardware.presets import BYTES_PER_WEIGHT, active_expert_params, dense_params, expert_params, preset
 
 GB = 1e9
-BACKENDS = ("AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference")
-# Format of the routed-expert weights in RAM per backend (DESIGN §3); None = as loaded.
-EXPERT_FORMAT = {"AMXInt8": "int8", "AMXBF16": "bf16", "AVX512": "bf16", "AVX512Int8": "int8", "AVX2": "bf16",
-                 "Reference": None, "Torch": None}
 RAM_HEADROOM = 0.9  # plan to use at most this share of available RAM / free VRAM (KV cache, activations, the OS)
 
 
-def predicted_backend(name: str, flags: dict[str, bool], amx_usable: bool, amx_reason: str) -> tuple[bool, str]:
-    """What the CPU flags alone say about a backend (DESIGN §3 'needs' column). (available, reason)."""
-    need = {
-        "AMXInt8": ("amx_tile", "amx_int8"), "AMXBF16": ("amx_tile", "amx_bf16"),
-        "AVX512": ("avx512f", "avx512bw", "avx512vl"), "AVX512Int8": ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
-        "AVX2": ("avx2", "fma"), "Reference": (),
-    }[name]
-    missing = [f for f in need if not flags.get(f)]
-    if missing:
-        return False, f"CPU lacks {', '.join(missing)}"
-    if name.startswith("AMX") and not amx_usable:
-        return False, amx_reason
-    return True, "supported by this CPU"
+def backends() -> tuple[dict[str, dict], str, str]:
+    """({name: {available, reason, description, weights}}, Auto's pick, why) from the one backend list
+    (engine.backends: the native registry plus Torch)."""
+    from engine import backends as registry
+
+    table = {b.name: {"available": b.available, "reason": b.reason, "description": b.description,
+                      "weights": b.weights} for b in registry.table() if b.name != registry.AUTO}
+    auto, auto_reason = registry.auto()
+    return table, auto, auto_reason
 
 
-def backends(cpu: dict) -> tuple[dict[str, dict], str, str, str]:
-    """({name: {available, reason}}, auto pick, auto reason, source) from engine.native, else predicted from CPUID."""
-    try:
-        from engine import native  # optional until the native module is built
-        status_fn, auto_fn = native.backend_status, native.auto_backend
-    except (ImportError, AttributeError):
-        why = "native module not built (engine.native has no backend_status)"
-        out = {}
-        for name in BACKENDS:
-            ok, reason = predicted_backend(name, cpu["flags"], cpu["amx"]["usable"], cpu["amx"]["reason"])
-            out[name] = {"available": False,
-                         "reason": f"{why}; this CPU would {'support it' if ok else 'not support it: ' + reason}"}
-        out["Torch"] = {"available": True, "reason": "pure-torch experts: always available, slowest"}
-        return out, "Torch", "no native backend is built, so Auto falls back to the pure-torch experts", "predicted"
-    out = {name: {"available": bool(ok), "reason": str(reason)} for name, (ok, reason) in status_fn().items()
-           if name != "Auto"}
-    out.setdefault("Torch", {"available": True, "reason": "pure-torch experts: always available, slowest"})
-    auto, auto_reason = auto_fn()
-    return out, str(auto), str(auto_reason), "native"
+def expert_format(backend: str, stored: str) -> str:
+    """How `backend` keeps the routed-expert weights in RAM ("int8", "bf16"), or `stored` when it keeps them as
+    loaded (Reference, Torch)."""
+    from engine import backends as registry
+
+    weights = next((b.weights for b in registry.table() if b.name == backend), "as loaded")
+    return weights if weights in BYTES_PER_WEIGHT else stored
 
 
 def model_shape(model: str | None, preset_name: str | None) -> tuple[ModelConfig, str, str]:
@@ -75,7 +55,7 @@ def model_shape(model: str | None, preset_name: str | None) -> tuple[ModelConfig
 
 def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dict, gpus: list[dict]) -> dict:
     """Fit in RAM/VRAM and the decode roofline for the backend Auto picked."""
-    expert_fmt = EXPERT_FORMAT.get(auto) or stored
+    expert_fmt = expert_format(auto, stored)
     dense, experts, active_experts = dense_params(cfg), expert_params(cfg), active_expert_params(cfg)
     embedding = cfg.vocab_size * cfg.hidden_size
     dense_bytes = dense * BYTES_PER_WEIGHT[stored]

@@ -21,21 +21,18 @@
 #include "amx_tile.h"
 #include "amx_vec.h"
 #include "tessera/backend.h"
+#include "tessera/tuning.h"
 
 namespace tessera::amx {
 
-// Experts with at least this many rows use tiles; TESSERA_AMX_TILE_MIN_ROWS overrides it (tests force either path).
+// Experts with at least this many rows use tiles (default 16, tessera/tuning.h); TESSERA_AMX_TILE_MIN_ROWS overrides it
+// and tests force either path with _native.set_amx_tile_min_rows.
 // Not measured on AMX hardware yet (none was available): below 16 rows a tile op runs partly empty while the vector
 // path, which shares each weight row among 4 token rows, is still bound by the same weight stream; KTransformers'
 // rule (tiles when qlen > 4*E/k) switches at a mean of 4 rows per expert. Measure with bench-moe on AMX and adjust.
-constexpr int64_t kDefaultTileMinRows = 16;
 constexpr int64_t kSlabBlocks = 4;  // n-blocks (16 outputs each) per task
 
-inline int64_t tile_min_rows() {
-  const char* v = std::getenv("TESSERA_AMX_TILE_MIN_ROWS");
-  if (!v || !*v) return kDefaultTileMinRows;
-  return std::max<int64_t>(1, std::atoll(v));
-}
+inline int64_t tile_min_rows() { return tuning().amx_tile_min_rows.load(std::memory_order_relaxed); }
 
 // Tiles 0,1: A rows m0..m0+15 and m0+16..m0+31; 2,3: B n-blocks nb, nb+1; 4..7: C = (A0|A1) x (B0|B1).
 inline TileConfig gemm_tile_config(int ra0, int ra1) {

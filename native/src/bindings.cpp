@@ -18,6 +18,7 @@
 #include "tessera/dense.h"
 #include "tessera/pool.h"
 #include "tessera/probe.h"
+#include "tessera/tuning.h"
 
 namespace nb = nanobind;
 using namespace tessera;
@@ -70,11 +71,24 @@ void require_aligned(const char* arg, const void* p, size_t a) {
     throw nb::value_error((std::string(arg) + ": must be " + std::to_string(a) + "-byte aligned").c_str());
 }
 
-const BackendOps& backend_ops(const std::string& name, bool need_available) {
+// A backend handle: looked up by name once (engine.native keeps one per loaded model), so no call on it searches the
+// registry again. Points into the registry, which lives as long as the process.
+struct Backend {
+  const BackendInfo* info;
+  const BackendOps& ops() const { return *info->ops; }
+};
+
+Backend backend_named(const std::string& name) {
   const BackendInfo* b = find_backend(name);
   if (!b) throw nb::value_error(("backend: no backend named " + name + " is compiled in").c_str());
-  if (need_available && !b->available) throw nb::value_error(("backend " + name + ": " + b->reason).c_str());
-  return *b->ops;
+  return Backend{b};
+}
+
+WeightType dtype_named(const std::string& dtype) {
+  if (dtype == "float32") return WeightType::F32;
+  if (dtype == "float16") return WeightType::F16;
+  if (dtype == "bfloat16") return WeightType::BF16;
+  throw nb::value_error(("dtype: unknown " + dtype + " (expected float32, float16 or bfloat16)").c_str());
 }
 
 WeightType weight_type(const char* arg, const AnyArray& a) {
@@ -89,9 +103,8 @@ MoeDims packed_dims(const AnyArray& packed, const BackendOps& ops) {
   require_contiguous("packed", packed);
   require_aligned("packed", packed.data(), kAlign);
   if (packed.nbytes() < sizeof(PackedHeader)) throw nb::value_error("packed: too small to hold a header");
-  MoeDims d = read_header(static_cast<const uint8_t*>(packed.data()), ops.name);
   WeightType src;
-  read_header(static_cast<const uint8_t*>(packed.data()), ops.name, &src);
+  MoeDims d = read_header(static_cast<const uint8_t*>(packed.data()), ops.name, &src);
   if (packed.nbytes() < ops.packed_bytes(d, src)) throw nb::value_error("packed: shorter than its header says");
   return d;
 }
@@ -106,9 +119,10 @@ struct ForwardArgs {
   float* out;
 };
 
-ForwardArgs check_forward(const std::string& backend, const AnyArray& packed, const AnyArray& ids,
-                          const AnyArray& weights, const AnyArray& x, const AnyArray& out) {
-  const BackendOps& ops = backend_ops(backend, true);
+ForwardArgs check_forward(const Backend& b, const AnyArray& packed, const AnyArray& ids, const AnyArray& weights,
+                          const AnyArray& x, const AnyArray& out) {
+  if (!b.info->available) throw nb::value_error((std::string("backend ") + b.ops().name + ": " + b.info->reason).c_str());
+  const BackendOps& ops = b.ops();
   MoeDims d = packed_dims(packed, ops);
   require_dtype("x", x, nb::dlpack::dtype_code::Float, 32, "float32");
   require_dtype("expert_ids", ids, nb::dlpack::dtype_code::Int, 64, "int64");
@@ -189,6 +203,8 @@ nb::list backends_list() {
     d["emulated"] = b.ops->emulated;
     d["isa_level"] = isa_level_name(b.ops->level);
     d["priority"] = b.ops->priority;
+    d["weights"] = b.ops->weights;
+    d["description"] = b.ops->description;
     out.append(d);
   }
   return out;
@@ -231,72 +247,90 @@ NB_MODULE(_native, m) {
   });
   m.def("aligned_empty", &aligned_empty, nb::arg("nbytes"));
 
-  m.def("packed_bytes", [](const std::string& backend, int64_t E, int64_t H, int64_t I, const std::string& dtype) {
-    const BackendOps& ops = backend_ops(backend, false);
-    WeightType t = dtype == "float32" ? WeightType::F32 : dtype == "float16" ? WeightType::F16
-                 : dtype == "bfloat16" ? WeightType::BF16 : throw nb::value_error(("dtype: unknown " + dtype).c_str());
-    if (E <= 0 || H <= 0 || I <= 0) throw nb::value_error("dims: E, H, I must be positive");
-    return ops.packed_bytes(MoeDims{E, H, I}, t);
-  }, nb::arg("backend"), nb::arg("E"), nb::arg("H"), nb::arg("I"), nb::arg("dtype"));
+  nb::class_<Backend>(m, "Backend", "One compiled backend, looked up once by name with backend(name).")
+      .def_prop_ro("name", [](const Backend& b) { return std::string(b.ops().name); })
+      .def_prop_ro("available", [](const Backend& b) { return b.info->available; })
+      .def_prop_ro("reason", [](const Backend& b) { return b.info->reason; })
+      .def_prop_ro("emulated", [](const Backend& b) { return b.ops().emulated; })
+      .def_prop_ro("weights", [](const Backend& b) { return std::string(b.ops().weights); })
+      .def_prop_ro("description", [](const Backend& b) { return std::string(b.ops().description); })
+      .def("packed_bytes", [](const Backend& b, int64_t E, int64_t H, int64_t I, const std::string& dtype) {
+        WeightType t = dtype_named(dtype);
+        if (E <= 0 || H <= 0 || I <= 0) throw nb::value_error("dims: E, H, I must be positive");
+        return b.ops().packed_bytes(MoeDims{E, H, I}, t);
+      }, nb::arg("E"), nb::arg("H"), nb::arg("I"), nb::arg("dtype"))
+      .def("pack", [](const Backend& b, const AnyArray& gate, const AnyArray& up, const AnyArray& down,
+                      const AnyArray& out, ThreadPool& pool) {
+        const BackendOps& ops = b.ops();
+        WeightType t = weight_type("gate", gate);
+        if (weight_type("up", up) != t) throw nb::type_error("up: dtype differs from gate");
+        if (weight_type("down", down) != t) throw nb::type_error("down: dtype differs from gate");
+        if (gate.ndim() != 3) throw nb::value_error("gate: expected shape [E, I, H]");
+        MoeDims d{int64_t(gate.shape(0)), int64_t(gate.shape(2)), int64_t(gate.shape(1))};
+        require_shape("up", up, {d.E, d.I, d.H});
+        require_shape("down", down, {d.E, d.H, d.I});
+        for (auto [name, a] : {std::pair<const char*, const AnyArray*>{"gate", &gate}, {"up", &up}, {"down", &down}})
+          require_contiguous(name, *a);
+        require_dtype("out", out, nb::dlpack::dtype_code::UInt, 8, "uint8");
+        require_contiguous("out", out);
+        require_aligned("out", out.data(), kAlign);
+        size_t need = ops.packed_bytes(d, t);
+        if (out.nbytes() < need)
+          throw nb::value_error(("out: needs " + std::to_string(need) + " bytes, got " + std::to_string(out.nbytes())).c_str());
+        WeightsIn w{t, gate.data(), up.data(), down.data()};
+        uint8_t* dst = static_cast<uint8_t*>(out.data());
+        nb::gil_scoped_release nogil;
+        ops.pack(d, w, dst, pool);
+      }, nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("out"), nb::arg("pool"))
+      .def("packed_dims", [](const Backend& b, const AnyArray& packed) {
+        MoeDims d = packed_dims(packed, b.ops());
+        return std::make_tuple(d.E, d.H, d.I);
+      }, nb::arg("packed"), "(E, H, I) from the blob's header, after checking it is this backend's and whole.")
+      .def("unpack", [](const Backend& b, const AnyArray& packed, int64_t expert) {
+        const BackendOps& ops = b.ops();
+        MoeDims d = packed_dims(packed, ops);
+        if (expert < 0 || expert >= d.E) throw nb::value_error(("expert: " + std::to_string(expert) + " out of range").c_str());
+        auto make = [](size_t r, size_t c) {
+          float* p = new float[r * c];
+          nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<float*>(q); });
+          size_t shape[2] = {r, c};
+          return nb::ndarray<nb::numpy, float>(p, 2, shape, owner);
+        };
+        auto g = make(d.I, d.H), u = make(d.I, d.H), dn = make(d.H, d.I);
+        ops.unpack(static_cast<const uint8_t*>(packed.data()), expert, g.data(), u.data(), dn.data());
+        return std::make_tuple(g, u, dn);
+      }, nb::arg("packed"), nb::arg("expert"))
+      .def("forward", [](const Backend& b, const AnyArray& packed, const AnyArray& ids, const AnyArray& weights,
+                         const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+        ForwardArgs a = check_forward(b, packed, ids, weights, x, out);
+        nb::gil_scoped_release nogil;
+        a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, pool);
+      }, nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
+         "out[t] = sum_j weights[t,j] * expert_{expert_ids[t,j]}(x[t]); ids < 0 are skipped.")
+      .def("forward_submit", [](const Backend& b, const AnyArray& packed, const AnyArray& ids, const AnyArray& weights,
+                                const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+        ForwardArgs a = check_forward(b, packed, ids, weights, x, out);
+        ThreadPool* p = &pool;
+        pool.submit([a, p] { a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, *p); });
+      }, nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
+         "As forward, but returns at once; pool.sync() waits. The caller keeps the arrays alive until then.");
+  m.def("backend", &backend_named, nb::arg("name"), "The handle of a compiled backend; ValueError for an unknown name.");
 
-  m.def("pack", [](const std::string& backend, const AnyArray& gate, const AnyArray& up, const AnyArray& down,
-                   const AnyArray& out, ThreadPool& pool) {
-    const BackendOps& ops = backend_ops(backend, false);
-    WeightType t = weight_type("gate", gate);
-    if (weight_type("up", up) != t) throw nb::type_error("up: dtype differs from gate");
-    if (weight_type("down", down) != t) throw nb::type_error("down: dtype differs from gate");
-    if (gate.ndim() != 3) throw nb::value_error("gate: expected shape [E, I, H]");
-    MoeDims d{int64_t(gate.shape(0)), int64_t(gate.shape(2)), int64_t(gate.shape(1))};
-    require_shape("up", up, {d.E, d.I, d.H});
-    require_shape("down", down, {d.E, d.H, d.I});
-    for (auto [name, a] : {std::pair<const char*, const AnyArray*>{"gate", &gate}, {"up", &up}, {"down", &down}})
-      require_contiguous(name, *a);
-    require_dtype("out", out, nb::dlpack::dtype_code::UInt, 8, "uint8");
-    require_contiguous("out", out);
-    require_aligned("out", out.data(), kAlign);
-    size_t need = ops.packed_bytes(d, t);
-    if (out.nbytes() < need) throw nb::value_error(("out: needs " + std::to_string(need) + " bytes, got " + std::to_string(out.nbytes())).c_str());
-    WeightsIn w{t, gate.data(), up.data(), down.data()};
-    uint8_t* dst = static_cast<uint8_t*>(out.data());
-    nb::gil_scoped_release nogil;
-    ops.pack(d, w, dst, pool);
-  }, nb::arg("backend"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("out"), nb::arg("pool"));
-
-  m.def("packed_dims", [](const std::string& backend, const AnyArray& packed) {
-    MoeDims d = packed_dims(packed, backend_ops(backend, false));
-    return std::make_tuple(d.E, d.H, d.I);
-  }, nb::arg("backend"), nb::arg("packed"));
-
-  m.def("unpack", [](const std::string& backend, const AnyArray& packed, int64_t expert) {
-    const BackendOps& ops = backend_ops(backend, false);
-    MoeDims d = packed_dims(packed, ops);
-    if (expert < 0 || expert >= d.E) throw nb::value_error(("expert: " + std::to_string(expert) + " out of range").c_str());
-    auto make = [](size_t r, size_t c) {
-      float* p = new float[r * c];
-      nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<float*>(q); });
-      size_t shape[2] = {r, c};
-      return nb::ndarray<nb::numpy, float>(p, 2, shape, owner);
-    };
-    auto g = make(d.I, d.H), u = make(d.I, d.H), dn = make(d.H, d.I);
-    ops.unpack(static_cast<const uint8_t*>(packed.data()), expert, g.data(), u.data(), dn.data());
-    return std::make_tuple(g, u, dn);
-  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert"));
-
-  m.def("forward", [](const std::string& backend, const AnyArray& packed, const AnyArray& ids, const AnyArray& weights,
-                      const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
-    ForwardArgs a = check_forward(backend, packed, ids, weights, x, out);
-    nb::gil_scoped_release nogil;
-    a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, pool);
-  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"),
-     nb::arg("pool"), "out[t] = sum_j weights[t,j] * expert_{expert_ids[t,j]}(x[t]); ids < 0 are skipped.");
-
-  m.def("forward_submit", [](const std::string& backend, const AnyArray& packed, const AnyArray& ids,
-                             const AnyArray& weights, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
-    ForwardArgs a = check_forward(backend, packed, ids, weights, x, out);
-    ThreadPool* p = &pool;
-    pool.submit([a, p] { a.ops->forward(a.packed, a.T, a.k, a.ids, a.w, a.x, a.out, *p); });
-  }, nb::arg("backend"), nb::arg("packed"), nb::arg("expert_ids"), nb::arg("weights"), nb::arg("x"), nb::arg("out"),
-     nb::arg("pool"), "As forward, but returns at once; pool.sync() waits. The caller keeps the arrays alive until then.");
+  m.def("tuning", []() {
+    const Tuning& t = tuning();
+    nb::dict d;
+    d["max_isa"] = t.max_isa;
+    d["int8_group"] = t.int8_group;
+    d["prefetch_bytes"] = t.prefetch_bytes;
+    d["spin_us"] = t.spin_us;
+    d["profile"] = t.profile;
+    d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
+    return d;
+  }, "Every TESSERA_* tuning knob as the kernels use it (read once per process; tessera/tuning.h).");
+  m.def("set_amx_tile_min_rows", [](int64_t rows) {
+    if (rows < 1) throw nb::value_error("rows: must be >= 1");
+    return tuning().amx_tile_min_rows.exchange(rows);
+  }, nb::arg("rows"), "Tests: force the AMX tile path (1) or the vector path (huge); returns the previous value.");
 
   m.def("dense_kernel", []() { return std::string(dense_kernel_name()); },
         "The dense mat-vec kernel this CPU runs under TESSERA_MAX_ISA: AVX512, AVX2 or Reference.");

@@ -1,6 +1,7 @@
 // CPU feature probing: CPUID, XCR0, the Linux AMX permission request, core counts, the TESSERA_MAX_ISA cap.
 // Portable code only (no ISA flags): xgetbv is emitted as raw bytes so this TU needs no -mxsave.
 #include "tessera/cpu.h"
+#include "tessera/tuning.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -160,13 +161,7 @@ const char* isa_level_name(IsaLevel level) {
   return "?";
 }
 
-const std::string& max_isa_cap_text() {
-  static const std::string text = [] {
-    const char* v = std::getenv("TESSERA_MAX_ISA");
-    return std::string(v ? v : "");
-  }();
-  return text;
-}
+const std::string& max_isa_cap_text() { return tuning().max_isa; }
 
 IsaLevel max_isa_cap() {
   static const IsaLevel cap = [] {

@@ -37,9 +37,11 @@ void forward_bf16(const uint8_t* p, int64_t T, int64_t k, const int64_t* ids, co
   moe_forward<TileEmu, WeightFormat::BF16>(kBF16Name, p, T, k, ids, w, x, out, pool);
 }
 
-const BackendOps kAmxInt8Emu = {kInt8Name, IsaLevel::Reference, true, -10, supported, bytes_int8,
+const BackendOps kAmxInt8Emu = {kInt8Name, IsaLevel::Reference, true, -10, "int8",
+                                "AMXInt8 on a portable tile emulator: tests only", supported, bytes_int8,
                                 pack_int8, unpack_int8, forward_int8};
-const BackendOps kAmxBF16Emu = {kBF16Name, IsaLevel::Reference, true, -11, supported, bytes_bf16,
+const BackendOps kAmxBF16Emu = {kBF16Name, IsaLevel::Reference, true, -11, "bf16",
+                                "AMXBF16 on a portable tile emulator: tests only", supported, bytes_bf16,
                                 pack_bf16, unpack_bf16, forward_bf16};
 TESSERA_REGISTER_BACKEND(kAmxInt8Emu);
 TESSERA_REGISTER_BACKEND(kAmxBF16Emu);

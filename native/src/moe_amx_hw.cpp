@@ -50,9 +50,11 @@ void forward_bf16(const uint8_t* p, int64_t T, int64_t k, const int64_t* ids, co
   moe_forward<TileHw, WeightFormat::BF16>(kBF16Name, p, T, k, ids, w, x, out, pool);
 }
 
-const BackendOps kAmxInt8 = {kInt8Name, IsaLevel::AMX, false, 35, supported_int8, bytes_int8,
+const BackendOps kAmxInt8 = {kInt8Name, IsaLevel::AMX, false, 35, "int8",
+                             "AMX tiles, int8 weights (Sapphire Rapids and later)", supported_int8, bytes_int8,
                              pack_int8, unpack_int8, forward_int8};
-const BackendOps kAmxBF16 = {kBF16Name, IsaLevel::AMX, false, 30, supported_bf16, bytes_bf16,
+const BackendOps kAmxBF16 = {kBF16Name, IsaLevel::AMX, false, 30, "bf16",
+                             "AMX tiles, bf16 weights (Sapphire Rapids and later)", supported_bf16, bytes_bf16,
                              pack_bf16, unpack_bf16, forward_bf16};
 TESSERA_REGISTER_BACKEND(kAmxInt8);
 TESSERA_REGISTER_BACKEND(kAmxBF16);

@@ -97,7 +97,8 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
   forward_panels(kName, packed, T, k, ids, w, x, out, pool, nullptr, 0);
 }
 
-const BackendOps kOps = {kName, IsaLevel::AVX2, false, 10, supported, packed_bytes, pack, unpack, forward};
+const BackendOps kOps = {kName, IsaLevel::AVX2, false, 10, "bf16",
+                         "AVX2 + FMA, bf16 weights, f32 activations: CPUs without AVX-512", supported, packed_bytes, pack, unpack, forward};
 TESSERA_REGISTER_BACKEND(kOps);
 
 }  // namespace

@@ -109,7 +109,9 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
   forward_panels(kName, packed, T, k, ids, w, x, out, pool, bf16, 6);
 }
 
-const BackendOps kOps = {kName, IsaLevel::AVX512, false, 20, supported, packed_bytes, pack, unpack, forward};
+const BackendOps kOps = {kName, IsaLevel::AVX512, false, 20, "bf16",
+                         "AVX-512, bf16 weights, f32 FMA decode (vdpbf16ps prefill where the CPU has avx512_bf16)",
+                         supported, packed_bytes, pack, unpack, forward};
 TESSERA_REGISTER_BACKEND(kOps);
 
 }  // namespace

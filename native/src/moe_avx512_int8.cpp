@@ -1,5 +1,5 @@
 // AVX512Int8 backend: int8 weights, symmetric, group-wise along the input dimension (TESSERA_INT8_GROUP inputs per
-// scale, default kDefaultGroup; 0 = one scale per output channel), activations quantized per token and group on the
+// scale, default 128 (tessera/tuning.h); 0 = one scale per output channel), activations quantized per token and group on the
 // fly, vpdpbusd (AVX-512 VNNI) with u8 activations (q + 128) and a per-(output, group) compensation of 128 * sum(w).
 // Activations get two int8 digits: x ~ s * (254 * hi + lo) with s = amax / (127 * 254), so their quantization error
 // is ~1/254 of plain int8 and the layer error is the weights' alone (measured: 2.7 % -> ~1.1 % relative L2 on the
@@ -30,16 +30,8 @@ namespace avx512_int8 {
 namespace {
 
 constexpr const char* kName = "AVX512Int8";
-constexpr int64_t kDefaultGroup = 128;
 
-int64_t group_param() {
-  static const int64_t g = [] {
-    const char* v = std::getenv("TESSERA_INT8_GROUP");
-    int64_t x = v ? std::atoll(v) : kDefaultGroup;
-    return x <= 0 ? int64_t(0) : (x + 3) / 4 * 4;
-  }();
-  return g;
-}
+int64_t group_param() { return tuning().int8_group; }
 
 struct Params {  // the 64 bytes after the header
   int64_t group;  // 0 = per output channel
@@ -419,7 +411,8 @@ bool supported(const CpuFeatures& c, std::string* why) {
   return true;
 }
 
-const BackendOps kOps = {kName, IsaLevel::AVX512, false, 25, supported, packed_bytes, pack, unpack, forward};
+const BackendOps kOps = {kName, IsaLevel::AVX512, false, 25, "int8",
+                         "AVX-512 VNNI, int8 weights in groups, two-digit int8 activations", supported, packed_bytes, pack, unpack, forward};
 TESSERA_REGISTER_BACKEND(kOps);
 
 }  // namespace

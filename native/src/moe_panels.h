@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessera/backend.h"
+#include "tessera/tuning.h"
 
 namespace tessera {
 

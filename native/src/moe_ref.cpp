@@ -96,7 +96,8 @@ void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, co
   });
 }
 
-const BackendOps kOps = {kName, IsaLevel::Reference, false, 0, supported, packed_bytes, pack, unpack, forward};
+const BackendOps kOps = {kName, IsaLevel::Reference, false, 0, "as loaded",
+                         "scalar C++, double accumulation: the correctness twin of every kernel, runs anywhere", supported, packed_bytes, pack, unpack, forward};
 TESSERA_REGISTER_BACKEND(kOps);
 
 }  // namespace

@@ -2,6 +2,7 @@
 // between the back-to-back phases of a MoE layer), then sleep on a condition variable so they never compete with the
 // caller's own work (torch attention between layers) on a small machine.
 #include "tessera/pool.h"
+#include "tessera/tuning.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -17,13 +18,7 @@
 namespace tessera {
 namespace {
 
-int spin_microseconds() {
-  static const int us = [] {
-    const char* v = std::getenv("TESSERA_SPIN_US");
-    return v ? std::atoi(v) : 50;
-  }();
-  return us;
-}
+int spin_microseconds() { return tuning().spin_us; }
 
 }  // namespace
 

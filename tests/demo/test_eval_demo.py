@@ -23,10 +23,9 @@ ONE_ANSWER = 100.0 / (6 * N_PER_SKILL)
 
 
 def _available_backends() -> list[str]:
-    from engine import native
+    from engine import backends
 
-    names = [n for n, (ok, _) in native.backend_status().items() if ok and n not in ("Auto", "Reference")]
-    return ["Torch", *names]
+    return ["Torch", *(n for n in backends.available_names() if n != "Reference")]
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,7 @@ def test_linear_keeps_16_bit_weights_without_a_copy():
         w = torch.randn(33, 70).to(dtype)
         lin = dense.Linear(w, "cpu", "q_proj")
         assert lin.weight.dtype == dtype and lin.weight.data_ptr() == w.data_ptr()
-        assert lin.path == ("native" if dense.native_available() else "torch-upcast")
+        assert lin.path == "native"
         x = torch.randn(2, 70)
         y = lin(x)
         assert y.dtype == torch.float32 and y.shape == (2, 33)
@@ -148,9 +148,9 @@ def test_linear_f32_holding_bf16_values_is_stored_bf16():
     """GGUF keeps a bf16 model's routers in f32: same values, so the same (native) path as the bf16 tensor."""
     w16 = torch.randn(9, 70).to(torch.bfloat16)
     as32, from16 = dense.Linear(w16.float(), "cpu", "router"), dense.Linear(w16, "cpu", "router")
-    assert as32.weight.dtype == (torch.bfloat16 if dense.native_available() else torch.float32)
+    assert as32.weight.dtype == torch.bfloat16
     x = torch.randn(3, 70)
-    assert torch.equal(as32(x), from16(x)) or not dense.native_available()
+    assert torch.equal(as32(x), from16(x))
     nearly = w16.float()
     nearly[4, 5] = nearly[4, 5].item() * (1 + 2**-20)  # one value bf16 cannot hold: stays f32 and exact torch
     lin = dense.Linear(nearly, "cpu", "router")
@@ -228,25 +228,30 @@ def test_bf16_model_matches_f32_upcast_path(name, monkeypatch):
 
 
 def test_step_threads_one_torch_thread_only_when_all_native():
-    class PoolExperts:  # an ExpertBackend running on a native pool
+    from engine.experts import TorchExperts
+
+    class PoolExperts(TorchExperts):  # an ExpertBackend running on a native pool
         pool = object()
 
     w16, w32 = torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(8, 8)
+    native_lins = [dense.Linear(w16, "cpu", "a"), dense.Linear(w16, "cpu", "b")]
+    assert dense.step_torch_threads(native_lins, PoolExperts({})) == 1
+    big32 = dense.Linear(torch.randn(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
+    for lins, experts in [(native_lins, TorchExperts({})), (native_lins + [big32], PoolExperts({})),
+                          ([], PoolExperts({}))]:
+        assert dense.step_torch_threads(lins, experts) is None
+    small32 = dense.Linear(torch.randn(1, 4), "cpu", "router kept f32 by GGUF: 16 B of 272 B")
+    assert dense.step_torch_threads(native_lins + [small32], PoolExperts({})) == 1
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        native_lins = [dense.Linear(w16, "cpu", "a"), dense.Linear(w16, "cpu", "b")]
-        with dense.step_threads(native_lins, PoolExperts()):
-            assert torch.get_num_threads() == (1 if dense.native_available() else 2)
+        with dense.torch_threads(1):
+            assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        big32 = dense.Linear(torch.randn(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
-        for lins, experts in [(native_lins, object()), (native_lins + [big32], PoolExperts()), ([], PoolExperts())]:
-            with dense.step_threads(lins, experts):
-                assert torch.get_num_threads() == 2
-        small32 = dense.Linear(torch.randn(1, 4), "cpu", "router kept f32 by GGUF: 16 B of 272 B")
-        with dense.step_threads(native_lins + [small32], PoolExperts()):
-            assert torch.get_num_threads() == (1 if dense.native_available() else 2)
-        with pytest.raises(RuntimeError), dense.step_threads(native_lins, PoolExperts()):
+        with dense.torch_threads(None):
+            assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), dense.torch_threads(1):
             raise RuntimeError("step failed")
         assert torch.get_num_threads() == 2  # restored on errors too
     finally:

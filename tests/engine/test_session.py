@@ -44,7 +44,8 @@ def test_logits_equal_transformers_from_both_formats(which, tiny_hf_model, tiny_
     assert len(ids) > 8
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]  # [T, V]
-    ours = session.model.forward(torch.tensor(ids), session.model.new_cache(8), last_only=False)  # [T, V]
+    cache = session.model.new_cache(8, torch.float32)  # the arithmetic, exactly; bf16 KV: tests/engine/test_model_vs_hf
+    ours = session.model.forward(torch.tensor(ids), cache, last_only=False)  # [T, V]
     scale = float(theirs.max() - theirs.min())
     assert float((ours - theirs).abs().max()) <= 1e-4 * scale
     if which == "gguf":
@@ -140,14 +141,17 @@ def test_request_errors_are_named(hf_session, tiny_hf_model):
         short.generate(list(range(40)), GREEDY)
     short.close()
     with pytest.raises(TesseraError) as e:
-        engine.load(tiny_hf_model, backend="Torch", context_length=10**9)
+        engine.load(tiny_hf_model, backend="Torch", context_length=1)
     assert e.value.subject == "--context-length"
+    long = engine.load(tiny_hf_model, backend="Torch", context_length=10**9)
+    assert long.context_length == long.config.max_position_embeddings  # clamped to the model's trained context
+    long.close()
 
 
 def test_unavailable_backend_is_named(tiny_hf_model):
-    from engine import native
+    from engine import backends
 
-    missing = [n for n, (ok, _) in native.backend_status().items() if not ok and n != "Auto"]
+    missing = [n for n, (ok, _) in backends.status().items() if not ok]
     if missing:  # a backend this CPU lacks (none on a machine with AMX: the capped case below still runs)
         with pytest.raises(BackendUnavailableError) as e:
             engine.load(tiny_hf_model, backend=missing[0])

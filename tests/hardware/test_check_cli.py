@@ -41,7 +41,7 @@ def test_json_has_the_fields_the_issue_lists(report):
     for g in report["gpus"]:
         for key in ("name", "vram_total_gb", "vram_free_gb", "compute_capability", "h2d_gbs", "d2h_gbs"):
             assert key in g, key
-    assert all(set(b) == {"available", "reason"} for b in report["backends"].values())
+    assert all(set(b) == {"available", "reason", "description", "weights"} for b in report["backends"].values())
     assert report["auto_backend"] in report["backends"] and report["backends"][report["auto_backend"]]["available"]
     assert report["model"]["decode_tok_s_upper_bound"] > 0
 

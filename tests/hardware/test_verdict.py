@@ -101,9 +101,11 @@ def test_remedies_in_plain_words():
     assert topics == ["Threads", "Threads", "Huge pages"]
 
 
-def test_predicted_backends_follow_design_table():
-    flags = {"avx2": True, "fma": True, "avx512f": True, "avx512bw": True, "avx512vl": True, "avx512_vnni": False}
-    assert verdict.predicted_backend("AVX512", flags, False, "")[0]
-    assert verdict.predicted_backend("AVX512Int8", flags, False, "") == (False, "CPU lacks avx512_vnni")
-    amx = {"amx_tile": True, "amx_int8": True}
-    assert verdict.predicted_backend("AMXInt8", amx, False, "kernel refused") == (False, "kernel refused")
+def test_backends_come_from_the_one_backend_list():
+    from engine import backends as registry
+
+    table, auto, reason = verdict.backends()
+    assert list(table) == list(registry.names()[1:])  # Auto is the verdict's pick, not a row
+    assert table["Torch"]["available"] and table["Reference"]["available"]
+    assert (auto, reason) == registry.auto() and table[auto]["available"]
+    assert verdict.expert_format("AVX512Int8", "bf16") == "int8" and verdict.expert_format("Reference", "f16") == "f16"

@@ -116,7 +116,9 @@ def test_choosing_cuda_without_cuda_is_a_clear_error_unless_twin():
     else:
         with pytest.raises(TesseraError, match="no CUDA device is available"):
             check_cuda_available(p)
-    check_cuda_available(plan(ORIGINAL_EXAMPLE, twin=True))  # the CPU twin never needs CUDA
+    twin = plan(ORIGINAL_EXAMPLE)
+    twin.twin = True  # as engine.load(twin=True) sets it
+    check_cuda_available(twin)  # the CPU twin never needs CUDA
 
 
 def test_settings_plan():

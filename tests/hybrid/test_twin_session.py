@@ -44,7 +44,7 @@ def reference(tiny_gguf_model):
 def test_twin_logits_equal_all_cpu_for_any_budget(tiny_gguf_model, reference, budget):
     _, expected = reference
     s = engine.load(tiny_gguf_model, backend="Torch",
-                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=budget, twin=True))
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=budget), twin=True)
     try:
         assert type(s.model.experts).__name__ == "HotExpertCache"
         assert f"{budget} experts per layer on CPU twin" in s.explain() or (budget == 0 and "no GPU expert" in s.explain())
@@ -55,7 +55,7 @@ def test_twin_logits_equal_all_cpu_for_any_budget(tiny_gguf_model, reference, bu
 
 def test_hit_rate_equals_count_from_router_outputs(tiny_gguf_model):
     s = engine.load(tiny_gguf_model, backend="Torch",
-                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2, twin=True))
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2), twin=True)
     try:
         cache_backend = s.model.experts
         cache_backend.take_step_stats()
@@ -79,7 +79,7 @@ def test_hit_rate_equals_count_from_router_outputs(tiny_gguf_model):
 
 def test_generation_reports_expert_cache_hit_rate(tiny_gguf_model):
     s = engine.load(tiny_gguf_model, backend="Torch",
-                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=3, twin=True))
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=3), twin=True)
     try:
         steps = []
         events = list(s.generate(TEXT_IDS, engine.sampling.SamplingParams(temperature=0, max_tokens=5),
@@ -112,7 +112,7 @@ def test_original_rules_example_on_the_twin(tiny_gguf_model, reference, tmp_path
 
 def test_warm_up_on_recent_prompts_makes_their_experts_resident(tiny_gguf_model):
     s = engine.load(tiny_gguf_model, backend="Torch",
-                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2, twin=True))
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2), twin=True)
     try:
         prompts = ["What is 12 + 30?", "Reverse the list 3, 1, 2."]
         counts = {}

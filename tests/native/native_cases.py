@@ -2,7 +2,7 @@
 
 import torch
 
-import engine.native as N
+import engine.backends as B
 from engine.experts import LayerExperts
 
 # Tolerances as NMSE = |y - ref|^2 / |ref|^2 against the Reference backend (double accumulation, weights as loaded).
@@ -20,7 +20,7 @@ def precision_of(name: str) -> str:
 
 
 def native_backends() -> list[str]:
-    return [n for n in N.available_backends(include_emulated=True) if n != "Reference"]
+    return [n for n in B.available_names(include_emulated=True) if n != "Reference"]
 
 
 def random_layer(E: int, H: int, I: int, dtype=torch.bfloat16, seed: int = 0) -> LayerExperts:

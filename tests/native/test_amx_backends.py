@@ -52,14 +52,14 @@ def layer():
 
 def _pack(name, layer, pool, dtype=torch.float32):
     gate, up, down = (t.to(dtype).contiguous() for t in layer)
-    blob = _native.aligned_empty(_native.packed_bytes(name, E, H, I, DTYPE_NAMES[dtype]))
-    _native.pack(name, gate, up, down, blob, pool)
+    blob = _native.aligned_empty(_native.backend(name).packed_bytes(E, H, I, DTYPE_NAMES[dtype]))
+    _native.backend(name).pack(gate, up, down, blob, pool)
     return blob
 
 
 def _forward(name, blob, ids, w, x, pool):
     out = torch.full_like(x, float("nan"))  # [T, H]; every element must be written
-    _native.forward(name, blob, ids, w, x, out, pool)
+    _native.backend(name).forward(blob, ids, w, x, out, pool)
     assert not torch.isnan(out).any()
     return out
 
@@ -91,13 +91,11 @@ def _nmse(a, ref):
 
 
 @pytest.fixture
-def tile_rows(monkeypatch):
-    """Forces the tile path (1) or the vector path (huge) for every expert."""
-
-    def set_(n):
-        monkeypatch.setenv("TESSERA_AMX_TILE_MIN_ROWS", str(n))
-
-    return set_
+def tile_rows():
+    """Forces the tile path (1) or the vector path (huge) for every expert; the knob is restored afterwards."""
+    before = _native.tuning()["amx_tile_min_rows"]
+    yield _native.set_amx_tile_min_rows
+    _native.set_amx_tile_min_rows(before)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -163,7 +161,7 @@ def test_pack_unpack_round_trip(name, dtype, layer, pool):
     blob = _pack(name, layer, pool, dtype)
     gate, up, down = (t.to(dtype).float() for t in layer)
     for e in (0, E - 1):
-        got = [torch.from_numpy(np.asarray(a)) for a in _native.unpack(name, blob, e)]
+        got = [torch.from_numpy(np.asarray(a)) for a in _native.backend(name).unpack(blob, e)]
         for src, back in zip((gate[e], up[e], down[e]), got):
             if _fmt(name) == "BF16":
                 assert torch.equal(back, src.to(torch.bfloat16).float())
@@ -208,7 +206,7 @@ def test_packed_blob_of_another_backend_is_refused(layer, pool):
     blob = _pack("AMXInt8-emulated", layer, pool)
     ids, w, x = _routing(2, 1, seed=1)
     with pytest.raises(ValueError, match="AMXBF16-emulated"):
-        _native.forward("AMXBF16-emulated", blob, ids, w, x, torch.empty_like(x), pool)
+        _native.backend("AMXBF16-emulated").forward(blob, ids, w, x, torch.empty_like(x), pool)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -219,6 +217,6 @@ def test_nan_in_a_token_stays_in_that_token(name, rows, layer, pool, tile_rows):
     x[4, 7] = float("nan")
     tile_rows(rows)
     out = torch.full_like(x, 0.0)
-    _native.forward(name, blob, ids, w, x, out, pool)
+    _native.backend(name).forward(blob, ids, w, x, out, pool)
     bad = torch.isnan(out).any(dim=1)  # [T]
     assert bad[4] and not bad[torch.arange(20) != 4].any()

@@ -16,7 +16,7 @@ SHAPES = [(12, 64, 48), (9, 37, 19), (10, 130, 70)]
 
 def run(name, blob, x, ids, w, pool):
     out = torch.full_like(x, float("nan"))  # [T, H]: every element must be written
-    _native.forward(name, blob, ids, w, x, out, pool)
+    _native.backend(name).forward(blob, ids, w, x, out, pool)
     return out
 
 
@@ -88,7 +88,7 @@ def test_pack_unpack_round_trip(name, dtype, pool):
     experts = random_layer(E, H, I, dtype=dtype, seed=1)
     blob = N.pack_layer(name, experts, pool)
     for e in range(E):
-        g, u, d = (torch.from_numpy(a) for a in _native.unpack(name, blob, e))
+        g, u, d = (torch.from_numpy(a) for a in _native.backend(name).unpack(blob, e))
         for got, want in ((g, experts.gate_proj[e]), (u, experts.up_proj[e]), (d, experts.down_proj[e])):
             want = want.float()
             if name == "Reference":

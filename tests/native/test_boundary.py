@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+import engine.backends as B
 import engine.native as N
 from engine import _native
 
@@ -22,7 +23,7 @@ def args(T=3, k=2):
 
 
 def call(blob, pool, x, ids, w, out, packed=None, backend="Reference"):
-    _native.forward(backend, blob if packed is None else packed, ids, w, x, out, pool)
+    _native.backend(backend).forward(blob if packed is None else packed, ids, w, x, out, pool)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_misaligned_or_foreign_packed_blob(blob, pool):
         call(blob, pool, **args(), packed=shifted)
     with pytest.raises(ValueError, match="packed: not a Tessera packed-weight blob"):
         call(blob, pool, **args(), packed=_native.aligned_empty(blob.nbytes))
-    others = [n for n in N.available_backends() if n != "Reference"]
+    others = [n for n in B.available_names(include_emulated=True) if n != "Reference"]
     if others:
         with pytest.raises(ValueError, match=f"packed: packed for backend Reference, not {others[0]}"):
             call(blob, pool, **args(), packed=blob, backend=others[0])
@@ -71,16 +72,16 @@ def test_misaligned_or_foreign_packed_blob(blob, pool):
 
 def test_pack_rejects_bad_weights(pool):
     layer = random_layer(E, H, I, dtype=torch.float32)
-    out = _native.aligned_empty(_native.packed_bytes("Reference", E, H, I, "float32"))
+    out = _native.aligned_empty(_native.backend("Reference").packed_bytes(E, H, I, "float32"))
     with pytest.raises(TypeError, match="gate: expected float32, float16 or bfloat16, got int32"):
-        _native.pack("Reference", layer.gate_proj.int(), layer.up_proj, layer.down_proj, out, pool)
+        _native.backend("Reference").pack(layer.gate_proj.int(), layer.up_proj, layer.down_proj, out, pool)
     with pytest.raises(TypeError, match="up: dtype differs from gate"):
-        _native.pack("Reference", layer.gate_proj, layer.up_proj.half(), layer.down_proj, out, pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj.half(), layer.down_proj, out, pool)
     with pytest.raises(ValueError, match=r"down: expected shape \[4, 32, 16\]"):
-        _native.pack("Reference", layer.gate_proj, layer.up_proj, layer.down_proj.transpose(1, 2).contiguous(), out, pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj, layer.down_proj.transpose(1, 2).contiguous(), out, pool)
     with pytest.raises(ValueError, match="up: must be C-contiguous"):
-        _native.pack("Reference", layer.gate_proj, layer.up_proj.transpose(0, 1).contiguous().transpose(0, 1), layer.down_proj, out, pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj.transpose(0, 1).contiguous().transpose(0, 1), layer.down_proj, out, pool)
     with pytest.raises(ValueError, match="out: needs"):
-        _native.pack("Reference", layer.gate_proj, layer.up_proj, layer.down_proj, out[:64], pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj, layer.down_proj, out[:64], pool)
     with pytest.raises(ValueError, match="backend: no backend named Nope"):
-        _native.pack("Nope", layer.gate_proj, layer.up_proj, layer.down_proj, out, pool)
+        _native.backend("Nope").pack(layer.gate_proj, layer.up_proj, layer.down_proj, out, pool)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import engine
-import engine.native as N
+import engine.backends as B
 from engine.make_model import make_model
 
 pytestmark = pytest.mark.slow  # a model load and a few dozen short generations per backend
 
-INT8 = [n for n in N.available_backends() if "Int8" in n]
-BF16 = [n for n in N.available_backends() if "Int8" not in n and n != "Reference"]
+INT8 = [n for n in B.available_names(include_emulated=True) if "Int8" in n]
+BF16 = [n for n in B.available_names(include_emulated=True) if "Int8" not in n and n != "Reference"]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_int8_teacher_forced_agreement_and_greedy(session, name):
 
 
 def test_switching_backend_keeps_the_session_and_names_unavailable_ones(session):
-    missing = [n for n, (ok, _) in N.backend_status().items() if not ok]
+    missing = [n for n, (ok, _) in B.status().items() if not ok]
     use(session, "Reference")
     if missing:
         with pytest.raises(engine.errors.BackendUnavailableError, match=f"backend {missing[0]}: "):
@@ -108,7 +108,7 @@ def test_switching_backend_keeps_the_session_and_names_unavailable_ones(session)
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
 def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, capsys, tmp_path, monkeypatch):
-    missing = [n for n, (ok, _) in N.backend_status().items() if not ok]
+    missing = [n for n, (ok, _) in B.status().items() if not ok]
     if not missing:
         pytest.skip("every backend runs here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -116,7 +116,7 @@ def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, caps
 
     extra = ["--prompt", "hi", "--max-tokens", "2"] if command == "generate" else ["--prompt-tokens", "4", "--gen-tokens", "2"]
     assert main([command, str(tiny_gguf_model), "--backend", missing[0], *extra]) == 1
-    reason = N.backend_status()[missing[0]][1]
+    reason = B.status()[missing[0]][1]
     assert f"error: backend {missing[0]}: {reason}" in capsys.readouterr().err
 
 
@@ -124,6 +124,6 @@ def test_cli_generate_runs_on_every_native_backend(tiny_gguf_model, capsys, tmp_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     from engine.cli import main
 
-    for name in ["Auto", "Reference"] + [n for n in N.backend_status() if n in N.available_backends()]:
+    for name in ["Auto", "Reference"] + [n for n in B.status() if n in B.available_names(include_emulated=True)]:
         assert main(["generate", str(tiny_gguf_model), "--backend", name, "--prompt", "hello", "--max-tokens", "3",
                      "--temperature", "0"]) == 0, name

@@ -4,6 +4,7 @@ cache (engine.pack_cache: keyed by content and packing parameters; cold packs an
 import pytest
 import torch
 
+import engine.backends as B
 import engine.native as N
 from engine.errors import BackendUnavailableError
 from engine.experts import ExpertBackend, TorchExperts
@@ -30,8 +31,8 @@ def test_make_backend_is_an_expert_backend_close_to_torch(name):
 
 def test_auto_resolves_to_the_best_available_non_emulated_backend():
     b = N.make_backend("Auto", LAYERS, threads=1)
-    assert b.name == N.auto_backend()[0]
-    assert not next(x for x in N.backends() if x["name"] == b.name)["emulated"]
+    assert b.name == B.auto()[0]
+    assert not next(x for x in B.compiled() if x["name"] == b.name)["emulated"]
 
 
 def test_torch_name_gives_the_pure_torch_experts():
@@ -39,7 +40,7 @@ def test_torch_name_gives_the_pure_torch_experts():
 
 
 def test_unavailable_backend_by_name_raises_and_names_it():
-    missing = [n for n, (ok, _) in N.backend_status().items() if not ok]
+    missing = [n for n, (ok, _) in B.status().items() if not ok]
     if not missing:
         pytest.skip("every backend runs here")
     with pytest.raises(BackendUnavailableError, match=f"backend {missing[0]}: "):
@@ -57,7 +58,7 @@ def test_submit_then_sync_equals_forward():
 
 
 def test_disk_cache_cold_then_warm(tmp_path):
-    name = N.auto_backend()[0]
+    name = B.auto()[0]
     events = []
     cold = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456", progress=events.append)
     assert cold.load_stats.packed_layers == 2 and cold.load_stats.cached_layers == 0

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import engine.native as N
+import engine.backends as B
 
-PROBE = "import json, engine.native as N; print(json.dumps([N.backends(), N.auto_backend()]))"
+PROBE = "import json, engine.backends as B; print(json.dumps([B.compiled(), B.auto()]))"
 
 
 def backends_with_cap(cap):
@@ -23,7 +23,7 @@ def backends_with_cap(cap):
 def test_cap_disables_higher_isas_with_a_reason(cap, level):
     order = ["reference", "avx2", "avx512", "amx"]
     rows, auto = backends_with_cap(cap)
-    uncapped = {b["name"]: b for b in N.backends()}
+    uncapped = {b["name"]: b for b in B.compiled()}
     for name, b in rows.items():
         if order.index(b["isa_level"]) > level:
             assert not b["available"] and b["reason"] == f"capped by TESSERA_MAX_ISA={cap}", name

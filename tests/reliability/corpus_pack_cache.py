@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 
 import engine.native as N
+from engine.backends import auto
 from engine.experts import LayerExperts
 from engine.pack_cache import PackCache
 from probe import Case, Tmpfs, can_mount, child_main
 
 E, H, I = 6, 64, 32
 WORK = Path(tempfile.mkdtemp(prefix="tessera-pack-probe-"))
-BACKENDS = ["Reference"] + ([N.auto_backend()[0]] if N.auto_backend()[0] not in ("Torch", "Reference") else [])
+BACKENDS = ["Reference"] + ([auto()[0]] if auto()[0] not in ("Torch", "Reference") else [])
 
 
 def layer(seed: int) -> LayerExperts:

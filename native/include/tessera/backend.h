@@ -46,6 +46,8 @@ struct BackendOps {
   IsaLevel level;    // for the TESSERA_MAX_ISA cap
   bool emulated;     // runs an emulator of instructions this CPU lacks: tested, never picked by Auto, never timed
   int priority;      // Auto picks the highest-priority available backend
+  const char* weights;      // how the packed expert weights are stored: "int8", "bf16" or "as loaded"
+  const char* description;  // one line for people: settings, `tessera-cli check`, --help
   // CPU/OS support; on false, *why says what is missing ("CPU lacks amx_int8"). Called once per process.
   bool (*supported)(const CpuFeatures& cpu, std::string* why);
   // Total blob size including the header (a multiple of 64).

@@ -1,0 +1,31 @@
+// Every TESSERA_* tuning knob of the native module, read from the environment in ONE place (src/tuning.cpp), once
+// per process, before the first kernel runs. Kernels read the fields; none calls getenv itself.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct Tuning {
+  // TESSERA_MAX_ISA=reference|avx2|avx512|amx: caps dispatch (tests, bug reports). "" = no cap.
+  std::string max_isa;
+  // TESSERA_INT8_GROUP: AVX512Int8 inputs per weight scale, rounded up to a multiple of 4; 0 = one scale per output
+  // channel. Changes the packed bytes, so it is part of the packed-weight cache key (engine.native.packing_knobs).
+  int64_t int8_group = 128;
+  // TESSERA_PF: how far ahead (bytes) the AVX kernels prefetch weight panels.
+  int64_t prefetch_bytes = -1;  // -1: the kernel's default (kKC * 64 in moe_body.inc)
+  // TESSERA_SPIN_US: microseconds a pool worker spins after a job before it sleeps.
+  int spin_us = 50;
+  // TESSERA_PROFILE (set to anything): per forward chunk, wall time of each phase on stderr.
+  bool profile = false;
+  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. The only knob tests change while
+  // the process runs (set_amx_tile_min_rows), hence atomic.
+  std::atomic<int64_t> amx_tile_min_rows{16};
+};
+
+// Read on first call (thread-safe), then the same object for the life of the process.
+Tuning& tuning();
+
+}  // namespace tessera

@@ -1,0 +1,38 @@
+// The one reader of TESSERA_* environment variables in the native module (tessera/tuning.h).
+#include "tessera/tuning.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace tessera {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+void read_environment(Tuning& t) {
+  if (const char* v = env("TESSERA_MAX_ISA")) t.max_isa = v;
+  if (const char* v = env("TESSERA_INT8_GROUP")) {
+    int64_t g = std::atoll(v);  // garbage reads as 0: per channel
+    t.int8_group = g <= 0 ? 0 : (g + 3) / 4 * 4;
+  }
+  if (const char* v = env("TESSERA_PF")) t.prefetch_bytes = std::max<int64_t>(0, std::atoll(v));
+  if (const char* v = env("TESSERA_SPIN_US")) t.spin_us = std::atoi(v);
+  t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
+  if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
+}
+
+}  // namespace
+
+Tuning& tuning() {
+  static Tuning* t = [] {
+    auto* p = new Tuning();  // never freed: pool threads may read it during static destruction
+    read_environment(*p);
+    return p;
+  }();
+  return *t;
+}
+
+}  // namespace tessera
