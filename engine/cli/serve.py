@@ -74,7 +74,10 @@ def run(args) -> int:
           f"{'API key required' if api_key else 'no API key'}. Ctrl-C stops.", file=sys.stderr, flush=True)
     try:
         serve_forever(scheduler, ServerOptions(name, api_key, args.max_body_bytes), sock, log_level=args.log_level)
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it: a normal way to stop
+        pass
     finally:
         scheduler.close()
         session.close()
+    print("server stopped", file=sys.stderr)
     return 0

@@ -85,7 +85,8 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
-    """SamplingParams from the OpenAI fields (plus the top_k, min_p and repetition_penalty extensions vLLM takes)."""
+    """SamplingParams from the OpenAI fields (plus the top_k, min_p, repetition_penalty and ignore_eos extensions vLLM
+    takes)."""
     d = SamplingParams()
     temperature = _number(body, "temperature", lo=0, hi=2)
     top_p = _number(body, "top_p", lo=0, hi=1, lo_open=True)
@@ -119,6 +120,7 @@ def sampling_params(body: dict, *, default_max_tokens: int) -> SamplingParams:
             seed=seed,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             stop=tuple(stop),
+            ignore_eos=_bool(body, "ignore_eos", False),  # vLLM's extension, for benchmarks
         )
     except TesseraError as e:
         raise from_engine_error(e) from None
