@@ -16,9 +16,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import TesseraError
+from engine.template_limits import BoundedSandbox, TemplateLimitError, render_bounded
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # aliases transformers fills for templates
 
@@ -68,7 +68,7 @@ class _Namespace(jinja2.utils.Namespace):
 
 @lru_cache(maxsize=8)
 def compile_template(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -78,6 +78,9 @@ def compile_template(template: str) -> jinja2.Template:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise TesseraError("chat template", f"syntax error at line {e.lineno}: {e.message}") from None
+    except (RecursionError, MemoryError, OverflowError) as e:
+        raise TesseraError("chat template", f"cannot be compiled ({type(e).__name__}: nested too deeply or too "
+                                            "large)") from None
 
 
 def render(
@@ -99,9 +102,12 @@ def render(
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
         chat.append(m)
     try:
-        return compile_template(template).render(
-            messages=chat, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, **extra
-        )
+        return render_bounded(compile_template(template), messages=chat, add_generation_prompt=add_generation_prompt,
+                              enable_thinking=enable_thinking, **extra)
+    except TemplateLimitError as e:
+        raise TesseraError("chat template", f"stopped: {e}") from None
+    except (RecursionError, MemoryError, OverflowError) as e:
+        raise TesseraError("chat template", f"stopped: {type(e).__name__} ({e or 'too deep or too large'})") from None
     except jinja2.exceptions.SecurityError as e:
         raise TesseraError("chat template", f"refused by the sandbox: {e}") from None
     except jinja2.exceptions.TemplateError as e:

@@ -14,6 +14,7 @@ import torch
 
 from engine.errors import ContextOverflowError, TesseraError
 from engine.events import DoneEvent, RequestMetrics, StepMetrics, TokenEvent
+from engine.finite import check_logits
 from engine.kv_cache import KVCache
 from engine.model import Qwen3MoeModel, RoutingStats
 from engine.sampling import SamplingParams, make_generator, sample
@@ -99,12 +100,15 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
     stop_ids |= set(params.stop_token_ids)
     stops = StopStrings(params.stop)
     cancelled = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
+    history = list(prompt_ids[: cache.length])  # every token the model has seen in this request (NaN replay)
 
     def step(phase: str, ids: list[int]) -> torch.Tensor:
         nonlocal pairs_total, pairs_on_device
         stats = RoutingStats()
         ts = time.perf_counter()
         logits = model.forward(torch.tensor(ids, dtype=torch.long), cache, stats=stats)  # [1, V]
+        history.extend(ids)
+        check_logits(logits, model, history)  # NaN/Inf: a named error saying which tensor or layer, never a token
         seconds = time.perf_counter() - ts
         on_gpu = experts.take_step_stats()[1] if has_cache else 0
         pairs_total, pairs_on_device = pairs_total + stats.pairs, pairs_on_device + on_gpu

@@ -284,7 +284,22 @@ class _Parser:
         for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
             if start_b < end_a:
                 raise self.fail(f"tensor {b}: its data overlaps tensor {a}")
+        self._check_data_accounted(spans, data_offset, alignment)
         return version, metadata, tensors, alignment, data_offset
+
+    def _check_data_accounted(self, spans: list[tuple[int, int, str]], data_offset: int, alignment: int) -> None:
+        """The tensors must describe the data section up to the end of the file, with no more than alignment padding
+        between or after them: a tensor_count one too low would otherwise read every tensor from a shifted base."""
+        self.where = "the tensor data"
+        pos, after = data_offset, "the start of the tensor data"
+        for start, end, name in spans:
+            if start - pos >= alignment:
+                raise self.fail(f"{start - pos} bytes before tensor {name} (after {after}) belong to no tensor: the "
+                                "tensor table does not describe the data (tensor_count too low, or a damaged table)")
+            pos, after = end, f"tensor {name}"
+        if self.size - max(pos, data_offset) >= alignment:
+            raise self.fail(f"{self.size - pos} bytes after {after} up to the end of the file belong to no tensor: "
+                            "the tensor table does not describe the data (tensor_count too low, or a damaged table)")
 
     def _tensor_info(
         self, name: str, dims: list[int], raw_type: int, rel_offset: int, data_offset: int, alignment: int,

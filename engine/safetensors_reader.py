@@ -7,7 +7,6 @@ checkpoints (.bin/.pt/.pth) are refused: unpickling a downloaded file can run ar
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.config import ModelConfig
 from engine.errors import ModelFormatError
+from engine.file_checks import check_model_folder, check_safetensors_header, load_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -34,14 +34,8 @@ def refuse_pickle(path: Path) -> ModelFormatError:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelFormatError(str(path), "is missing") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelFormatError(str(path), f"cannot be read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise ModelFormatError(str(path), f"is not valid JSON: {e}") from None
+    """Size-capped, regular files only; deep nesting, huge numbers and bad UTF-8 are named errors (file_checks)."""
+    return load_json(path)
 
 
 class HFCheckpoint:
@@ -51,6 +45,7 @@ class HFCheckpoint:
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise ModelFormatError(str(folder), "is not a folder (expected a Hugging Face model folder or .gguf file)")
+        check_model_folder(self.folder)  # a FIFO or device among the model files would stall or flood the load
         cfg_path = self.folder / "config.json"
         self.config_dict = read_json(cfg_path)
         self.config = ModelConfig.from_hf_dict(self.config_dict, str(cfg_path))
@@ -91,6 +86,7 @@ class HFCheckpoint:
         return shards
 
     def _open_shard(self, shard: Path) -> None:
+        check_safetensors_header(shard)  # duplicate tensor names, a FIFO in place of a shard
         try:
             h = safe_open(str(shard), framework="pt")
             names = list(h.keys())

@@ -129,7 +129,9 @@ def make_generator(seed: int | None) -> torch.Generator:
 def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator,
            generated: int = 0) -> int:
     """The next token id from the last position's logits [V] (float32), the ids seen so far [n] (prompt, then the
-    `generated` ids sampled so far) and a seeded generator."""
+    `generated` ids sampled so far) and a seeded generator. NaN logits, or none finite, are a named error."""
+    if bool(torch.isnan(logits).any()) or not bool(torch.isfinite(logits).any()):
+        raise TesseraError("logits", "are NaN or Inf: the model's output cannot be sampled (damaged weights?)")
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)  # [V]
     if generated:
         logits = apply_presence_frequency(logits, seen[seen.numel() - generated :], params.presence_penalty,

@@ -103,6 +103,7 @@ class Session:
         if progress is not None:
             progress(ProgressEvent("prepare", 0, 1, "non-expert weights to float32"))
         self.model = Qwen3MoeModel(weights, parts.experts, parts.devices)
+        self.model.source_experts = self._layers  # engine.finite names a damaged expert tensor from these
         if progress is not None:
             progress(ProgressEvent("prepare", 1, 1, ""))
         self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())

@@ -12,10 +12,11 @@ Qwen adds no BOS: `encode` returns the text's ids only, unless a GGUF says `toke
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ModelFormatError
+from engine.errors import ModelFormatError, TesseraError
 
 if TYPE_CHECKING:
     from engine.weights import ModelFile
@@ -46,6 +47,7 @@ class Tokenizer:
         source: str = "",
     ):
         self._tk = tk
+        self._special_lock = threading.Lock()  # encode_special_tokens is a setting of the shared Rust tokenizer
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.pad_token_id = pad_token_id
@@ -155,12 +157,16 @@ class Tokenizer:
     def from_hf_folder(cls, folder: str | os.PathLike[str]) -> Tokenizer:
         from tokenizers import Tokenizer as TK
 
+        from engine.file_checks import MAX_JSON_BYTES, check_model_folder
         from engine.safetensors_reader import read_json
 
         folder = Path(folder)
+        check_model_folder(folder)  # a FIFO among the files would block the load forever
         tj = folder / "tokenizer.json"
         if not tj.is_file():
             raise ModelFormatError(str(tj), "is missing (Tessera needs the fast-tokenizer file tokenizer.json)")
+        if tj.stat().st_size > MAX_JSON_BYTES:
+            raise ModelFormatError(str(tj), f"is over {MAX_JSON_BYTES} bytes; refusing to read it")
         try:
             tk = TK.from_file(str(tj))
         except Exception as e:  # tokenizers raises a bare Exception for malformed files
@@ -172,7 +178,10 @@ class Tokenizer:
         template = _hf_chat_template(tcfg.get("chat_template"), str(cfg_path))
         jinja = folder / "chat_template.jinja"
         if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
+            try:
+                template = jinja.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ModelFormatError(str(jinja), f"cannot be read as UTF-8 text: {e}") from None
 
         def token_id(key: str) -> int | None:
             v = tcfg.get(key)
@@ -208,9 +217,27 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tk.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        ids = self._tk.encode(text, add_special_tokens=False).ids
-        return [self.bos_token_id, *ids] if self.add_bos else ids
+    def encode(self, text: str, *, parse_special: bool = True, add_bos: bool = True) -> list[int]:
+        """Token ids of `text`. parse_special=False reads special-token strings (`<|im_start|>`) as plain text, so text
+        a user typed cannot forge a turn. Text that is not valid UTF-8 (lone surrogates) is a named error."""
+        try:
+            text.encode("utf-8")
+        except (UnicodeEncodeError, AttributeError) as e:
+            raise TesseraError("text", f"is not valid UTF-8 text ({e})") from None
+        if parse_special:
+            ids = self._tk.encode(text, add_special_tokens=False).ids
+        else:
+            with self._special_lock:
+                self._tk.encode_special_tokens = True
+                try:
+                    ids = self._tk.encode(text, add_special_tokens=False).ids
+                finally:
+                    self._tk.encode_special_tokens = False
+        return [self.bos_token_id, *ids] if self.add_bos and add_bos else ids
+
+    def special_token_strings(self) -> list[str]:
+        """The text of every special (control) token, e.g. `<|im_start|>`."""
+        return [t.content for t in self._tk.get_added_tokens_decoder().values() if t.special]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)

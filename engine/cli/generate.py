@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from engine.cli.arg_checks import text_problem
+
     try:
         params = sampling_params(args)
         check_load_arguments(args)
@@ -30,6 +32,9 @@ def run(args) -> int:
             raise UsageError("--system", "needs --chat")
         if not args.prompt:
             raise UsageError("--prompt", "is empty")
+        for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
+            if value is not None and text_problem(value):
+                raise UsageError(flag, text_problem(value))
     except UsageError as e:
         return e.report()
     session = load_session(args)

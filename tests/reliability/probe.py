@@ -33,11 +33,27 @@ class Case:
     named_must_mention: tuple[str, ...] = field(default_factory=tuple)  # words the named error must contain
 
 
+class _Hang(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang()
+
+
 def _classify(case: Case) -> tuple[str, str]:
+    """Runs one case under SIGALRM after `case.seconds` (a blocking open of a FIFO, a runaway loop: a hang)."""
+    import math
+    import signal
+
     from engine.errors import TesseraError
 
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(max(1, math.ceil(case.seconds)))
     try:
         ok = case.run()
+    except _Hang:
+        return "hang", f"past {case.seconds} s"
     except TesseraError as e:
         text = str(e)
         if case.must_succeed:
@@ -48,17 +64,33 @@ def _classify(case: Case) -> tuple[str, str]:
         return "named error", text
     except BaseException as e:  # noqa: BLE001 - classifying is the point
         return "traceback", "".join(traceback.format_exception_only(type(e), e)).strip()[-500:]
+    finally:
+        signal.alarm(0)
     return ("correct", "") if ok else ("silently wrong", "the result differs from the reference")
 
 
 def child_main(cases: Callable[[], dict[str, Case]]) -> None:
+    import threading
+
     only = set(sys.argv[1:])
-    for name, case in cases().items():
+    table = cases()
+    print(json.dumps({"all": list(table)}), flush=True)
+    for name, case in table.items():
         if only and name not in only:
             continue
         print(json.dumps({"case": name, "start": True}), flush=True)
         t0 = time.monotonic()
+
+        def watchdog(name=name, case=case) -> None:  # stuck in native code the alarm cannot interrupt
+            print(json.dumps({"case": name, "verdict": "hang", "detail": f"past {case.seconds} s (watchdog)",
+                              "seconds": case.seconds}), flush=True)
+            os._exit(3)
+
+        dog = threading.Timer(case.seconds + 5, watchdog)
+        dog.daemon = True
+        dog.start()
         verdict, detail = _classify(case)
+        dog.cancel()
         print(json.dumps({"case": name, "verdict": verdict, "detail": detail,
                           "seconds": round(time.monotonic() - t0, 3)}), flush=True)
 
@@ -66,36 +98,51 @@ def child_main(cases: Callable[[], dict[str, Case]]) -> None:
 def run_corpus(module_path: str | Path, timeout: float, env: dict | None = None,
                only: list[str] | None = None) -> dict[str, tuple[str, str]]:
     """Runs a corpus module in a child; {case: (verdict, detail)}. The case running when the child died is a crash
-    (killed by a signal or exited early) or a hang (past `timeout`)."""
-    cmd = [sys.executable, str(module_path), *(only or [])]
-    full_env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + str(Path(module_path).parent), **(env or {})}
+    (killed by a signal or exited early) or a hang (its own limit, or `timeout` for the whole child); the child is
+    then started again for the cases left."""
+    here = Path(module_path).resolve().parent
+    full_env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + str(here), **(env or {})}
+    results: dict[str, tuple[str, str]] = {}
+    todo = list(only or [])
+    deadline = time.monotonic() + timeout
+    while True:
+        out, err, rc, hung = _run_child(module_path, todo, full_env, max(1.0, deadline - time.monotonic()))
+        names: list[str] = []
+        running = None
+        for line in out.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if "all" in rec:
+                names = [n for n in rec["all"] if not only or n in only]
+            elif rec.get("start"):
+                running = rec["case"]
+            elif "case" in rec:
+                results[rec["case"]] = (rec["verdict"], rec["detail"])
+                running = None
+        if running is not None:
+            results[running] = ("hang", f"past {timeout} s") if hung else ("crash", f"exit {rc}: {err[-400:]}")
+        elif rc != 0 and not names:
+            results["<corpus>"] = ("hang" if hung else "crash", err[-400:])
+        todo = [n for n in names if n not in results]
+        if not todo or rc == 0 or time.monotonic() >= deadline:
+            for n in todo:
+                results[n] = ("hang", "not reached before the corpus's time limit")
+            return results
+
+
+def _run_child(module_path, todo: list[str], env: dict, timeout: float) -> tuple[str, str, int | None, bool]:
+    cmd = [sys.executable, str(Path(module_path).resolve()), *todo]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
-        out, rc, hung = proc.stdout, proc.returncode, False
-        err = proc.stderr
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+        return proc.stdout, proc.stderr, proc.returncode, False
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        rc, hung = None, True
-    results: dict[str, tuple[str, str]] = {}
-    running = None
-    for line in out.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or "case" not in rec:
-            continue
-        if rec.get("start"):
-            running = rec["case"]
-        else:
-            results[rec["case"]] = (rec["verdict"], rec["detail"])
-            running = None
-    if running is not None:
-        results[running] = ("hang", f"past {timeout} s") if hung else ("crash", f"exit {rc}: {err[-400:]}")
-    elif rc not in (0, None) or hung:
-        results["<corpus>"] = ("hang" if hung else "crash", err[-400:])
-    return results
+        return out, err, None, True
 
 
 def assert_all_ok(results: dict[str, tuple[str, str]], expected_cases: int | None = None) -> None:
