@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import gguf
 
 from engine.config import GGUF_ARCH, ModelConfig
 
 if TYPE_CHECKING:
     from engine.weights import ModelFile
-
-_GGUF_EXPERT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$")
-_HF_EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.")
-_EMBEDDING = ("token_embd.weight", "model.embed_tokens.weight")
 
 
 @dataclass(frozen=True)
@@ -60,41 +57,42 @@ class ModelInfo:
 
 def inspect_model(model: ModelFile | str | os.PathLike[str]) -> ModelInfo:
     """Header facts of an opened model (engine.weights.open_model), or of the model file or folder at a path."""
+    from engine import quants
     from engine.weights import ModelFile, open_model
 
     if not isinstance(model, ModelFile):
         model = open_model(model)
-    cfg, sizes = model.config, []
+    sizes: _Sizes = []
+    for t in model.tensors:  # the checked table: every stored tensor, and which are routed experts or the embedding
+        embedding = t.kind == gguf.MODEL_TENSOR.TOKEN_EMBD
+        if model.gguf is not None:
+            g = model.gguf.info(t.name)
+            n = math.prod(g.shape)
+            loaded = g.nbytes if g.ggml_type in quants.FLOAT_TYPES else 4 * n  # quantized types load as float32
+            sizes.append((g.type_name, n, g.nbytes, loaded, t.stacked, embedding))
+        else:
+            for src in t.sources:
+                b = model.hf.nbytes(src)
+                sizes.append((model.hf.dtype(src), math.prod(model.hf.shape(src)), b, b, t.stacked, embedding))
     if model.gguf is not None:
-        from engine import quants
-
-        for t in model.gguf.tensors.values():
-            n = math.prod(t.shape)
-            loaded = t.nbytes if t.ggml_type in quants.FLOAT_TYPES else 4 * n
-            sizes.append((t.name, t.type_name, n, t.nbytes, loaded, bool(_GGUF_EXPERT.match(t.name))))
-        name = model.gguf.metadata.get("general.name") or model.path.stem
+        name = str(model.gguf.metadata.get("general.name") or model.path.stem)
     else:
-        ckpt = model.hf
-        for n in ckpt.names:
-            if n == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            b = ckpt.nbytes(n)
-            sizes.append((n, ckpt.dtype(n), math.prod(ckpt.shape(n)), b, b, bool(_HF_EXPERT.match(n))))
         name = model.path.name
-    return _info(str(model.path), model.format, str(name), cfg, sizes)
+    return _info(str(model.path), model.format, name, model.config, sizes)
 
 
-_Sizes = list[tuple[str, str, int, int, int, bool]]
+_Sizes = list[tuple[str, int, int, int, bool, bool]]
 
 
 def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> ModelInfo:
-    """sizes: (tensor, type name, elements, stored bytes, loaded bytes, is routed expert) per stored tensor."""
-    types = Counter(t for _, t, _, _, _, _ in sizes)
-    expert_types = {s[1] for s in sizes if s[5]}
-    total = sum(s[3] for s in sizes)
-    expert = sum(s[3] for s in sizes if s[5])
-    rest = sum(s[3] for s in sizes if not s[5] and s[0] not in _EMBEDDING)
-    embed_row = sum(s[3] // cfg.vocab_size for s in sizes if s[0] in _EMBEDDING)
+    """sizes: (type name, elements, stored bytes, loaded bytes, is a routed expert, is the embedding) per stored
+    tensor."""
+    types = Counter(s[0] for s in sizes)
+    expert_types = {s[0] for s in sizes if s[4]}
+    total = sum(s[2] for s in sizes)
+    expert = sum(s[2] for s in sizes if s[4])
+    rest = sum(s[2] for s in sizes if not s[4] and not s[5])
+    embed_row = sum(s[2] // cfg.vocab_size for s in sizes if s[5])
     active_expert = expert * cfg.num_experts_per_tok // cfg.num_experts
     return ModelInfo(
         path=path,
@@ -118,9 +116,9 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
         expert_type=expert_types.pop() if len(expert_types) == 1 else "mixed",
         num_tensors=len(sizes),
         total_bytes=total,
-        loaded_bytes=sum(s[4] for s in sizes),
+        loaded_bytes=sum(s[3] for s in sizes),
         expert_bytes=expert,
         active_expert_bytes_per_token=active_expert,
         active_bytes_per_token=active_expert + rest + embed_row,
-        parameters=sum(s[2] for s in sizes),
+        parameters=sum(s[1] for s in sizes),
     )
