@@ -30,8 +30,8 @@ class FitEstimate:
         return f"{self.verdict.capitalize()}: {need} {detail}; {have}"
 
 
-def kv_cache_bytes(info: dict, context_length: int, bytes_per_value: int = 4) -> int:
-    """Keys and values of every layer for `context_length` positions (float32, as engine.kv_cache stores them)."""
+def kv_cache_bytes(info: dict, context_length: int, bytes_per_value: int = 2) -> int:
+    """Keys and values of every layer for `context_length` positions (bfloat16, as engine.kv_cache stores them)."""
     per_position = 2 * info["num_hidden_layers"] * info["num_key_value_heads"] * info["head_dim"] * bytes_per_value
     return per_position * context_length
 

@@ -12,22 +12,38 @@ from __future__ import annotations
 import torch
 
 _CHUNK = 256  # positions added per growth step
+KV_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a cache can store; bf16 is the default
 
 
 class KVCache:
-    """K/V of one token sequence for every layer, float32. Positions [0, length) are valid and belong to `tokens`.
+    """K/V of one token sequence for every layer, stored in `dtype` (bfloat16 by default: half of float32's bytes, as
+    llama.cpp's f16 cache; float32 for reference checks). Positions [0, length) are valid and belong to `tokens`.
+
+    Attention reads K/V as float32: a bf16 cache widens the layer being computed into one float32 scratch per device
+    (reused by every layer, so it costs one layer's float32 K/V, not the whole cache's).
 
     `devices` gives each layer's device (where its attention runs); default all on the CPU.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = _CHUNK,
-                 devices: list[torch.device] | None = None):
-        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int = _CHUNK,
+        devices: list[torch.device] | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
+        self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
         capacity = max(1, capacity)
-        self.k = [torch.empty(kv_heads, capacity, head_dim, device=d) for d in self.devices]  # L x [nkv, C, hd]
-        self.v = [torch.empty(kv_heads, capacity, head_dim, device=d) for d in self.devices]  # L x [nkv, C, hd]
+        self.k = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
+        self.v = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
         self.tokens: list[int] = []
+        self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> f32 [nkv, C, hd] x 2
+
+    def _buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.kv_heads, capacity, self.head_dim, device=device, dtype=self.dtype)  # [nkv, C, hd]
 
     @property
     def length(self) -> int:
@@ -39,7 +55,12 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.capacity * self.head_dim * 4
+        return kv_bytes(self.layers, self.kv_heads, self.head_dim, self.capacity, self.dtype)
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of the float32 scratch the attention reads a bf16 cache through (0 for a float32 cache)."""
+        return sum(k.nbytes + v.nbytes for k, v in self._scratch.values())
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` positions in total (grows every layer's buffers, keeping their contents)."""
@@ -48,16 +69,32 @@ class KVCache:
         new_cap = -(-positions // _CHUNK) * _CHUNK
         for bufs in (self.k, self.v):
             for i, old in enumerate(bufs):
-                new = torch.empty(self.kv_heads, new_cap, self.head_dim, device=old.device)  # [nkv, C', hd]
+                new = self._buffer(new_cap, old.device)  # [nkv, C', hd]
                 new[:, : self.length] = old[:, : self.length]
                 bufs[i] = new
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v ([nkv, T, hd]) after the committed positions; return K, V of [0, length+T)."""
+        """Write this step's k, v ([nkv, T, hd], rounded to the cache's dtype) after the committed positions; return K, V
+        of [0, length+T) in the cache's dtype."""
         start, end = self.length, self.length + k.shape[1]
         self.k[layer][:, start:end] = k
         self.v[layer][:, start:end] = v
-        return self.k[layer][:, :end], self.v[layer][:, :end]  # [nkv, S, hd], [nkv, S, hd]
+        if self.dtype == torch.float32:
+            return self.k[layer][:, :end], self.v[layer][:, :end]  # [nkv, S, hd], [nkv, S, hd]
+        return self._widened(layer, end)
+
+    def _widened(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of positions [0, end) of `layer` as float32, in the scratch of the layer's device."""
+        device = self.k[layer].device
+        ks, vs = self._scratch.get(device, (None, None))
+        if ks is None or ks.shape[1] < end:
+            shape = (self.kv_heads, self.capacity, self.head_dim)
+            ks, vs = torch.empty(shape, device=device), torch.empty(shape, device=device)  # [nkv, C, hd] x 2
+            self._scratch[device] = (ks, vs)
+        keys, values = ks[:, :end], vs[:, :end]  # [nkv, S, hd] float32 views
+        keys.copy_(self.k[layer][:, :end])
+        values.copy_(self.v[layer][:, :end])
+        return keys, values
 
     def commit(self, tokens: list[int]) -> None:
         """Mark the positions written by the last `append` of every layer as belonging to `tokens`."""
@@ -66,14 +103,24 @@ class KVCache:
     def truncate(self, length: int) -> None:
         del self.tokens[length:]
 
+    def release_scratch(self) -> None:
+        """Drop the float32 scratch (a cache kept for later, e.g. in the prefix cache, needs none until used)."""
+        self._scratch.clear()
+
     def copy_prefix(self, length: int) -> KVCache:
         """A new cache holding the first `length` positions of this one."""
-        out = KVCache(self.layers, self.kv_heads, self.head_dim, -(-max(length, 1) // _CHUNK) * _CHUNK, self.devices)
+        capacity = -(-max(length, 1) // _CHUNK) * _CHUNK
+        out = KVCache(self.layers, self.kv_heads, self.head_dim, capacity, self.devices, self.dtype)
         for dst, src in ((out.k, self.k), (out.v, self.v)):
             for i in range(self.layers):
                 dst[i][:, :length] = src[i][:, :length]
         out.tokens = self.tokens[:length]
         return out
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the K and V of `positions` positions in every layer (the fit estimate and RAM estimate use this too)."""
+    return 2 * layers * kv_heads * positions * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -118,6 +165,7 @@ class PrefixCache:
         return best.copy_prefix(best_n), best_n
 
     def release(self, cache: KVCache) -> None:
+        cache.release_scratch()  # a kept cache needs no float32 scratch until a request continues it
         if cache in self.entries:
             self.entries.remove(cache)
         if cache.length == 0:

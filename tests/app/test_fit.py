@@ -17,7 +17,7 @@ def info(tiny_gguf_model) -> dict:
 
 
 def test_kv_cache_bytes_of_a_real_model(info):
-    per_position = 2 * info["num_hidden_layers"] * info["num_key_value_heads"] * info["head_dim"] * 4  # K and V, f32
+    per_position = 2 * info["num_hidden_layers"] * info["num_key_value_heads"] * info["head_dim"] * 2  # K, V bf16
     assert kv_cache_bytes(info, 1000) == 1000 * per_position
 
 

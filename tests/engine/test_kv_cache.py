@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv_cache import KVCache, PrefixCache, common_prefix
+from engine.kv_cache import KVCache, PrefixCache, common_prefix, kv_bytes
 from hf_reference import engine_model, single_thread  # noqa: F401
 
 
@@ -27,6 +27,32 @@ def test_reserve_keeps_contents_and_copy_prefix():
     assert d.tokens == list(range(6)) and torch.equal(d.v[1][:, :6], c.v[1][:, :6])
     d.truncate(2)
     assert d.tokens == [0, 1] and c.length == 10
+
+
+def test_bf16_storage_halves_the_bytes_and_attention_reads_float32():
+    c32, c16 = KVCache(3, 2, 8, 300, dtype=torch.float32), KVCache(3, 2, 8, 300)
+    assert c16.dtype == torch.bfloat16 and c16.nbytes * 2 == c32.nbytes == kv_bytes(3, 2, 8, 300, torch.float32)
+    k, v = torch.randn(2, 5, 8), torch.randn(2, 5, 8)  # [nkv, T, hd]
+    keys, values = c16.append(1, k, v)
+    assert keys.dtype == values.dtype == torch.float32 and keys.shape == (2, 5, 8)
+    assert torch.equal(keys, k.bfloat16().float()) and torch.equal(values, v.bfloat16().float())
+    c16.commit([1, 2, 3, 4, 5])
+    keys, _ = c16.append(2, k[:, :1], v[:, :1])  # layer 2 shares the scratch; it reads its own positions
+    assert keys.shape == (2, 6, 8) and torch.equal(keys[:, 5], k[:, 0].bfloat16().float())
+    assert c16.scratch_bytes == 2 * 2 * 300 * 8 * 4  # one layer's float32 K and V, not the whole cache's
+    pc = PrefixCache(lambda n: KVCache(3, 2, 8, n), budget_bytes=1 << 30)
+    pc.release(c16)
+    assert c16.scratch_bytes == 0 and c16.copy_prefix(3).dtype == torch.bfloat16
+
+
+def test_decode_attention_equals_sdpa():
+    from engine.model import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 1, 16, generator=g)  # [nh, 1, hd]
+    keys, values = torch.randn(2, 2, 37, 16, generator=g)  # [nkv, S, hd] each
+    want = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], enable_gqa=True)
+    assert torch.allclose(decode_attention(q, keys, values), want[0, :, 0], atol=1e-6)
 
 
 def test_common_prefix():
