@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from engine.cli.remote_options import (add_remote_arguments, check_remote_arguments, print_partial_on_error,
+                                       remote_client)
 from engine.cli.run_options import (UsageError, add_load_arguments, add_sampling_arguments, check_load_arguments,
                                     load_session, sampling_params, stats_line)
 
@@ -12,7 +14,7 @@ HELP = "generate text from a prompt (raw text, or a chat message with --chat)"
 
 
 def add_arguments(p) -> None:
-    add_load_arguments(p)
+    add_load_arguments(p, model_optional=True)
     p.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt (tokenized as is unless --chat)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     p.add_argument("--system", default=None, metavar="TEXT", help="system message (with --chat)")
@@ -20,6 +22,7 @@ def add_arguments(p) -> None:
     add_sampling_arguments(p, max_tokens=256)
     p.add_argument("--json", action="store_true",
                    help='print one JSON object: {"text", "token_ids", "metrics"} (the continuation only)')
+    add_remote_arguments(p)
 
 
 def run(args) -> int:
@@ -27,6 +30,7 @@ def run(args) -> int:
 
     try:
         params = sampling_params(args)
+        check_remote_arguments(args)
         check_load_arguments(args)
         if args.system is not None and not args.chat:
             raise UsageError("--system", "needs --chat")
@@ -37,6 +41,8 @@ def run(args) -> int:
                 raise UsageError(flag, text_problem(value))
     except UsageError as e:
         return e.report()
+    if args.remote is not None:
+        return _run_remote(args, params)
     session = load_session(args)
     try:
         if args.chat:
@@ -54,9 +60,38 @@ def run(args) -> int:
                 sys.stdout.flush()
     finally:
         session.close()
+    return _report(args, done)
+
+
+def _report(args, done) -> int:
     if args.json:
         print(json.dumps({"text": done.text, "token_ids": done.token_ids, "metrics": done.metrics.as_dict()}))
     else:
         print()
         print(stats_line(done.metrics))
     return 0
+
+
+def _run_remote(args, params) -> int:
+    """The same answer through an OpenAI-compatible server: /v1/chat/completions with --chat, else /v1/completions."""
+    from engine.remote import RemoteError
+
+    with remote_client(args) as client:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
+            messages.append({"role": "user", "content": args.prompt})
+            events = client.chat(messages, params, enable_thinking=not args.no_thinking)
+        else:
+            events = client.complete(args.prompt, params)
+        done = None
+        try:
+            for event in events:
+                if hasattr(event, "metrics"):
+                    done = event
+                elif not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        except RemoteError as e:
+            print_partial_on_error(e)
+            raise
+    return _report(args, done)

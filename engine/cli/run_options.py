@@ -8,8 +8,12 @@ import sys
 from engine import backends
 
 
-def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
+def add_load_arguments(p: argparse.ArgumentParser, *, model_optional: bool = False) -> None:
+    if model_optional:  # commands that can also run on a remote server (--remote URL)
+        p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                       help="a .gguf file or a Hugging Face folder (or none, with --remote)")
+    else:
+        p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
     names = backends.names()
     p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
                    help=f"expert backend: {', '.join(names)} (default Auto: the best this CPU supports; "

@@ -67,3 +67,23 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serving_app(app):
+    """Any ASGI app (e.g. a scripted misbehaving server) under uvicorn on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    from engine.server.run import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30, "the scripted server")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
