@@ -227,9 +227,9 @@ class MainWindow(QMainWindow):
         self.model_panel.start_loading()
         self._loading = True
         self.statusBar().showMessage(f"Loading {Path(path).name}…")
-        self.worker.set_placement(self.settings.get("gpu/use"), self.settings.get("gpu/expert_cache"))
         self.worker.load(path, self.settings.get("model/backend"), self.settings.get("model/threads"),
-                         self.settings.get("model/context_length"))
+                         self.settings.get("model/context_length"), self.settings.get("gpu/use"),
+                         self.settings.get("gpu/expert_cache"))
 
     def open_demo(self) -> None:
         demo = paths.demo_model()
@@ -243,7 +243,8 @@ class MainWindow(QMainWindow):
         self.model_panel.start_loading()
         self._loading = True
         self.worker.make_test_model(str(out), self.settings.get("model/backend"), self.settings.get("model/threads"),
-                                    self.settings.get("model/context_length"))
+                                    self.settings.get("model/context_length"), self.settings.get("gpu/use"),
+                                    self.settings.get("gpu/expert_cache"))
 
     def on_state(self, state: ModelState) -> None:
         was_loading, self._loading = self._loading, False

@@ -12,9 +12,6 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-BACKENDS = ("Auto", "AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference", "Torch")
-
-
 def physical_cores() -> int:
     import psutil
 
@@ -29,6 +26,7 @@ class Setting:
     group: str
     help: str = ""
     choices: tuple = ()  # fixed choices (a combo box)
+    runtime_choices: bool = False  # a combo box whose choices the engine lists at run time (the worker's BackendList)
     minimum: float | None = None
     maximum: float | None = None
     reload: bool = False  # takes effect at the next model load
@@ -43,7 +41,7 @@ class Setting:
 TABLE: tuple[Setting, ...] = (
     Setting("model/backend", "Auto", "Expert backend", "Model",
             "CPU kernel for the routed experts. Changing it while a model is loaded repacks the experts and keeps the chat.",
-            choices=BACKENDS),
+            runtime_choices=True),
     Setting("model/threads", 0, "CPU threads", "Model", "0 means one per physical core.", minimum=0, maximum=1024,
             reload=True),
     Setting("model/context_length", 4096, "Context length", "Model", "Tokens of context (prompt + reply).",

@@ -1,27 +1,35 @@
-"""EngineWorker: the one object that owns the engine, on its own QThread.
+"""EngineWorker: the one object that owns the engine session, on its own QThread.
 
 The UI calls the public methods (`load`, `generate`, `set_backend`, `unload`, `inspect`, `make_test_model`,
-`query_backends`); each emits a private command signal that Qt queues into the worker thread, so the UI thread never runs
-an engine call, a file scan or a repack. Results come back on the signals below, with dataclass payloads from
-app/payloads.py. `stop()` and `cancel_load()` only set threading.Events, which is safe from any thread.
+`query_backends`); each queues one call into the worker thread through the single `_call` signal, so the UI thread
+never runs an engine call, a file scan or a repack. Results come back on the signals below, with dataclass payloads
+from app/payloads.py. `stop()` and `cancel_load()` only set threading.Events, which is safe from any thread.
 
-This is the only app module that may import the engine (lazily, inside the worker thread) or torch.
+One of the app's two doors to the engine (the other is the wizards' app/wizards/jobs.py): it imports engine.errors and
+engine.events (plain Python) at the top; the rest of the engine, and torch with it, is imported inside the worker
+thread when a model loads. `worker_error` is the one error path of both doors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.payloads import (BackendList, GenerationResult, LoadProgress, ModelState, ModelSummary, StepSample,
                           TokenChunk, WorkerError)
+from engine.errors import Cancelled, TesseraError
+from engine.events import DoneEvent, ProgressEvent, StepMetrics
+
+if TYPE_CHECKING:
+    from engine.session import Session
 
 CHUNK_SECONDS = 0.03  # batch streamed tokens: at most ~33 UI updates per second
 PROGRESS_SECONDS = 0.05
@@ -30,16 +38,17 @@ PROGRESS_SECONDS = 0.05
 class EngineApi:
     """The real engine, behind the few calls the worker makes (tests pass a fake with the same methods)."""
 
-    def load(self, path: str, *, backend: str, threads: int, context_length: int, progress, cancel,
-             gpu_use: str = "off", gpu_experts: int = 0):
+    def load(self, path: str, *, backend: str, threads: int | None, context_length: int | None, progress, cancel,
+             gpu_use: str = "off", gpu_experts: int = 0) -> Session:
+        """The engine clamps `context_length` to the model's trained context."""
         import engine
         from engine.hybrid import PlacementSettings
 
         placement = None
         if gpu_use in ("cuda", "twin"):  # "twin": the GPU half runs on the CPU with the same code path
-            placement = PlacementSettings(device="cuda", gpu_experts_per_layer=gpu_experts, twin=gpu_use == "twin")
+            placement = PlacementSettings(device="cuda", gpu_experts_per_layer=gpu_experts)
         return engine.load(path, backend=backend, threads=threads, context_length=context_length, progress=progress,
-                           cancel=cancel, placement=placement)
+                           cancel=cancel, placement=placement, twin=gpu_use == "twin")
 
     def inspect(self, path: str) -> dict:
         import engine
@@ -81,17 +90,16 @@ def _as_dict(obj: Any) -> dict:
     return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
 
 
-def _error(operation: str, exc: BaseException) -> WorkerError:
-    """User-fixable engine errors carry subject/message; anything else keeps its traceback for the details box."""
-    subject = getattr(exc, "subject", None)
-    if subject is not None:
-        return WorkerError(operation, str(subject), str(getattr(exc, "message", exc)))
+def worker_error(operation: str, exc: BaseException) -> WorkerError:
+    """The one error path of both worker doors (this worker and the wizards' Job): a cancellation is not an error;
+    user-fixable engine errors (TesseraError) keep their subject and message; anything else is an internal error that
+    keeps its traceback for the details box."""
+    if isinstance(exc, Cancelled):
+        return WorkerError(operation, "", f"{operation} cancelled", cancelled=True)
+    if isinstance(exc, TesseraError):
+        return WorkerError(operation, exc.subject, exc.message)
     detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return WorkerError(operation, type(exc).__name__, str(exc) or type(exc).__name__, detail)
-
-
-def _is_cancelled(exc: BaseException) -> bool:
-    return any(cls.__name__ == "Cancelled" for cls in type(exc).__mro__)
+    return WorkerError(operation, f"internal error ({type(exc).__name__})", str(exc) or type(exc).__name__, detail)
 
 
 class EngineWorker(QObject):
@@ -103,23 +111,14 @@ class EngineWorker(QObject):
     inspected = Signal(object)  # ModelSummary
     backends = Signal(object)  # BackendList
 
-    # private command signals, queued into the worker thread
-    _load_cmd = Signal(str, str, int, int, object)
-    _generate_cmd = Signal(int, object, object, bool)
-    _backend_cmd = Signal(str)
-    _unload_cmd = Signal()
-    _inspect_cmd = Signal(str)
-    _make_cmd = Signal(str, str, int, int, object)
-    _backends_cmd = Signal()
+    # the one command signal: a call (functools.partial of a _do_* method) queued into the worker thread
+    _call = Signal(object)
 
     def __init__(self, api: Any | None = None):
         super().__init__()
         self._api = api if api is not None else EngineApi()
-        self._session = None
+        self._session: Session | None = None
         self._path = ""
-        self._threads = 0
-        self._context_length = 0
-        self._placement = ("off", 0)  # (GPU use, experts per layer) for the next load; see set_placement
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}  # request id -> stop flag
@@ -127,13 +126,7 @@ class EngineWorker(QObject):
         self._thread = QThread()
         self._thread.setObjectName("tessera-engine")
         self.moveToThread(self._thread)
-        self._load_cmd.connect(self._do_load)
-        self._generate_cmd.connect(self._do_generate)
-        self._backend_cmd.connect(self._do_set_backend)
-        self._unload_cmd.connect(self._do_unload)
-        self._inspect_cmd.connect(self._do_inspect)
-        self._make_cmd.connect(self._do_make)
-        self._backends_cmd.connect(self._do_query_backends)
+        self._call.connect(self._run)  # queued: this object lives in the worker thread
 
     # ---- lifecycle (UI thread)
     def start(self) -> None:
@@ -146,7 +139,7 @@ class EngineWorker(QObject):
         self._thread.quit()
         self._thread.wait(timeout_ms)
         if self._session is not None and not self._thread.isRunning():
-            _close(self._session)
+            self._session.close()
             self._session = None
 
     @property
@@ -154,13 +147,17 @@ class EngineWorker(QObject):
         return self._thread
 
     # ---- commands (any thread; they return at once)
-    def set_placement(self, gpu_use: str, gpu_experts: int) -> None:
-        """GPU use ("off", "cuda", "twin") and hot-expert cache size for the next load (set before calling load)."""
-        self._placement = (str(gpu_use), int(gpu_experts))
+    def _queue(self, method, *args) -> None:
+        self._call.emit(functools.partial(method, *args))
 
-    def load(self, path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0) -> None:
+    def load(self, path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
+             gpu_use: str = "off", gpu_experts: int = 0) -> None:
+        """Load a model (the loaded one goes first). threads 0: one per physical core; context_length 0: the model's
+        own, and a larger wish is clamped to it by the engine. gpu_use "off", "cuda" or "twin" (the GPU half on the
+        CPU), with `gpu_experts` experts per layer in the hot-expert cache."""
         self._load_cancel = threading.Event()
-        self._load_cmd.emit(str(path), backend, int(threads), int(context_length), self._load_cancel)
+        self._queue(self._do_load, str(path), str(backend), int(threads), int(context_length), str(gpu_use),
+                    int(gpu_experts), self._load_cancel)
 
     def cancel_load(self) -> None:
         self._load_cancel.set()
@@ -170,7 +167,7 @@ class EngineWorker(QObject):
         request_id = next(self._ids)
         with self._lock:
             self._cancels[request_id] = threading.Event()
-        self._generate_cmd.emit(request_id, [dict(m) for m in messages], dict(params), bool(enable_thinking))
+        self._queue(self._do_generate, request_id, [dict(m) for m in messages], dict(params), bool(enable_thinking))
         return request_id
 
     def stop(self) -> None:
@@ -180,34 +177,37 @@ class EngineWorker(QObject):
                 event.set()
 
     def set_backend(self, name: str) -> None:
-        self._backend_cmd.emit(name)
+        self._queue(self._do_set_backend, str(name))
 
     def unload(self) -> None:
-        self._unload_cmd.emit()
+        self._queue(self._do_unload)
 
     def inspect(self, path: str) -> None:
-        self._inspect_cmd.emit(str(path))
+        self._queue(self._do_inspect, str(path))
 
-    def make_test_model(self, out_path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0) -> None:
-        """Write a small random-weight model (engine make-model) to out_path, then load it."""
+    def make_test_model(self, out_path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
+                        gpu_use: str = "off", gpu_experts: int = 0) -> None:
+        """Write a small random-weight model (engine make-model) to out_path, then load it as `load` does."""
         self._load_cancel = threading.Event()
-        self._make_cmd.emit(str(out_path), backend, int(threads), int(context_length), self._load_cancel)
+        self._queue(self._do_make, str(out_path), str(backend), int(threads), int(context_length), str(gpu_use),
+                    int(gpu_experts), self._load_cancel)
 
     def query_backends(self) -> None:
-        self._backends_cmd.emit()
+        self._queue(self._do_query_backends)
 
-    # ---- slots (worker thread)
+    # ---- the worker thread
+    @Slot(object)
+    def _run(self, call) -> None:
+        call()
+
     def _progress_cb(self, operation: str):
         last = [0.0, None]  # time and stage of the last emitted event
 
-        def report(event) -> None:
+        def report(event: ProgressEvent) -> None:
             now = time.monotonic()
-            done, total = int(getattr(event, "done", 0)), int(getattr(event, "total", 0))
-            stage = str(getattr(event, "stage", ""))
-            if now - last[0] >= PROGRESS_SECONDS or done >= total or stage != last[1]:
-                last[0], last[1] = now, stage
-                self.progress.emit(LoadProgress(operation, str(getattr(event, "stage", "")), done, total,
-                                                str(getattr(event, "detail", ""))))
+            if now - last[0] >= PROGRESS_SECONDS or event.done >= event.total or event.stage != last[1]:
+                last[0], last[1] = now, event.stage
+                self.progress.emit(LoadProgress(operation, event.stage, event.done, event.total, event.detail))
 
         return report
 
@@ -215,28 +215,20 @@ class EngineWorker(QObject):
         s = self._session
         if s is None:
             return ModelState(False)
-        info = _as_dict(getattr(s, "info", None))
-        config = getattr(s, "config", None)
-        ctx = self._context_length or int(getattr(config, "max_position_embeddings", 0) or 0)
-        ctx = int(getattr(s, "context_length", 0) or ctx)
-        return ModelState(True, self._path, Path(self._path).name, str(getattr(s, "backend_name", "")),
-                          str(getattr(s, "backend_reason", "")), str(getattr(s, "device", "cpu")),
-                          int(getattr(s, "threads", 0) or self._threads), ctx, info)
+        return ModelState(True, self._path, Path(self._path).name, s.backend_name, s.backend_reason, s.device,
+                          int(s.threads or 0), s.context_length, _as_dict(s.info))
 
-    @Slot(str, str, int, int, object)
-    def _do_load(self, path: str, backend: str, threads: int, context_length: int, cancel: threading.Event) -> None:
+    def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
+                 cancel: threading.Event) -> None:
         if self._session is not None:  # one model at a time: the old one goes first
             session, self._session = self._session, None
             try:
-                _close(session)
+                session.close()
             except Exception as exc:  # noqa: BLE001 - report it, and load the new model anyway
-                self.failed.emit(_error("unload", exc))
+                self.failed.emit(worker_error("unload", exc))
         try:
             if cancel.is_set():
-                raise _LoadCancelled()
-            context_length = self._clamp_context(path, context_length)
-            self._threads, self._context_length = threads, context_length
-            gpu_use, gpu_experts = self._placement
+                raise Cancelled()
             self._session = self._api.load(path, backend=backend, threads=threads or None,
                                            context_length=context_length or None,
                                            progress=self._progress_cb("load"), cancel=cancel,
@@ -244,36 +236,21 @@ class EngineWorker(QObject):
             self._path = path
         except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             self._session = None
-            if _is_cancelled(exc):
-                self.failed.emit(WorkerError("load", path, "loading cancelled", cancelled=True))
-            else:
-                self.failed.emit(_error("load", exc))
+            error = worker_error("load", exc)
+            self.failed.emit(dataclasses.replace(error, subject=path) if error.cancelled else error)
             self.state_changed.emit(ModelState(False))
             return
         self.state_changed.emit(self._state())
 
-    def _clamp_context(self, path: str, wanted: int) -> int:
-        """The setting is a wish: a model with a shorter trained context gets its own limit."""
-        if wanted <= 0:
-            return 0
-        try:
-            info = self._api.inspect(path)
-        except Exception:  # noqa: BLE001 - the load itself will report what is wrong with the file
-            return wanted
-        limit = int(info.get("context_length") or info.get("max_position_embeddings") or 0)
-        return min(wanted, limit) if limit > 0 else wanted
-
-    @Slot(str, str, int, int, object)
-    def _do_make(self, out_path: str, backend: str, threads: int, context_length: int,
-                 cancel: threading.Event) -> None:
+    def _do_make(self, out_path: str, backend: str, threads: int, context_length: int, gpu_use: str,
+                 gpu_experts: int, cancel: threading.Event) -> None:
         try:
             made = self._api.make_test_model(out_path, self._progress_cb("make"))
         except Exception as exc:  # noqa: BLE001
-            self.failed.emit(_error("make", exc))
+            self.failed.emit(worker_error("make", exc))
             return
-        self._do_load(str(made), backend, threads, context_length, cancel)
+        self._do_load(str(made), backend, threads, context_length, gpu_use, gpu_experts, cancel)
 
-    @Slot(int, object, object, bool)
     def _do_generate(self, request_id: int, messages: list, params: dict, enable_thinking: bool) -> None:
         with self._lock:
             cancel = self._cancels.get(request_id) or threading.Event()
@@ -284,9 +261,9 @@ class EngineWorker(QObject):
         last_emit = [0.0]
         t_last = [0.0]
 
-        def on_step(m) -> None:
-            steps.append(StepSample(m.phase, int(m.tokens), float(m.seconds), int(getattr(m, "expert_pairs", 0)),
-                                    int(getattr(m, "expert_pairs_on_gpu", 0)), int(getattr(m, "expert_bytes", 0))))
+        def on_step(m: StepMetrics) -> None:
+            steps.append(StepSample(m.phase, m.tokens, m.seconds, m.expert_pairs, m.expert_pairs_on_gpu,
+                                    m.expert_bytes))
 
         def flush() -> None:
             if not pending and not steps:
@@ -300,12 +277,12 @@ class EngineWorker(QObject):
 
         try:
             if self._session is None:
-                raise _NoModel()
+                raise TesseraError("model", "no model is loaded: open one first")
             sampling = self._api.sampling_params(params)
             done = None
             for event in self._session.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel,
                                             on_step=on_step):
-                if hasattr(event, "metrics"):  # DoneEvent
+                if isinstance(event, DoneEvent):
                     done = event
                     break
                 text.append(event.text)
@@ -325,11 +302,11 @@ class EngineWorker(QObject):
             self.finished.emit(GenerationResult(request_id, result_text, metrics))
         except Exception as exc:  # noqa: BLE001
             flush()
-            if _is_cancelled(exc):
+            err = worker_error("generate", exc)
+            if err.cancelled:
                 self.finished.emit(GenerationResult(request_id, "".join(text),
                                                     {"generated_tokens": count[0], "stop_reason": "cancelled"}))
             else:
-                err = _error("generate", exc)
                 self.failed.emit(err)
                 self.finished.emit(GenerationResult(request_id, "".join(text),
                                                     {"generated_tokens": count[0], "stop_reason": "error"}, err.text))
@@ -337,62 +314,33 @@ class EngineWorker(QObject):
             with self._lock:
                 self._cancels.pop(request_id, None)
 
-    @Slot(str)
     def _do_set_backend(self, name: str) -> None:
         if self._session is None:
             return  # applied at the next load
         try:
             self._session.set_backend(name, progress=self._progress_cb("repack"))
         except Exception as exc:  # noqa: BLE001
-            self.failed.emit(_error("backend", exc))
+            self.failed.emit(worker_error("backend", exc))
         self.state_changed.emit(self._state())
 
-    @Slot()
     def _do_unload(self) -> None:
         if self._session is not None:
             try:
-                _close(self._session)
+                self._session.close()
             except Exception as exc:  # noqa: BLE001
-                self.failed.emit(_error("unload", exc))
+                self.failed.emit(worker_error("unload", exc))
             self._session = None
             self._path = ""
         self.state_changed.emit(ModelState(False))
 
-    @Slot(str)
     def _do_inspect(self, path: str) -> None:
         try:
             self.inspected.emit(ModelSummary(path, self._api.inspect(path)))
         except Exception as exc:  # noqa: BLE001
-            self.failed.emit(_error("inspect", exc))
+            self.failed.emit(worker_error("inspect", exc))
 
-    @Slot()
     def _do_query_backends(self) -> None:
         try:
             self.backends.emit(self._api.backend_status())
-        except Exception as exc:  # noqa: BLE001 - no native module yet: say so, keep the pure-torch path
-            reason = f"native kernels unavailable ({type(exc).__name__}: {exc})"
-            status = {"Auto": (True, ""), "Torch": (True, "pure PyTorch experts")}
-            for name in ("AMXInt8", "AMXBF16", "AVX512", "AVX512Int8", "AVX2", "Reference"):
-                status[name] = (False, reason)
-            self.backends.emit(BackendList(status, "Torch", reason))
-
-
-class _LoadCancelled(Exception):
-    """Raised when a load was cancelled before it started (name matches the engine's Cancelled check)."""
-
-
-_LoadCancelled.__name__ = "Cancelled"
-
-
-class _NoModel(Exception):
-    subject = "model"
-    message = "no model is loaded: open one first"
-
-    def __str__(self) -> str:
-        return self.message
-
-
-def _close(session) -> None:
-    close = getattr(session, "close", None)
-    if close is not None:
-        close()
+        except Exception as exc:  # noqa: BLE001 - reported like any failure; the thread survives
+            self.failed.emit(worker_error("backends", exc))

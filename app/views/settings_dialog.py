@@ -86,7 +86,7 @@ class SettingsDialog(QDialog):
         self.buttons = buttons
 
     def _editor(self, spec: Setting) -> QWidget:
-        if spec.choices:
+        if spec.choices or spec.runtime_choices:
             w = QComboBox()
             w.addItems([str(c) for c in spec.choices])
             return w
@@ -111,7 +111,9 @@ class SettingsDialog(QDialog):
     def _show(self, key: str, value: Any) -> None:
         w = self.editors[key]
         if isinstance(w, QComboBox):
-            w.setCurrentIndex(max(0, w.findText(str(value))))
+            if w.findText(str(value)) < 0:  # a run-time choice (backend) before the worker listed them
+                w.addItem(str(value))
+            w.setCurrentIndex(w.findText(str(value)))
         elif isinstance(w, QCheckBox):
             w.setChecked(bool(value))
         elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
@@ -133,7 +135,12 @@ class SettingsDialog(QDialog):
         self._show(key, value)
 
     def set_backends(self, backends: BackendList) -> None:
+        """The backend choices as the worker lists them (the one backend list), unavailable ones disabled."""
         combo: QComboBox = self.editors[BACKEND_KEY]
+        current = combo.currentText()
+        combo.clear()
+        combo.addItems(list(backends.status))
+        self._show(BACKEND_KEY, current or self.settings.get(BACKEND_KEY))  # kept even when this build lacks it
         model = combo.model()
         for i in range(combo.count()):
             name = combo.itemText(i)

@@ -1,20 +1,23 @@
 """Engine work for the wizards, each call on its own QThread: the wizards' only door to the engine.
 
 A `Job` runs `fn(progress, cancel)` in a QThread and reports back through queued signals, so the UI thread only draws.
-The engine (and through it torch) is imported lazily inside the job functions below, in the job's thread; no wizard
-view imports the engine. `cancel()` sets a threading.Event the engine checks between steps.
+The engine's heavy parts (and torch with them) are imported inside the job functions below, in the job's thread; no
+wizard view imports the engine. `cancel()` sets a threading.Event the engine checks between steps. Errors take the
+chat worker's path (app.worker.worker_error).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QThread, Signal
+
+from app.worker import worker_error
+from engine.events import ProgressEvent
 
 
 class Job(QThread):
@@ -34,19 +37,17 @@ class Job(QThread):
         self._cancel.set()
 
     def run(self) -> None:  # in the job's thread
-        from engine.errors import Cancelled, TesseraError
-
-        def progress(ev) -> None:
-            self.progressed.emit(int(ev.done), int(ev.total), str(ev.stage), str(ev.detail))
+        def progress(ev: ProgressEvent) -> None:
+            self.progressed.emit(ev.done, ev.total, ev.stage, ev.detail)
 
         try:
             result = self._fn(progress, self._cancel)
-        except Cancelled:
-            self.cancelled.emit()
-        except TesseraError as e:
-            self.failed.emit(e.subject, e.message)
         except Exception as e:  # noqa: BLE001 - shown in the wizard instead of killing the app
-            self.failed.emit(f"internal error ({type(e).__name__})", f"{e}\n\n{traceback.format_exc()}")
+            error = worker_error("job", e)  # the chat worker's error path too
+            if error.cancelled:
+                self.cancelled.emit()
+            else:
+                self.failed.emit(error.subject, f"{error.message}\n\n{error.detail}" if error.detail else error.message)
         else:
             if self._cancel.is_set():
                 self.cancelled.emit()

@@ -24,7 +24,8 @@ class FakeSession:
         self.backend_name = "AVX512" if backend == "Auto" else backend
         self.backend_reason = "best available on this CPU" if backend == "Auto" else "as asked"
         self.threads = threads or 2
-        self.context_length = context_length or 2048
+        self.context_length = min(context_length or 2048, 2048)  # the engine clamps to the model's own context
+        self.device = "cpu"
         self.info = {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8}
         self.token_delay = token_delay
         self.calls: list[dict] = []  # every chat request: messages, params, enable_thinking, backend

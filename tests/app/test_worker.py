@@ -28,8 +28,8 @@ def test_load_runs_on_the_worker_thread_and_reports_progress(qtbot, worker, fake
 
 def test_the_gpu_placement_setting_reaches_the_engine_on_each_load(qtbot, worker, fake_api):
     load(qtbot, worker)
-    worker.set_placement("twin", 2)
-    load(qtbot, worker)
+    with qtbot.waitSignal(worker.state_changed, timeout=5000):
+        worker.load("/models/good.gguf", "Auto", 2, 1024, "twin", 2)
     assert fake_api.placements_seen == [("off", 0), ("twin", 2)]
 
 
@@ -85,7 +85,7 @@ def test_generate_error_is_reported(qtbot, worker, fake_api):
 def test_generate_without_model_fails_cleanly(qtbot, worker):
     with qtbot.waitSignal(worker.failed, timeout=5000) as sig:
         worker.generate([{"role": "user", "content": "x"}], PARAMS, True)
-    assert "no model is loaded" in sig.args[0].message
+    assert sig.args[0].subject == "model" and "no model is loaded" in sig.args[0].message
 
 
 def test_cancel_load(qtbot, worker, fake_api):
@@ -96,7 +96,8 @@ def test_cancel_load(qtbot, worker, fake_api):
         worker.load("/models/slow.gguf")
         qtbot.wait(100)
         worker.cancel_load()
-    assert not sig.args[0].loaded and "cancelled" in errors[0].message
+    assert not sig.args[0].loaded and errors[0].cancelled and "cancelled" in errors[0].message
+    assert errors[0].subject == "/models/slow.gguf"
 
 
 def test_switch_backend_keeps_the_session(qtbot, worker, fake_api):

@@ -1,13 +1,18 @@
-"""The layer borders of DESIGN.md §2, checked on every import statement (top level or inside functions).
+"""The layer borders of DESIGN.md §2, in one place: checked on every import statement (top level or inside functions),
+and at run time for what an import pulls in.
 
 - engine/ never imports Qt, pyqtgraph, the app, or transformers (the test oracle is never a runtime dependency).
-- app/ reaches torch and the engine only through its workers: app/worker.py (the chat engine) and app/wizards/jobs.py
-  (the wizards' background jobs), plus the wizards' screenshot driver. Views, widgets and dialogs only emit and receive
-  signals.
-- Only engine/native.py imports the compiled module engine._native.
+- app/ reaches the engine and torch only through its two worker doors: app/worker.py (the chat engine) and
+  app/wizards/jobs.py (the wizards' background jobs), plus the wizards' screenshot driver. Views, widgets and dialogs
+  only emit and receive signals, and never mention the engine.
+- No torch before a model loads: importing the window, the worker, the app's entry point or the wizards, and opening
+  the wizards, imports no torch (the workers may import the engine's plain modules, engine.errors and engine.events).
+- Only engine/native.py and engine/backends.py (the backend list) import the compiled module engine._native.
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # app/wizards/__main__.py is the screenshot driver (not part of the running app): it makes a model with make-model first.
 APP_WORKERS = {"app/worker.py", "app/wizards/jobs.py", "app/wizards/__main__.py"}
+NATIVE_IMPORTERS = {"engine/native.py", "engine/backends.py"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -59,6 +65,34 @@ def test_app_reaches_torch_and_engine_only_through_its_workers():
     assert violations("app", ("torch", "engine", "numpy"), APP_WORKERS) == []
 
 
+def test_no_wizard_module_imports_torch():
+    assert violations("app/wizards", ("torch",)) == []
+
+
+def test_views_never_mention_the_engine():
+    hits = [p.name for p in (ROOT / "app" / "views").rglob("*.py") if "engine" in p.read_text(encoding="utf-8")]
+    assert hits == []
+
+
 @pytest.mark.parametrize("folder", ["engine", "app"])
-def test_only_engine_native_imports_the_compiled_module(folder):
-    assert violations(folder, ("engine._native",), {"engine/native.py"}) == []
+def test_only_native_and_the_backend_list_import_the_compiled_module(folder):
+    assert violations(folder, ("engine._native",), NATIVE_IMPORTERS) == []
+
+
+def _imports_torch(code: str) -> str:
+    code = "import sys\n" + code + "\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={"QT_QPA_PLATFORM": "offscreen", "PATH": "/usr/bin:/bin"})
+    return out.stdout.strip() or out.stderr
+
+
+def test_no_torch_before_a_model_loads():
+    assert _imports_torch("import app.main_window, app.worker, app.__main__, app.wizards.jobs") == "False"
+
+
+def test_opening_the_wizards_imports_no_torch():
+    code = ("from PySide6.QtWidgets import QApplication\napp = QApplication([])\n"
+            "from app.wizards.hardware_wizard import HardwareWizard\n"
+            "from app.wizards.convert_wizard import ConvertWizard\n"
+            "h, c = HardwareWizard(), ConvertWizard()")
+    assert _imports_torch(code) == "False"
