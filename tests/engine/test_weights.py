@@ -273,3 +273,23 @@ def test_split_gguf(tmp_path):
     with pytest.raises(ModelFormatError, match="split part 3 of 3 is missing") as e:
         load_weights(parts[0])
     assert e.value.subject.endswith("m-00003-of-00003.gguf")
+
+
+@pytest.mark.parametrize("which", ["gguf", "hf"])
+def test_a_load_reads_each_header_once(which, tiny_gguf_model, tiny_hf_model, monkeypatch):
+    """engine.load opens the model once (open_model): inspect, weights and tokenizer share the parsed header."""
+    import engine
+    from engine import gguf_reader, safetensors_reader
+
+    opened = []
+    if which == "gguf":
+        real = gguf_reader._Parser.parse
+        monkeypatch.setattr(gguf_reader._Parser, "parse", lambda self: opened.append(self.source) or real(self))
+    else:
+        real_init = safetensors_reader.HFCheckpoint.__init__
+        monkeypatch.setattr(safetensors_reader.HFCheckpoint, "__init__",
+                            lambda self, folder: opened.append(str(folder)) or real_init(self, folder))
+    path = tiny_gguf_model if which == "gguf" else tiny_hf_model
+    session = engine.load(path, backend="Torch")
+    session.close()
+    assert opened == [str(path)]
