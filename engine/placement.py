@@ -17,10 +17,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from engine.backends import check_name
 from engine.errors import TesseraError
+from engine.rules_safety import compile_name_pattern, parse_yaml, read_rules_text
 
 # Part kinds and the replacement classes accepted for each: Tessera's own name first, then KTransformers' aliases.
 _CLASS_ALIASES: dict[str, tuple[str, ...]] = {
@@ -238,22 +237,11 @@ class _Rule:
 
 def load_rules(path: str | Path) -> list[_Rule]:
     """Parse and validate a rules file; every error names the file and the rule."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TesseraError(str(path), f"cannot read placement rules: {e.strerror or e}") from None
-    return parse_rules(text, str(path))
+    return parse_rules(read_rules_text(path), str(path))  # size-capped, UTF-8, regular file (engine/rules_safety.py)
 
 
 def parse_rules(text: str, source: str = "<rules>") -> list[_Rule]:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise TesseraError(source, f"not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    data, root = parse_yaml(text, source)  # once, no aliases, bounded depth
     if data is None:
         raise TesseraError(source, "no rules: the file is empty")
     if not isinstance(data, list):
@@ -274,10 +262,7 @@ def parse_rules(text: str, source: str = "<rules>") -> list[_Rule]:
         _no_unknown(replace, _REPLACE_KEYS, where + " replace")
         name_re = None
         if "name" in match:
-            try:
-                name_re = re.compile(str(match["name"]))
-            except re.error as e:
-                raise TesseraError(where, f"match.name is not a valid regular expression: {e}") from None
+            name_re = compile_name_pattern(match["name"], where)  # RE2: linear time
         match_kind = None
         if "class" in match:
             match_kind = _MATCH_CLASSES.get(str(match["class"]))
