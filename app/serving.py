@@ -11,9 +11,21 @@ import queue
 import secrets
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class ServeState:
+    """What the "Serve this model" panel shows (the worker's `serving` signal)."""
+
+    running: bool
+    url: str = ""
+    api_key: str = ""  # shown to the user to copy; never stored, logged or exported
+    model: str = ""
+    error: str = ""
 
 
 def new_api_key() -> str:
@@ -44,6 +56,13 @@ class LocalServer:
 
     @property
     def url(self) -> str:
+        """The base URL to give clients (this machine's name when serving on every address)."""
+        if self._server.host in ("0.0.0.0", "::"):
+            import socket
+
+            from engine.server.run import base_url
+
+            return base_url(socket.gethostname(), self._server.port)
         return self._server.url
 
     def stop(self) -> None:

@@ -110,6 +110,7 @@ class EngineWorker(QObject):
     failed = Signal(object)  # WorkerError
     inspected = Signal(object)  # ModelSummary
     backends = Signal(object)  # BackendList
+    serving = Signal(object)  # app.serving.ServeState
 
     # the one command signal: a call (functools.partial of a _do_* method) queued into the worker thread
     _call = Signal(object)
@@ -118,6 +119,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._api = api if api is not None else EngineApi()
         self._session: Session | None = None
+        self._server = None  # app.serving.LocalServer while "Serve this model" is on; the chat then goes through it
         self._path = ""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -139,6 +141,7 @@ class EngineWorker(QObject):
         self._thread.quit()
         self._thread.wait(timeout_ms)
         if self._session is not None and not self._thread.isRunning():
+            self._stop_serving()
             self._session.close()
             self._session = None
 
@@ -178,6 +181,11 @@ class EngineWorker(QObject):
 
     def set_backend(self, name: str) -> None:
         self._queue(self._do_set_backend, str(name))
+
+    def serve(self, on: bool, *, network: bool = False, port: int = 8080) -> None:
+        """Serve the loaded model over the OpenAI API (on 127.0.0.1, or every address when `network`), with a fresh
+        random API key; or stop serving. The result comes on `serving`."""
+        self._queue(self._do_serve, bool(on), bool(network), int(port))
 
     def unload(self) -> None:
         self._queue(self._do_unload)
@@ -220,6 +228,7 @@ class EngineWorker(QObject):
 
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
                  cancel: threading.Event) -> None:
+        self._stop_serving()
         if self._session is not None:  # one model at a time: the old one goes first
             session, self._session = self._session, None
             try:
@@ -280,8 +289,8 @@ class EngineWorker(QObject):
                 raise TesseraError("model", "no model is loaded: open one first")
             sampling = self._api.sampling_params(params)
             done = None
-            for event in self._session.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel,
-                                            on_step=on_step):
+            chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
+            for event in chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel, on_step=on_step):
                 if isinstance(event, DoneEvent):
                     done = event
                     break
@@ -318,12 +327,17 @@ class EngineWorker(QObject):
         if self._session is None:
             return  # applied at the next load
         try:
-            self._session.set_backend(name, progress=self._progress_cb("repack"))
+            progress = self._progress_cb("repack")
+            if self._server is not None:  # between the server's requests, not under one
+                self._server.call(lambda session: session.set_backend(name, progress=progress))
+            else:
+                self._session.set_backend(name, progress=progress)
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("backend", exc))
         self.state_changed.emit(self._state())
 
     def _do_unload(self) -> None:
+        self._stop_serving()
         if self._session is not None:
             try:
                 self._session.close()
@@ -332,6 +346,39 @@ class EngineWorker(QObject):
             self._session = None
             self._path = ""
         self.state_changed.emit(ModelState(False))
+
+    def _do_serve(self, on: bool, network: bool, port: int) -> None:
+        from app.serving import ServeState
+
+        self._stop_serving()
+        if not on:
+            return
+        if self._session is None:
+            self.serving.emit(ServeState(False, error="no model is loaded: open one first"))
+            return
+        try:
+            from app.serving import LocalServer, new_api_key
+
+            self._server = LocalServer(self._session, model_path=self._path, port=port, api_key=new_api_key(),
+                                       host="0.0.0.0" if network else "127.0.0.1")
+        except Exception as exc:  # noqa: BLE001 - e.g. the port is taken: said in the panel
+            err = worker_error("serve", exc)
+            self.serving.emit(ServeState(False, error=f"{err.subject}: {err.message}" if err.subject else err.message))
+            return
+        s = self._server
+        self.serving.emit(ServeState(True, s.url, s.api_key or "", s.model_name))
+
+    def _stop_serving(self) -> None:
+        if self._server is None:
+            return
+        from app.serving import ServeState
+
+        server, self._server = self._server, None
+        try:
+            server.stop()
+        except Exception as exc:  # noqa: BLE001
+            self.failed.emit(worker_error("serve", exc))
+        self.serving.emit(ServeState(False))
 
     def _do_inspect(self, path: str) -> None:
         try:
