@@ -405,3 +405,20 @@ def _gguf_scalar(v: Any, kind: type, key: str, source: str) -> Any:
             f32 = np.float32(v)
             return float(np.format_float_positional(f32, unique=True)) if float(f32) == v else float(v)
     raise ModelFormatError(source, f"key {key}: expected {kind.__name__}, got {v!r}")
+
+
+def _published(name: str, **sizes: int) -> ModelConfig:
+    common = {"architectures": [HF_ARCHITECTURE], "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+              "num_experts_per_tok": 8, "norm_topk_prob": True, "vocab_size": 151936, "rms_norm_eps": 1e-06,
+              "rope_theta": 1000000.0, "max_position_embeddings": 40960, "bos_token_id": 151643, "eos_token_id": 151645}
+    return ModelConfig.from_hf_dict({**common, **sizes}, name)
+
+
+# The published config.json values of the Qwen3-MoE checkpoints (every layer MoE, no shared experts; `source` is the
+# model's name): the hardware check's --preset, make-model's qwen3-30b-a3b preset and bench-moe's layer shapes.
+PUBLISHED: dict[str, ModelConfig] = {
+    "qwen3-30b-a3b": _published("Qwen3-30B-A3B", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                                moe_intermediate_size=768, intermediate_size=6144),
+    "qwen3-235b-a22b": _published("Qwen3-235B-A22B", hidden_size=4096, num_hidden_layers=94, num_attention_heads=64,
+                                  moe_intermediate_size=1536, intermediate_size=12288),
+}  # fmt: skip

@@ -24,12 +24,16 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint_layout import gguf_tensors, hf_shapes
-from engine.config import ModelConfig
+from engine.config import PUBLISHED, ModelConfig
 from engine.errors import TesseraError
 from engine.events import ProgressEvent
 from engine.tokenizer_build import BuiltTokenizer, build_tokenizer
 
 TOKENIZER_BPE_SIZE = 400  # trained tokens (bytes + merges) of the make-model tokenizer
+# The config.json keys a preset sets over hf_config's defaults.
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok", "vocab_size",
+               "max_position_embeddings", "rope_theta")
 
 PRESETS: dict[str, dict] = {
     # Small, deliberately not powers of two; rows multiples of 32 so Q8_0 applies to every matrix.
@@ -63,21 +67,8 @@ PRESETS: dict[str, dict] = {
         "max_position_embeddings": 1024,
         "rope_theta": 1000000.0,
     },
-    # Shapes of the published Qwen3-30B-A3B (reference/qwen3-moe-configs.json); use --layers to keep it small.
-    "qwen3-30b-a3b": {
-        "hidden_size": 2048,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "vocab_size": 151936,
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000.0,
-    },
+    # The published Qwen3-30B-A3B's shapes (engine.config.PUBLISHED); use --layers to keep it small.
+    "qwen3-30b-a3b": {k: v for k, v in PUBLISHED["qwen3-30b-a3b"].to_hf_dict().items() if k in _SHAPE_KEYS},
 }
 
 DTYPES = {"f32": ("float32", torch.float32, "F32"), "bf16": ("bfloat16", torch.bfloat16, "BF16")}

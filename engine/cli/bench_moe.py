@@ -9,12 +9,13 @@ timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per tok
 
 from __future__ import annotations
 
+from engine.config import PUBLISHED
+
 HELP = "benchmark the CPU MoE kernels on one real Qwen3-MoE layer shape (random weights)"
 
-SHAPES = {  # E, H, I, k: published config.json values
-    "qwen3-30b-a3b": (128, 2048, 768, 8),
-    "qwen3-235b-a22b": (128, 4096, 1536, 8),
-    "tiny": (16, 64, 32, 4),  # for tests of the command itself
+SHAPES = {  # E, H, I, k: the published configs' values, and a tiny one for tests of the command itself
+    **{n: (c.num_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok) for n, c in PUBLISHED.items()},
+    "tiny": (16, 64, 32, 4),
 }
 
 

@@ -10,10 +10,12 @@ HELP = "validate this machine: CPU flags, AMX, memory bandwidth, GPUs, backends,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.config import PUBLISHED
+
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of Markdown")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--model", metavar="PATH", help="a GGUF file or Hugging Face folder to estimate fit and speed for")
-    target.add_argument("--preset", choices=["qwen3-30b-a3b", "qwen3-235b-a22b"],
+    target.add_argument("--preset", choices=list(PUBLISHED),
                         help="estimate fit and speed for a published Qwen3-MoE model")
     p.add_argument("--seconds", type=float, default=None,
                    help="length of the multi-threaded bandwidth measurement (default 3; the one-thread run takes half)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ModelConfig
+from engine.config import PUBLISHED, ModelConfig
 from engine.errors import ModelFormatError
 
 # The published config.json values of the Qwen3-MoE checkpoints, copied from the team's reference notes.
@@ -36,6 +36,7 @@ def test_published_config():
 def test_reference_configs(name):
     c = ModelConfig.from_hf_dict(REF[name], name)
     assert c.num_hidden_layers == REF[name]["num_hidden_layers"] and c.head_dim == 128
+    assert PUBLISHED[name.lower()] == c and PUBLISHED[name.lower()].source == name  # the engine's copy of the facts
 
 
 def test_transformers_5_form_matches_hf_config():
