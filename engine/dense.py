@@ -19,7 +19,6 @@ Letters: T tokens, K input features, N output features.
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import contextmanager
 from typing import Iterable, Iterator
@@ -32,18 +31,7 @@ from engine.errors import TesseraError
 NATIVE_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _native_max_tokens() -> int:
-    raw = os.environ.get("TESSERA_DENSE_NATIVE_MAX_T", "512")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise TesseraError("TESSERA_DENSE_NATIVE_MAX_T", f"must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise TesseraError("TESSERA_DENSE_NATIVE_MAX_T", f"must be >= 0, got {value}")
-    return value
-
-
-NATIVE_MAX_TOKENS = _native_max_tokens()
+NATIVE_MAX_TOKENS = int(native.tuning()["dense_native_max_tokens"])  # TESSERA_DENSE_NATIVE_MAX_T, default 512
 
 _pools: dict[int, object] = {}
 _pools_lock = threading.Lock()

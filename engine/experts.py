@@ -78,7 +78,7 @@ class TorchExperts(ExpertBackend):
         # Compute dtype float32 regardless of the stored dtype, as transformers does with an fp32 model.
         self.layers = layers
         self.dtype = dtype
-        self.reason = reason or "pure-PyTorch experts"
+        self.reason = reason  # engine.native.make_backend passes engine.backends.TORCH_DESCRIPTION
 
     def forward(self, layer: int, x, topk_ids, topk_weights):
         experts = self.layers[layer]

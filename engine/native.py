@@ -1,6 +1,6 @@
-"""The native extension (`engine._native`) for the engine: CPU probe, thread pools, packing, the tuning knobs that change
-packed bytes, and the `ExpertBackend` that runs a model's routed experts through a native kernel. Which backends exist
-and which one "Auto" picks is engine/backends.py, the module's other importer.
+"""The native extension (`engine._native`) for the engine: CPU probe, thread pools, packing, the tuning knobs that
+change packed bytes, and the `ExpertBackend` that runs a model's routed experts through a native kernel. Which backends
+exist and which one "Auto" picks is engine/backends.py, the module's other importer.
 
 Letters: T tokens, H hidden size, I moe_intermediate_size, E experts in the layer, k experts per token.
 """
@@ -43,8 +43,13 @@ def physical_cores() -> int:
 
 
 def tuning() -> dict:
-    """Every TESSERA_* knob of the native kernels as they use it (read once per process in native/src/tuning.cpp)."""
-    return dict(_native.tuning())
+    """Every TESSERA_* tuning knob as the kernels and engine.dense use it (read once per process in
+    native/src/tuning.cpp). A value that cannot be read is a TesseraError naming the variable."""
+    knobs = dict(_native.tuning())
+    for line in knobs.pop("invalid").splitlines():
+        name, _, value = line.partition("=")
+        raise TesseraError(name, f"must be a whole number >= 0, got {value!r}")
+    return knobs
 
 
 def packing_knobs(backend: str) -> dict:

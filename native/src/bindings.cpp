@@ -325,6 +325,8 @@ NB_MODULE(_native, m) {
     d["spin_us"] = t.spin_us;
     d["profile"] = t.profile;
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
+    d["dense_native_max_tokens"] = t.dense_native_max_tokens;
+    d["invalid"] = t.invalid;
     return d;
   }, "Every TESSERA_* tuning knob as the kernels use it (read once per process; tessera/tuning.h).");
   m.def("set_amx_tile_min_rows", [](int64_t rows) {

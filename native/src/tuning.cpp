@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 namespace tessera {
 namespace {
@@ -22,6 +23,12 @@ void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_SPIN_US")) t.spin_us = std::atoi(v);
   t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
+  if (const char* v = env("TESSERA_DENSE_NATIVE_MAX_T")) {
+    char* end = nullptr;
+    long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n < 0) t.invalid += std::string("TESSERA_DENSE_NATIVE_MAX_T=") + v + "\n";
+    else t.dense_native_max_tokens = n;
+  }
 }
 
 }  // namespace

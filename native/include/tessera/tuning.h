@@ -20,6 +20,11 @@ struct Tuning {
   int spin_us = 50;
   // TESSERA_PROFILE (set to anything): per forward chunk, wall time of each phase on stderr.
   bool profile = false;
+  // TESSERA_DENSE_NATIVE_MAX_T: engine.dense multiplies bf16/f16 weights natively for steps of up to this many tokens
+  // (more: torch on an f32 upcast). Read here so every knob has one reader; engine/dense.py uses it.
+  int64_t dense_native_max_tokens = 512;
+  // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.
+  std::string invalid;
   // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. The only knob tests change while
   // the process runs (set_amx_tile_min_rows), hence atomic.
   std::atomic<int64_t> amx_tile_min_rows{16};
