@@ -22,6 +22,7 @@ from app.theme import apply_theme, is_dark
 from app.views.chat_view import ChatView
 from app.views.graphs import GraphsPanel
 from app.views.model_panel import ModelPanel
+from app.views.serve_panel import ServePanel
 from app.views.settings_dialog import SettingsDialog
 from app.views.sidebar import ConversationSidebar
 from app.views.status_bar import TesseraStatusBar
@@ -73,6 +74,10 @@ class MainWindow(QMainWindow):
         self.graphs.set_measured_bandwidth(settings.get("hardware/bandwidth_gbs"))
         self.sidebar_dock = self._dock("Conversations", self.sidebar, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.model_dock = self._dock("Model", self.model_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.serve_panel = ServePanel()
+        self.serve_dock = self._dock("Serve", self.serve_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.model_dock, self.serve_dock)
+        self.model_dock.raise_()
         self.graphs_dock = self._dock("Graphs", self.graphs, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.status = TesseraStatusBar()
         self.setStatusBar(self.status)
@@ -167,6 +172,9 @@ class MainWindow(QMainWindow):
         w.failed.connect(self.on_failed)
         w.inspected.connect(self.on_inspected)
         w.backends.connect(self.on_backends)
+        w.state_changed.connect(self.serve_panel.set_state)
+        w.serving.connect(self.serve_panel.show_state)
+        self.serve_panel.serve_requested.connect(lambda on, network, port: w.serve(on, network, port))
         # controller <-> chat view
         c.conversation_reset.connect(self.chat.set_messages)
         c.conversation_reset.connect(lambda _m: self._update_page())

@@ -182,7 +182,7 @@ class EngineWorker(QObject):
     def set_backend(self, name: str) -> None:
         self._queue(self._do_set_backend, str(name))
 
-    def serve(self, on: bool, *, network: bool = False, port: int = 8080) -> None:
+    def serve(self, on: bool, network: bool = False, port: int = 8080) -> None:
         """Serve the loaded model over the OpenAI API (on 127.0.0.1, or every address when `network`), with a fresh
         random API key; or stop serving. The result comes on `serving`."""
         self._queue(self._do_serve, bool(on), bool(network), int(port))

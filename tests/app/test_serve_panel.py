@@ -1,0 +1,50 @@
+"""The "Serve this model" panel with the real worker and the demo model: off until a model is loaded, the toggle
+starts a server whose URL, key and model name are shown and copyable, and turning it off stops it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from app_fakes import data_dir  # noqa: F401 - fixture
+from PySide6.QtGui import QGuiApplication
+
+from app.views.serve_panel import ServePanel
+from app.worker import EngineWorker
+
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+
+
+def test_toggle_serves_and_shows_what_to_copy(qtbot):
+    worker = EngineWorker()
+    worker.start()
+    panel = ServePanel()
+    qtbot.addWidget(panel)
+    worker.state_changed.connect(panel.set_state)
+    worker.serving.connect(panel.show_state)
+    panel.serve_requested.connect(lambda on, network, port: worker.serve(on, network, 0))  # a free port in tests
+    try:
+        assert not panel.toggle.isEnabled()  # nothing loaded yet
+        with qtbot.waitSignal(worker.state_changed, timeout=60000):
+            worker.load(str(DEMO), "Auto", 2, 0)
+        assert panel.toggle.isEnabled()
+        with qtbot.waitSignal(worker.serving, timeout=30000):
+            panel.toggle.setChecked(True)
+        assert panel.toggle.isChecked() and panel.url.text().startswith("http://127.0.0.1:")
+        assert panel.key.text().startswith("tsk-") and panel.model.text() == "tessera-demo-moe"
+        assert not panel.port.isEnabled() and "Serving" in panel.status.text()
+        models = httpx.get(panel.url.text() + "/models", headers={"Authorization": f"Bearer {panel.key.text()}"})
+        assert models.json()["data"][0]["id"] == "tessera-demo-moe"
+        panel.key.copy_button.click()
+        assert QGuiApplication.clipboard().text() == panel.key.text()
+        url = panel.url.text()
+        with qtbot.waitSignal(worker.serving, timeout=30000):
+            panel.toggle.setChecked(False)
+        assert panel.url.text() == "" and panel.key.text() == "" and panel.port.isEnabled()
+        try:
+            httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
+            raise AssertionError("still serving after the toggle went off")
+        except httpx.ConnectError:
+            pass
+    finally:
+        worker.shutdown()
