@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from engine.cli.resource_errors import address_space_problem
+
+    if args.command != "cache" and address_space_problem():
+        print("error: {}: {}".format(*address_space_problem()), file=sys.stderr)
+        return 1
     try:
         return int(args._run(args) or 0)
     except TesseraError as e:
@@ -61,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, ImportError, OSError, RuntimeError) as e:  # `ulimit -v` too small, ...: a sentence
+        from engine.cli.resource_errors import explain
+
+        said = explain(e)
+        if said is None or args.debug:
+            raise
+        print(f"error: {said[0]}: {said[1]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -237,12 +237,18 @@ def mixed_dtypes_in_one_expert() -> bool:
 # ---- command lines ---------------------------------------------------------------------------------------------------
 
 
-def cli(*args: str | bytes, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, timeout=timeout, env={**os.environ})
+def cli(*args: str | bytes, timeout: float = 120, address_space: int | None = None) -> subprocess.CompletedProcess:
+    def limit() -> None:
+        if address_space is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    return subprocess.run([*CLI, *args], capture_output=True, timeout=timeout, env={**os.environ}, preexec_fn=limit)
 
 
-def expect_cli_named(*args, words: tuple[str, ...] = ()) -> bool:
-    r = cli(*args)
+def expect_cli_named(*args, words: tuple[str, ...] = (), address_space: int | None = None) -> bool:
+    r = cli(*args, address_space=address_space)
     err = r.stderr.decode("utf-8", "replace")
     if r.returncode == 0 or "Traceback" in err or not err.startswith("error: "):
         raise AssertionError(f"exit {r.returncode}: {err[-600:]}")
@@ -276,6 +282,14 @@ def invalid_utf8_prompt() -> bool:
                             words=("--prompt", "UTF-8"))
 
 
+def ulimit_v(kib: int):
+    def run() -> bool:
+        return expect_cli_named("generate", str(GGUF), "--prompt", "hi", "--max-tokens", "2",
+                                words=("ulimit",), address_space=kib * 1024)
+
+    return run
+
+
 def cases() -> dict[str, Case]:
     return {
         "gguf/tensor_count_one_too_low": named(tensor_count_one_too_low, "tensor_count"),
@@ -296,6 +310,8 @@ def cases() -> dict[str, Case]:
         "cli/escape_in_tensor_name": named(escape_in_tensor_name),
         "cli/threads_100000": named(threads_100000),
         "cli/invalid_utf8_prompt": named(invalid_utf8_prompt),
+        "cli/ulimit_v_300MB": named(ulimit_v(300_000)),
+        "cli/ulimit_v_700MB": named(ulimit_v(700_000)),
     }
 
 
