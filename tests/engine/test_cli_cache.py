@@ -2,14 +2,12 @@
 
 import json
 
-import pytest
 import torch
 
+import engine.native as N
 from engine.cli import main
 from engine.errors import TesseraError
 from engine.experts import LayerExperts
-
-N = pytest.importorskip("engine.native")
 
 
 def layers(seed):
@@ -25,8 +23,6 @@ def run(capsys, *argv):
 
 
 def test_cache_list_shows_each_model_and_clear_empties_it(tmp_path, monkeypatch, capsys):
-    if N._native is None:
-        pytest.skip("native module not built")
     root = tmp_path / "packed"
     monkeypatch.setenv("TESSERA_PACK_CACHE_DIR", str(root))
     N.make_backend("Reference", layers(1), threads=1, cache_dir=root, model_id="/models/one.gguf")

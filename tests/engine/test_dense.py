@@ -18,8 +18,6 @@ from engine.experts import TorchExperts
 from engine.model import Qwen3MoeModel, layer_experts
 from hf_reference import CONFIGS, canonical_weights, hf_model
 
-needs_native = pytest.mark.skipif(native.dense_kernel() is None, reason="engine._native is not built")
-
 # Odd shapes: N and K not multiples of 4 rows, 16 or 32 lanes; one matrix large enough to be split over the pool.
 SHAPES = [(1, 1), (3, 5), (37, 45), (64, 32), (129, 1000), (17, 2049), (1031, 257)]
 
@@ -32,7 +30,6 @@ def _check(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor, rel: float) -> N
     assert bool((err <= bound).all()), f"max err {float(err.max())}, max allowed {float(bound.min())}"
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reference", [False, True], ids=["kernel", "reference"])
 def test_matvec_matches_float64(dtype, reference):
@@ -48,7 +45,6 @@ def test_matvec_matches_float64(dtype, reference):
             _check(out, w, x, 1e-6 if reference else K * 6e-8)
 
 
-@needs_native
 @pytest.mark.parametrize("threads", [1, 3])
 def test_matvec_any_pool_size(threads):
     g = torch.Generator().manual_seed(8)
@@ -59,7 +55,6 @@ def test_matvec_any_pool_size(threads):
     _check(out, w, x, 257 * 6e-8)
 
 
-@needs_native
 def test_special_values_propagate():
     w = torch.ones(5, 40, dtype=torch.bfloat16)
     w[1, 3], w[2, 39] = float("inf"), float("nan")
@@ -71,7 +66,6 @@ def test_special_values_propagate():
     assert out[:, 3:].eq(40.0).all()  # the padding of a 40-wide row (not a multiple of 32) adds nothing
 
 
-@needs_native
 def test_matvec_argument_errors_name_the_argument():
     pool = native.make_pool(1)
     w = torch.zeros(6, 10, dtype=torch.bfloat16)
@@ -92,7 +86,6 @@ def test_matvec_argument_errors_name_the_argument():
             native.dense_matvec(*args, pool)
 
 
-@needs_native
 @pytest.mark.parametrize("cap", ["avx2", "reference"])
 def test_isa_capped_kernels(cap):
     """Each lower kernel, selected with TESSERA_MAX_ISA in a fresh process, against float64 on odd shapes."""
