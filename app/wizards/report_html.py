@@ -86,7 +86,7 @@ def report_html(report: dict) -> str:
     h.append("<h3>Backends</h3><table>")
     for name, b in report["backends"].items():
         h.append(_row(name, _chip("available" if b["available"] else "unavailable", b["available"])
-                      + " &mdash; " + escape(b["reason"])))
+                      + " &mdash; " + escape(b["reason"]) + f"<br><small>{escape(b['description'])}</small>"))
     h.append("</table>")
     m = report.get("model")
     if m:

@@ -64,9 +64,9 @@ def to_markdown(report: dict) -> str:
         lines.append(f"- {g['name']} (compute {g['compute_capability']}): {g['vram_free_gb']:.1f} of "
                      f"{g['vram_total_gb']:.1f} GB free; pinned host->device {g['h2d_gbs']:.1f} GB/s, device->host "
                      f"{g['d2h_gbs']:.1f} GB/s; driver {g['driver_version']}, CUDA runtime {g['cuda_runtime']}")
-    lines += ["", "## Backends", "", "| backend | available | reason |", "|---|---|---|"]
+    lines += ["", "## Backends", "", "| backend | what it is | available | reason |", "|---|---|---|---|"]
     for name, b in report["backends"].items():
-        lines.append(f"| {name} | {_yes(b['available'])} | {b['reason']} |")
+        lines.append(f"| {name} | {b['description']} | {_yes(b['available'])} | {b['reason']} |")
     lines += ["", f"Auto picks **{report['auto_backend']}**: {report['auto_reason']}."]
     m = report.get("model")
     if m:
