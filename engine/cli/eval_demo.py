@@ -1,4 +1,4 @@
-"""`tessera-cli eval-demo [MODEL] [--backend B] [--n N] [--json]`: the demo model's exact-match accuracy per skill on
+"""`tessera-cli eval-demo [MODEL] [--backend B] [--n N] [--turns T] [--json]`: the demo model's exact-match accuracy per skill on
 held-out generated prompts, greedy, through the full chat pipeline (template, tokenizer, generation, detokenization)."""
 
 from __future__ import annotations
@@ -23,10 +23,14 @@ def add_arguments(p) -> None:
     p.add_argument("--skill", action="append", default=None, metavar="NAME",
                    help="only this skill (repeatable): addition, subtraction, count_letters, reverse_list, "
                         "sort_list, tessera")
+    p.add_argument("--turns", type=int, default=1, metavar="T",
+                   help="score each question as the last turn of a T-turn chat (earlier turns: other held-out "
+                        "problems with right answers; default 1)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="which held-out prompts (default 0)")
     p.add_argument("--show-failures", action="store_true", help="print each wrong reply with the expected one")
     p.add_argument("--json", action="store_true",
-                   help='print {"skills": {NAME: {"accuracy": percent, "n": int}}, "overall": percent, "backend": NAME}')
+                   help='print {"skills": {NAME: {"accuracy": percent, "n": int}}, "overall": percent, "backend": NAME, '
+                        '"turns": T}')
 
 
 def run(args) -> int:
@@ -36,6 +40,9 @@ def run(args) -> int:
 
     if args.n < 1:
         print(f"error: --n: must be >= 1, got {args.n}", file=sys.stderr)
+        return 2
+    if args.turns < 1:
+        print(f"error: --turns: must be >= 1, got {args.turns}", file=sys.stderr)
         return 2
     if args.threads is not None and args.threads < 1:
         print(f"error: --threads: must be >= 1, got {args.threads}", file=sys.stderr)
@@ -53,13 +60,15 @@ def run(args) -> int:
 
     session = engine.load(model, backend=args.backend, threads=args.threads)
     try:
-        result = evaluate(session, args.n, skills=args.skill, seed=args.seed)
+        result = evaluate(session, args.n, skills=args.skill, seed=args.seed, turns=args.turns)
     finally:
         session.close()
     if args.json:
         print(json.dumps(result.as_json()))
         return 0
-    print(f"model {model}  backend {result.backend}  {args.n} held-out prompts per skill  {result.seconds:.1f} s")
+    chat = f"  as turn {args.turns} of a chat" if args.turns > 1 else ""
+    print(f"model {model}  backend {result.backend}  {args.n} held-out prompts per skill{chat}  "
+          f"{result.seconds:.1f} s")
     for name, res in result.skills.items():
         print(f"  {name:<14} {res.accuracy:6.1f} %  ({res.correct}/{res.n})")
         if args.show_failures:

@@ -76,7 +76,7 @@ def test_cli_json_shape(demo_path):
          "--threads", "1", "--json"],
         capture_output=True, text=True, timeout=300, check=True)
     data = json.loads(out.stdout)
-    assert set(data) == {"skills", "overall", "backend"}
+    assert set(data) == {"skills", "overall", "backend", "turns"} and data["turns"] == 1
     assert data["backend"] == "Torch"
     assert data["skills"] == {"addition": {"accuracy": data["overall"], "n": 1}}
 
