@@ -12,7 +12,6 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np

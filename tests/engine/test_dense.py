@@ -226,7 +226,7 @@ def test_step_threads_one_torch_thread_only_when_all_native():
     class PoolExperts(TorchExperts):  # an ExpertBackend running on a native pool
         pool = object()
 
-    w16, w32 = torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(8, 8)
+    w16 = torch.zeros(8, 8, dtype=torch.bfloat16)
     native_lins = [dense.Linear(w16, "cpu", "a"), dense.Linear(w16, "cpu", "b")]
     assert dense.step_torch_threads(native_lins, PoolExperts({})) == 1
     big32 = dense.Linear(torch.randn(8, 64), "cpu", "f32 weights: 2 KiB of 2.25 KiB")
