@@ -7,7 +7,7 @@
            thp_enabled, thp_defrag, hugepages_total, hugepages_free, hugepage_size_kb}
   gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
   gpu_status: str            ("no CUDA device: ..." is a normal answer)
-  backends: {NAME: {available, reason}}, auto_backend, auto_reason
+  backends: {NAME: {available, reason, description, weights}} (engine.backends), auto_backend, auto_reason
   model: {...fit and roofline...} (only when a model or preset was given)
   remedies: [{topic, problem, remedy}]
 Progress arrives as `ProgressEvent(stage, done, total, detail)` with done/total over the whole probe; `cancel` (a
