@@ -120,6 +120,7 @@ class EngineWorker(QObject):
         self._api = api if api is not None else EngineApi()
         self._session: Session | None = None
         self._server = None  # app.serving.LocalServer while "Serve this model" is on; the chat then goes through it
+        self._remote = None  # engine.remote.RemoteClient when the Remote engine is chosen instead of a local model
         self._path = ""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -140,6 +141,8 @@ class EngineWorker(QObject):
         self.cancel_load()
         self._thread.quit()
         self._thread.wait(timeout_ms)
+        if not self._thread.isRunning():
+            self._close_remote()
         if self._session is not None and not self._thread.isRunning():
             self._stop_serving()
             self._session.close()
@@ -182,6 +185,11 @@ class EngineWorker(QObject):
     def set_backend(self, name: str) -> None:
         self._queue(self._do_set_backend, str(name))
 
+    def connect_remote(self, base_url: str, api_key: str = "", model: str = "") -> None:
+        """Chat through an OpenAI-compatible server instead of a local model (the local one is unloaded). The
+        connection is tested first (GET /v1/models); the result comes on `state_changed` (or `failed`)."""
+        self._queue(self._do_connect_remote, str(base_url), str(api_key), str(model))
+
     def serve(self, on: bool, network: bool = False, port: int = 8080) -> None:
         """Serve the loaded model over the OpenAI API (on 127.0.0.1, or every address when `network`), with a fresh
         random API key; or stop serving. The result comes on `serving`."""
@@ -221,6 +229,10 @@ class EngineWorker(QObject):
 
     def _state(self) -> ModelState:
         s = self._session
+        if self._remote is not None:
+            r = self._remote
+            return ModelState(True, r.base_url, f"{r.model} (remote)", "remote",
+                              f"an OpenAI-compatible server at {r.base_url}", "remote")
         if s is None:
             return ModelState(False)
         return ModelState(True, self._path, Path(self._path).name, s.backend_name, s.backend_reason, s.device,
@@ -229,6 +241,7 @@ class EngineWorker(QObject):
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
                  cancel: threading.Event) -> None:
         self._stop_serving()
+        self._close_remote()
         if self._session is not None:  # one model at a time: the old one goes first
             session, self._session = self._session, None
             try:
@@ -285,11 +298,17 @@ class EngineWorker(QObject):
             self.tokens.emit(chunk)
 
         try:
-            if self._session is None:
+            if self._session is None and self._remote is None:
                 raise TesseraError("model", "no model is loaded: open one first")
             sampling = self._api.sampling_params(params)
             done = None
-            chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
+            if self._remote is not None:  # no step figures from a server: TTFT and tok/s come from stream timing
+                remote = self._remote
+
+                def chat(messages, sampling, *, enable_thinking, cancel, on_step):
+                    return remote.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel)
+            else:
+                chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
             for event in chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel, on_step=on_step):
                 if isinstance(event, DoneEvent):
                     done = event
@@ -324,6 +343,9 @@ class EngineWorker(QObject):
                 self._cancels.pop(request_id, None)
 
     def _do_set_backend(self, name: str) -> None:
+        if self._remote is not None:
+            self.failed.emit(WorkerError("backend", "remote server", "its backend is chosen on the server"))
+            return
         if self._session is None:
             return  # applied at the next load
         try:
@@ -338,6 +360,7 @@ class EngineWorker(QObject):
 
     def _do_unload(self) -> None:
         self._stop_serving()
+        self._close_remote()
         if self._session is not None:
             try:
                 self._session.close()
@@ -354,7 +377,9 @@ class EngineWorker(QObject):
         if not on:
             return
         if self._session is None:
-            self.serving.emit(ServeState(False, error="no model is loaded: open one first"))
+            error = ("a remote model is served by its own server" if self._remote is not None
+                     else "no model is loaded: open one first")
+            self.serving.emit(ServeState(False, error=error))
             return
         try:
             from app.serving import LocalServer, new_api_key
@@ -367,6 +392,35 @@ class EngineWorker(QObject):
             return
         s = self._server
         self.serving.emit(ServeState(True, s.url, s.api_key or "", s.model_name))
+
+    def _do_connect_remote(self, base_url: str, api_key: str, model: str) -> None:
+        self._stop_serving()
+        self._close_remote()
+        if self._session is not None:  # one engine at a time
+            self._do_unload()
+        try:
+            from engine.remote import RemoteClient
+
+            client = RemoteClient(base_url, api_key or None, model=model or None)
+            try:
+                models = client.check()["models"]
+                if model and model not in models:
+                    raise TesseraError(f"model {model}", f"is not served there (it lists {', '.join(models)})")
+                client.resolved_model()
+            except BaseException:
+                client.close()
+                raise
+        except Exception as exc:  # noqa: BLE001 - down, wrong key, not the OpenAI API: said in the UI
+            self.failed.emit(worker_error("connect", exc))
+            self.state_changed.emit(ModelState(False))
+            return
+        self._remote = client
+        self.state_changed.emit(self._state())
+
+    def _close_remote(self) -> None:
+        if self._remote is not None:
+            remote, self._remote = self._remote, None
+            remote.close()
 
     def _stop_serving(self) -> None:
         if self._server is None:

@@ -114,8 +114,8 @@ def test_tools_are_rendered_by_the_template_and_tool_turns_accepted(client, refe
                           {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'}]
     reply = client.chat.completions.create(model=NAME, messages=history, tools=TOOLS, **GREEDY)
     rendered = reference_session.render_chat(
-        [history[0], {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": '{"temp_c": 21}'}],
-        tools=TOOLS)
+        [history[0], {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": '{"temp_c": 21}'}], tools=TOOLS)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in rendered
     assert "<tool_response>\n{\"temp_c\": 21}\n</tool_response>" in rendered
     assert reply.usage.prompt_tokens == len(reference_session.tokenizer.encode(rendered))
