@@ -32,6 +32,11 @@ def sampling_from_settings(settings: Settings) -> dict:
     }
 
 
+def auto_title(first_message: str) -> str:
+    """A new chat's title: the start of its first message, on one line."""
+    return " ".join(first_message.split())[:48] or DEFAULT_TITLE
+
+
 class ChatController(QObject):
     conversation_reset = Signal(object)  # list[Message]: show this transcript from scratch
     message_added = Signal(object)  # Message appended at the end
@@ -133,7 +138,7 @@ class ChatController(QObject):
             self.notice.emit("No model is loaded: open one from the model panel or the welcome page.")
             return False
         if not self.conversation_id:
-            title = " ".join(text.split())[:48] or DEFAULT_TITLE
+            title = auto_title(text)
             self.conversation_id = self.store.create_conversation(title, self.model_name).id
             self.current_changed.emit(self.conversation_id)
             system = self.settings.get("chat/system_prompt").strip()
@@ -164,6 +169,11 @@ class ChatController(QObject):
             return False
         if not (0 <= index < len(self.messages)) or self.messages[index].role != "user" or not text.strip():
             return False
+        first_user = next(i for i, m in enumerate(self.messages) if m.role == "user")
+        conv = self.store.conversation(self.conversation_id)
+        if index == first_user and conv is not None and conv.title == auto_title(self.messages[index].content):
+            self.store.rename(self.conversation_id, auto_title(text))  # the title was made from this message
+            self.conversations_changed.emit()
         self._truncate(index)
         self._append(Message("user", text.strip()))
         self._start_reply()

@@ -125,6 +125,22 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
+    def open_remote(self) -> None:
+        """The Remote engine: chat through an OpenAI-compatible server (profiles, keys, connection test)."""
+        from app.remote_profiles import ProfileStore
+        from app.views.remote_dialog import RemoteDialog
+
+        dialog = RemoteDialog(ProfileStore(paths.data_dir()), self)
+        dialog.test_requested.connect(lambda url, key: self.worker.test_remote(url, key))
+        self.worker.remote_checked.connect(dialog.show_check)
+        dialog.connect_requested.connect(lambda url, key, model: self.worker.connect_remote(url, key, model))
+        self.remote_dialog = dialog  # tests drive it while it is open
+        try:
+            dialog.exec()
+        finally:
+            self.worker.remote_checked.disconnect(dialog.show_check)
+            self.remote_dialog = None
+
     def _action(self, menu, text: str, slot, shortcut: str | None = None) -> QAction:
         action = QAction(text, self)
         if shortcut:
@@ -149,6 +165,7 @@ class MainWindow(QMainWindow):
         self._action(m, "&Quit", self.close, "Ctrl+Q")
         m = bar.addMenu("&Model")
         self.unload_action = self._action(m, "&Unload", lambda: self.worker.unload())
+        self._action(m, "&Remote server…", self.open_remote)
         self.settings_action = self._action(m, "&Settings…", self.open_settings, "Ctrl+,")
         m = bar.addMenu("&View")
         for dock in (self.sidebar_dock, self.model_dock, self.graphs_dock):
@@ -403,8 +420,10 @@ class MainWindow(QMainWindow):
 
     # ---- conversations
     def refresh_conversations(self) -> None:
-        self.sidebar.set_conversations(self.store.conversations(self.sidebar.search.text()),
-                                       self.controller.conversation_id)
+        search = self.sidebar.search.text().strip()
+        conversations = self.store.conversations(search)
+        snippets = {c.id: self.store.snippet(c.id, search) for c in conversations} if search else None
+        self.sidebar.set_conversations(conversations, self.controller.conversation_id, snippets)
 
     def export(self, conversation_id: int, fmt: str) -> None:
         conv = self.store.conversation(conversation_id) if conversation_id else None

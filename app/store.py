@@ -103,6 +103,19 @@ class ConversationStore:
             rows = self._db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC").fetchall()
         return [Conversation(r["id"], r["title"], r["created"], r["updated"], r["model"]) for r in rows]
 
+    def snippet(self, conversation_id: int, search: str, around: int = 28) -> str:
+        """The first message text of the conversation that contains `search`, cut to `around` characters either side
+        of the match ("" when no message contains it, e.g. only the title matched)."""
+        row = self._db.execute(
+            "SELECT content FROM messages WHERE conversation_id=? AND content LIKE ? ESCAPE '\\' ORDER BY seq LIMIT 1",
+            (conversation_id, f"%{_escape_like(search)}%")).fetchone()
+        if row is None or not search:
+            return ""
+        text = " ".join(row["content"].split())
+        at = max(0, text.lower().find(" ".join(search.split()).lower()))
+        start, end = max(0, at - around), min(len(text), at + len(search) + around)
+        return ("…" if start else "") + text[start:end] + ("…" if end < len(text) else "")
+
     def conversation(self, conversation_id: int) -> Conversation | None:
         r = self._db.execute("SELECT * FROM conversations WHERE id=?", (conversation_id,)).fetchone()
         return Conversation(r["id"], r["title"], r["created"], r["updated"], r["model"]) if r else None

@@ -76,7 +76,7 @@ class ChatView(QWidget):
         row.addWidget(self.thinking_box)
         self.context_meter = QProgressBar()
         self.context_meter.setAccessibleName("Context used")
-        self.context_meter.setMinimumWidth(220)
+        self.context_meter.setMinimumWidth(150)  # narrow enough that the side docks can be widened
         self.context_meter.setMaximumWidth(300)
         self.context_meter.setTextVisible(True)
         self.set_context(0, 0)

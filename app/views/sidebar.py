@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLineEdit, QListWidget
 from app.store import Conversation
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
 def day_group(timestamp: float, today: dt.date | None = None) -> str:
@@ -51,6 +52,8 @@ class ConversationSidebar(QWidget):
         layout.addLayout(top)
         self.list = QListWidget()
         self.list.setAccessibleName("Conversations")
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long titles are elided
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.itemActivated.connect(self._open)
@@ -63,8 +66,11 @@ class ConversationSidebar(QWidget):
         self.search.textChanged.connect(lambda _t: self._search_timer.start())
         self._current = 0
 
-    def set_conversations(self, conversations: list[Conversation], current: int = 0) -> None:
+    def set_conversations(self, conversations: list[Conversation], current: int = 0,
+                          snippets: dict[int, str] | None = None) -> None:
+        """Fill the list; `snippets` (id -> matching text, while searching) adds a second line under each title."""
         self._current = current
+        snippets = snippets or {}
         self.list.blockSignals(True)
         self.list.clear()
         group = None
@@ -78,9 +84,11 @@ class ConversationSidebar(QWidget):
                 header.setFont(f)
                 self.list.addItem(header)
                 group = g
-            item = QListWidgetItem(c.title)
+            snippet = snippets.get(c.id, "")
+            item = QListWidgetItem(c.title + (f"\n    {snippet}" if snippet else ""))
             item.setData(ID_ROLE, c.id)
-            item.setToolTip(c.title + (f"\nmodel: {c.model}" if c.model else ""))
+            item.setData(TITLE_ROLE, c.title)
+            item.setToolTip(c.title + (f"\n{snippet}" if snippet else "") + (f"\nmodel: {c.model}" if c.model else ""))
             self.list.addItem(item)
             if c.id == current:
                 item.setSelected(True)
@@ -110,11 +118,12 @@ class ConversationSidebar(QWidget):
             return
         cid = int(item.data(ID_ROLE))
         menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self._rename(cid, item.text()))
+        title = item.data(TITLE_ROLE) or item.text()
+        menu.addAction("Rename…", lambda: self._rename(cid, title))
         menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(cid, "markdown"))
         menu.addAction("Export as JSON…", lambda: self.export_requested.emit(cid, "json"))
         menu.addSeparator()
-        menu.addAction("Delete…", lambda: self._delete(cid, item.text()))
+        menu.addAction("Delete…", lambda: self._delete(cid, title))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def _rename(self, cid: int, title: str) -> None:

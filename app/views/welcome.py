@@ -29,7 +29,8 @@ class WelcomePage(QWidget):
                        "made for it, the rest on the GPU when there is one.\nNo model is loaded yet.")
         intro.setWordWrap(True)
         intro.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        intro.setFixedWidth(560)
+        intro.setMinimumWidth(300)
+        intro.setMaximumWidth(560)
         layout.addWidget(intro, 0, Qt.AlignmentFlag.AlignHCenter)
         self.buttons: dict[str, QPushButton] = {}
         for key, text, signal in (
@@ -40,7 +41,7 @@ class WelcomePage(QWidget):
                 ("convert", "Convert a Hugging Face model to GGUF (conversion wizard)…", self.convert_wizard_requested)):
             b = QPushButton(text)
             b.setAccessibleName(text.rstrip("…"))
-            b.setMinimumWidth(440)
+            b.setMinimumWidth(340)
             b.setMinimumHeight(34)
             b.clicked.connect(signal)
             layout.addWidget(b, 0, Qt.AlignmentFlag.AlignHCenter)

@@ -245,3 +245,40 @@ def test_dialogs_start_at_home_and_exports_are_readable(harness, qtbot, monkeypa
     umask = os.umask(0o022)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask  # 0644 with the usual umask, not mkstemp's 0600
+
+
+def test_sidebar_elides_searches_with_snippets_and_retitles_after_an_edit(harness, qtbot, monkeypatch):
+    from PySide6.QtCore import Qt
+
+    w, side = harness.window, harness.window.sidebar
+    harness.load()
+    long = "Please explain in great detail how the routed experts of a mixture of experts model are chosen"
+    harness.send(long)
+    assert side.list.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+    assert side.list.textElideMode() == Qt.TextElideMode.ElideRight
+    title = harness.store.conversation(w.controller.conversation_id).title
+    assert title == long[:48]
+    side.search.setText("routed experts")
+    qtbot.waitUntil(lambda: any("\n" in side.list.item(i).text() for i in range(side.list.count())), timeout=3000)
+    item = next(side.list.item(i) for i in range(side.list.count()) if side.list.item(i).data(Qt.ItemDataRole.UserRole))
+    assert item.text().startswith(title + "\n") and "routed experts of a mixture" in item.text()
+    assert item.text().rstrip().endswith("…")  # cut around the match
+    side.search.setText("")
+    qtbot.waitUntil(lambda: all("\n" not in side.list.item(i).text() for i in range(side.list.count())), timeout=3000)
+    # editing the first message renames a title that was made from it (a title the user chose stays)
+    monkeypatch.setattr(w.chat, "ask_edit", lambda text: "How are experts chosen?")
+    monkeypatch.setattr(w.chat, "confirm", lambda q: True)
+    with qtbot.waitSignal(harness.worker.finished, timeout=10000):
+        w.chat._action("edit", 0)
+    assert harness.store.conversation(w.controller.conversation_id).title == "How are experts chosen?"
+    w.controller.rename(w.controller.conversation_id, "My experts chat")
+    qtbot.waitUntil(lambda: not w.controller.busy, timeout=5000)
+    monkeypatch.setattr(w.chat, "ask_edit", lambda text: "Something else")
+    with qtbot.waitSignal(harness.worker.finished, timeout=10000):
+        w.chat._action("edit", 0)
+    assert harness.store.conversation(w.controller.conversation_id).title == "My experts chat"
+
+
+def test_side_docks_can_be_widened(harness):
+    w = harness.window
+    assert w.centralWidget().minimumSizeHint().width() <= 450  # leaves room to widen a dock in a 1280 px window
