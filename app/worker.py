@@ -111,6 +111,7 @@ class EngineWorker(QObject):
     inspected = Signal(object)  # ModelSummary
     backends = Signal(object)  # BackendList
     serving = Signal(object)  # app.serving.ServeState
+    remote_checked = Signal(object)  # dict: {"ok", "url", "models", "seconds", "error"} from test_remote
 
     # the one command signal: a call (functools.partial of a _do_* method) queued into the worker thread
     _call = Signal(object)
@@ -189,6 +190,10 @@ class EngineWorker(QObject):
         """Chat through an OpenAI-compatible server instead of a local model (the local one is unloaded). The
         connection is tested first (GET /v1/models); the result comes on `state_changed` (or `failed`)."""
         self._queue(self._do_connect_remote, str(base_url), str(api_key), str(model))
+
+    def test_remote(self, base_url: str, api_key: str = "") -> None:
+        """A connection test (GET /v1/models) for the Remote dialog; the result comes on `remote_checked`."""
+        self._queue(self._do_test_remote, str(base_url), str(api_key))
 
     def serve(self, on: bool, network: bool = False, port: int = 8080) -> None:
         """Serve the loaded model over the OpenAI API (on 127.0.0.1, or every address when `network`), with a fresh
@@ -416,6 +421,19 @@ class EngineWorker(QObject):
             return
         self._remote = client
         self.state_changed.emit(self._state())
+
+    def _do_test_remote(self, base_url: str, api_key: str) -> None:
+        try:
+            from engine.remote import RemoteClient
+
+            with RemoteClient(base_url, api_key or None, connect_timeout=5, read_timeout=15) as client:
+                check = client.check()
+            self.remote_checked.emit({"ok": True, "url": base_url, "models": check["models"],
+                                      "seconds": check["seconds"], "error": ""})
+        except Exception as exc:  # noqa: BLE001 - the reason goes to the dialog
+            err = worker_error("connect", exc)
+            self.remote_checked.emit({"ok": False, "url": base_url, "models": [], "seconds": 0.0,
+                                      "error": f"{err.subject}: {err.message}" if err.subject else err.message})
 
     def _close_remote(self) -> None:
         if self._remote is not None:
