@@ -230,13 +230,9 @@ class OptionsPage(QWizardPage):
         if not path.parent.is_dir():
             return f"The folder {path.parent} does not exist."
         if path.exists():
-            from engine.convert_guard import check_output
-            from engine.errors import TesseraError
-
-            try:
-                check_output(self._source.summary["folder"], path, force=True)
-            except TesseraError as e:
-                return f"{e.message[:1].upper()}{e.message[1:]}."
+            refused = jobs.output_refusal(self._source.summary["folder"], str(path))
+            if refused:
+                return refused
             if not self.replace.isChecked():
                 return f"{path.name} already exists: tick “Replace the existing file” to overwrite it."
         free = self.free_bytes()

@@ -97,6 +97,19 @@ def _backends() -> dict[str, tuple[bool, str]]:
     return {k: v for k, v in backends.status().items() if k not in (backends.AUTO, backends.TORCH)}
 
 
+def output_refusal(src: str, out: str) -> str | None:
+    """Why the converter would refuse to write `out` even when asked to replace it (a file of the source model, not a
+    regular file), as a sentence; None when replacing is allowed."""
+    from engine.convert_guard import check_output
+    from engine.errors import TesseraError
+
+    try:
+        check_output(src, out, force=True)
+    except TesseraError as e:
+        return f"{e.message[:1].upper()}{e.message[1:]}."
+    return None
+
+
 def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None, force: bool = False):
     """A job function: convert, then (optionally) teacher-force the same text through source and output, then
     (optionally) fill the packed-weight cache for one backend so the first load is fast."""
