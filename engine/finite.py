@@ -57,6 +57,8 @@ def _expert_problem(layer: int, experts) -> NonFiniteError | None:
         return None
     for part in ("gate_proj", "up_proj", "down_proj"):
         w = getattr(experts, part)  # [E, rows, cols]
+        if not isinstance(w, torch.Tensor):  # quantized blocks: their scales were checked at load (engine.quantized)
+            continue
         if _bad(w):
             per_expert = ~torch.isfinite(w.reshape(w.shape[0], -1)).all(dim=1)  # [E]
             e = int(per_expert.nonzero()[0, 0])

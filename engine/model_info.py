@@ -6,6 +6,7 @@ check it, so a file that cannot load is reported here, before any memory is comm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections import Counter
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ModelInfo:
     """Header facts about a model. Byte counts: `total_bytes` as stored on disk, `loaded_bytes` in memory after load
-    (quantized types become float32), `expert_bytes` the routed experts' share of total_bytes, and
+    (engine.quantized.held_bytes: quantized routed experts stay as their blocks, other quantized tensors become
+    float32), `type_bytes` the stored bytes per type (with `tensor_types`, the file's type mix), `expert_bytes` the routed experts' share of total_bytes, and
     `active_bytes_per_token` the weight bytes one decoded token reads: k/E of the experts plus every other matrix
     except the embedding table (of which one row is read)."""
 
@@ -45,6 +47,7 @@ class ModelInfo:
     dense_layers: list[int] = field(default_factory=list)
     tie_word_embeddings: bool = False
     tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> number of tensors
+    type_bytes: dict[str, int] = field(default_factory=dict)  # type name -> bytes stored in that type
     expert_type: str = ""  # stored type of the routed experts (BF16, Q8_0, ...), "mixed" when layers differ
     num_tensors: int = 0
     total_bytes: int = 0
@@ -53,11 +56,16 @@ class ModelInfo:
     active_expert_bytes_per_token: int = 0
     active_bytes_per_token: int = 0
     parameters: int = 0
+    ram: RamEstimate | None = None  # inspect_model fills it
 
 
-def inspect_model(model: ModelFile | str | os.PathLike[str]) -> ModelInfo:
-    """Header facts of an opened model (engine.weights.open_model), or of the model file or folder at a path."""
-    from engine import quants
+def inspect_model(
+    model: ModelFile | str | os.PathLike[str], *, context_length: int | None = None, backend: str = "Auto"
+) -> ModelInfo:
+    """Header facts of an opened model (engine.weights.open_model), or of the model file or folder at a path, with
+    `ram`: what loading it with expert backend `backend` and a KV cache of `context_length` (default: the model's)
+    will hold (estimate_ram)."""
+    from engine.quantized import held_bytes
     from engine.weights import ModelFile, open_model
 
     if not isinstance(model, ModelFile):
@@ -68,7 +76,7 @@ def inspect_model(model: ModelFile | str | os.PathLike[str]) -> ModelInfo:
         if model.gguf is not None:
             g = model.gguf.info(t.name)
             n = math.prod(g.shape)
-            loaded = g.nbytes if g.ggml_type in quants.FLOAT_TYPES else 4 * n  # quantized types load as float32
+            loaded = held_bytes(g.ggml_type, n, g.nbytes, t.stacked)  # the loader's rule (engine.quantized)
             sizes.append((g.type_name, n, g.nbytes, loaded, t.stacked, embedding))
         else:
             for src in t.sources:
@@ -78,7 +86,8 @@ def inspect_model(model: ModelFile | str | os.PathLike[str]) -> ModelInfo:
         name = str(model.gguf.metadata.get("general.name") or model.path.stem)
     else:
         name = model.path.name
-    return _info(str(model.path), model.format, name, model.config, sizes)
+    info = _info(str(model.path), model.format, name, model.config, sizes)
+    return dataclasses.replace(info, ram=estimate_ram(info, context_length, backend))
 
 
 _Sizes = list[tuple[str, int, int, int, bool, bool]]
@@ -88,6 +97,9 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
     """sizes: (type name, elements, stored bytes, loaded bytes, is a routed expert, is the embedding) per stored
     tensor."""
     types = Counter(s[0] for s in sizes)
+    type_bytes: Counter[str] = Counter()
+    for s in sizes:
+        type_bytes[s[0]] += s[2]
     expert_types = {s[0] for s in sizes if s[4]}
     total = sum(s[2] for s in sizes)
     expert = sum(s[2] for s in sizes if s[4])
@@ -113,6 +125,7 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
         dense_layers=cfg.dense_layers,
         tie_word_embeddings=cfg.tie_word_embeddings,
         tensor_types=dict(sorted(types.items())),
+        type_bytes=dict(sorted(type_bytes.items())),
         expert_type=expert_types.pop() if len(expert_types) == 1 else "mixed",
         num_tensors=len(sizes),
         total_bytes=total,
@@ -122,3 +135,45 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
         active_bytes_per_token=active_expert + rest + embed_row,
         parameters=sum(s[1] for s in sizes),
     )
+
+
+@dataclass(frozen=True)
+class RamEstimate:
+    """What a load will hold in RAM, from header facts (engine.model_info.estimate_ram)."""
+
+    backend: str  # the expert backend it is sized for ("Auto" resolved)
+    context_length: int
+    weights_bytes: int  # the tensors as the loader holds them (ModelInfo.loaded_bytes)
+    packed_bytes: int  # the native backend's packed copy of the routed experts (0 for Torch)
+    kv_bytes: int  # the bf16 KV cache at context_length, plus its float32 scratch of one layer
+    transient_bytes: int  # the largest temporary while loading: one layer of quantized experts widened for packing
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.packed_bytes + self.kv_bytes + self.transient_bytes
+
+
+def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto") -> RamEstimate:
+    """RAM a load of the model described by `info` takes with expert backend `backend` and a KV cache of
+    `context_length` positions (default: the model's). Weights as engine.weights holds them (the same held_bytes rule),
+    the packed copy from engine.native's own packed-size function, the KV cache from engine.kv_cache's."""
+    import torch
+
+    from engine.backends import TORCH, resolve
+    from engine.kv_cache import kv_bytes
+
+    concrete, _ = resolve(backend)
+    ctx = context_length or info.context_length
+    kv = kv_bytes(info.num_hidden_layers, info.num_key_value_heads, info.head_dim, ctx)
+    kv += kv_bytes(1, info.num_key_value_heads, info.head_dim, ctx, torch.float32)  # the scratch of one layer
+    moe_layers = info.num_hidden_layers - len(info.dense_layers)
+    E, I, H = info.num_experts, info.moe_intermediate_size, info.hidden_size
+    packed = transient = 0
+    if concrete != TORCH and moe_layers:
+        from engine.native import packed_nbytes_for
+
+        quantized = info.expert_type not in ("F32", "F16", "BF16")  # block types, or a mix of them (q4_k_m)
+        dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(info.expert_type, torch.float32)
+        packed = moe_layers * packed_nbytes_for(concrete, E, I, H, dtype)
+        transient = 3 * E * I * H * 4 if quantized else 0  # gate, up, down of one layer as float32
+    return RamEstimate(concrete, ctx, info.loaded_bytes, packed, kv, transient)

@@ -23,6 +23,7 @@ from engine.errors import TesseraError
 from engine.events import ProgressEvent
 from engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from engine.pack_cache import PackCache, layer_digest, layer_key
+from engine.quantized import widened
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
@@ -97,8 +98,13 @@ def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
-    """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`."""
+    """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`.
+
+    Quantized GGUF experts (engine.quantized.QuantizedTensor) are widened to float32 for this one layer and freed when
+    it is packed. When the native backends read GGML blocks themselves, this is the one place to hand them
+    `experts.gate_proj.raw` / `.qtype` (the blocks as the file stores them) instead of `widened(experts)`."""
     kernel = _native.backend(backend)
+    experts = widened(experts)  # float layers pass through unchanged
     gate = _as_native(experts.gate_proj, "gate_proj")  # [E, I, H]
     up = _as_native(experts.up_proj, "up_proj")  # [E, I, H]
     down = _as_native(experts.down_proj, "down_proj")  # [E, H, I]
@@ -110,7 +116,14 @@ def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
 
 def packed_nbytes(backend: str, experts: LayerExperts) -> int:
     E, I, H = experts.gate_proj.shape  # gate_proj [E, I, H]
-    return int(_native.backend(backend).packed_bytes(E, H, I, _DTYPES[_as_native(experts.gate_proj, "gate_proj").dtype]))
+    return packed_nbytes_for(backend, E, I, H, experts.gate_proj.dtype)  # quantized experts: packed from float32
+
+
+def packed_nbytes_for(backend: str, E: int, I: int, H: int, dtype: torch.dtype) -> int:
+    """Bytes of one layer packed for `backend` from experts of `dtype` (engine.model_info's RAM estimate uses this)."""
+    if dtype not in _DTYPES:
+        raise TesseraError("experts", f"dtype {dtype} cannot be packed (expected float32, float16 or bfloat16)")
+    return int(_native.backend(backend).packed_bytes(E, H, I, _DTYPES[dtype]))
 
 
 @functools.lru_cache(maxsize=1)

@@ -39,6 +39,7 @@ import torch
 
 from engine.errors import TesseraError
 from engine.experts import LayerExperts
+from engine.quantized import QuantizedTensor
 
 FORMAT = 2  # of the files below; part of every key
 MAGIC = b"TESSPC2\0"
@@ -67,8 +68,11 @@ def default_root() -> Path:
 # ------------------------------------------------------------------------------------------------------------ digests
 
 
-def _as_bytes(t: torch.Tensor) -> np.ndarray:
-    """A uint8 view of a contiguous CPU tensor (no copy when it already is one); bf16 has no numpy dtype."""
+def _as_bytes(t: torch.Tensor | QuantizedTensor) -> np.ndarray:
+    """A uint8 view of a contiguous CPU tensor (no copy when it already is one; bf16 has no numpy dtype), or the
+    stored blocks of a QuantizedTensor."""
+    if isinstance(t, QuantizedTensor):
+        return t.raw.reshape(-1)
     t = t.detach().to("cpu").contiguous()
     return t.reshape(-1).view(torch.uint8).numpy()
 
@@ -78,7 +82,7 @@ def layer_digest(experts: LayerExperts, workers: int | None = None) -> bytes:
     (hashlib releases the GIL), then a digest of the leaves in order. SHA-256 runs on the CPU's SHA extensions:
     ~1.8 GB/s per core on Zen 4, twice blake2b there."""
     mats = [experts.gate_proj, experts.up_proj, experts.down_proj]  # [E, I, H], [E, I, H], [E, H, I]
-    head = hashlib.sha256(repr([(tuple(m.shape), str(m.dtype)) for m in mats]).encode())
+    head = hashlib.sha256(repr([(tuple(m.shape), _type_name(m)) for m in mats]).encode())
     views = [_as_bytes(m).reshape(m.shape[0], -1) if m.shape[0] else _as_bytes(m).reshape(0, 0) for m in mats]
     leaves = [v[e] for v in views for e in range(v.shape[0])]
     workers = max(1, workers or os.cpu_count() or 1)
@@ -92,10 +96,15 @@ def layer_digest(experts: LayerExperts, workers: int | None = None) -> bytes:
     return head.digest()
 
 
+def _type_name(t: torch.Tensor | QuantizedTensor) -> str:
+    """The stored type: a torch dtype ("torch.bfloat16"), or a GGML block type ("Q4_K") for quantized experts."""
+    return t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
+
+
 def layer_key(identity: dict, experts: LayerExperts, digest: bytes) -> str:
     """The cache key of one layer: its content digest and every parameter that changes the packed bytes."""
     E, I, H = experts.gate_proj.shape
-    what = {"format": FORMAT, **identity, "dims": [E, I, H], "dtype": str(experts.gate_proj.dtype),
+    what = {"format": FORMAT, **identity, "dims": [E, I, H], "dtype": _type_name(experts.gate_proj),
             "content": digest.hex()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:40]
 

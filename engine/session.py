@@ -95,8 +95,8 @@ class Session:
         self.placement = resolve_plan(placement, self.config, backend=backend, twin=twin)
         self._layers = layer_experts(self.config, weights.tensors)
         first = next(iter(self._layers.values()), None)
-        self.bytes_per_expert = 0 if first is None else sum(
-            t[0].numel() * t.element_size() for t in (first.gate_proj, first.up_proj, first.down_proj))
+        self.bytes_per_expert = 0 if first is None else sum(  # as stored: quantized experts are read as blocks
+            t.nbytes // t.shape[0] for t in (first.gate_proj, first.up_proj, first.down_proj))
         parts = build(self.placement, self._layers, self.config, threads=threads, model_id=self._model_key,
                       progress=progress)
         self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason

@@ -7,7 +7,10 @@ tokenizer all take the opened `ModelFile`, so loading reads each header once.
 
 Routed experts are stacked per layer: gate_proj/up_proj [E, I, H], down_proj [E, H, I] (GGUF stores them stacked
 already; HF stores `model.layers.{i}.mlp.experts.{e}.{proj}.weight` one by one and they are copied into one tensor).
-Stored dtypes are kept (bf16 stays bf16, zero-copy from the memory map); quantized GGUF types become float32.
+Stored dtypes are kept (bf16 stays bf16, zero-copy from the memory map). Block-quantized GGUF tensors have their f16
+block scales checked for NaN/Inf first (a named error: tensor and block); the routed experts then stay as their blocks
+(engine.quantized.QuantizedTensor, a view of the memory map, dequantized an expert at a time when used), every other
+quantized tensor becomes float32.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from pathlib import Path
 
 import torch
 
+from engine import quants
 from engine.checkpoint_layout import GGUFTensor, gguf_tensors, hf_shapes
 from engine.config import ModelConfig
 from engine.errors import Cancelled, ModelFormatError
 from engine.events import ProgressEvent
 from engine.gguf_reader import GGUFModel, open_gguf_model
+from engine.quantized import QuantizedTensor, check_scales, keeps_blocks
 from engine.safetensors_reader import PICKLE_SUFFIXES, HFCheckpoint, open_hf_folder, refuse_pickle
 
 Progress = Callable[[ProgressEvent], None] | None
@@ -35,12 +40,13 @@ class ModelWeights:
     """A config plus every parameter under its canonical name (see docs/INTERFACES.md)."""
 
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor | QuantizedTensor]  # routed experts of quantized GGUFs stay QuantizedTensor
     source: str = ""
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        """Bytes the tensors hold (a QuantizedTensor: its blocks)."""
+        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass
@@ -99,7 +105,7 @@ def load_weights(
         if progress:
             progress(ProgressEvent("load", n, total, t.name if model.gguf is not None else t.canonical))
         if model.gguf is not None:
-            tensors[t.canonical] = model.gguf.tensor(t.name)
+            tensors[t.canonical] = _gguf_tensor(model.gguf, t, str(model.path))
         elif t.stacked:
             tensors[t.canonical] = _stack(model.hf, t, str(model.path), cancel)
         else:
@@ -107,6 +113,18 @@ def load_weights(
     if progress:
         progress(ProgressEvent("load", total, total, ""))
     return ModelWeights(model.config, tensors, str(model.path))
+
+
+def _gguf_tensor(f: GGUFModel, t: GGUFTensor, source: str) -> torch.Tensor | QuantizedTensor:
+    """One GGUF tensor as the model holds it (engine.quantized.keeps_blocks decides, the rule inspect_model sizes
+    loads with)."""
+    g = f.info(t.name)
+    if g.ggml_type in quants.QUANT_TYPES:
+        raw = f.raw(t.name)  # [..., row bytes] uint8 view of the map
+        check_scales(raw, g.ggml_type, source, t.name)
+        if keeps_blocks(g.ggml_type, t.stacked):
+            return QuantizedTensor(raw, g.ggml_type, tuple(g.shape), t.name)
+    return f.tensor(t.name)
 
 
 def check_gguf_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], source: str) -> list[GGUFTensor]:
