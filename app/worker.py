@@ -72,7 +72,18 @@ class EngineApi:
         if torch.cuda.is_available():
             free, total = torch.cuda.mem_get_info()
             device = f"cuda:0 ({torch.cuda.get_device_name(0)})"
-        return BackendList(status, choice, reason, device, int(free), int(total))
+        return BackendList(status, choice, reason, device, int(free), int(total), self.cuda_missing())
+
+    def cuda_missing(self) -> str:
+        """Why GPU use = cuda cannot work here, in words ("" when a CUDA device is usable)."""
+        import torch
+
+        if torch.cuda.is_available():
+            return ""
+        if torch.version.cuda is None:
+            return f"no CUDA device is available: torch {torch.__version__} is a CPU build"
+        return (f"no CUDA device is available: torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
+                "NVIDIA GPU or driver")
 
     def make_test_model(self, out_path: str, progress) -> str:
         from engine.make_model import make_model
@@ -245,6 +256,8 @@ class EngineWorker(QObject):
 
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
                  cancel: threading.Event) -> None:
+        if self._session is not None and not self._can_load(path, gpu_use, cancel):
+            return  # the loaded model stays (the reason went out on `failed`)
         self._stop_serving()
         self._close_remote()
         if self._session is not None:  # one model at a time: the old one goes first
@@ -268,6 +281,23 @@ class EngineWorker(QObject):
             self.state_changed.emit(ModelState(False))
             return
         self.state_changed.emit(self._state())
+
+    def _can_load(self, path: str, gpu_use: str, cancel: threading.Event) -> bool:
+        """Before the loaded model is closed: can `path` load at all (its header reads, CUDA is there when asked)?
+        If not, say why on `failed` and keep the loaded model."""
+        try:
+            if cancel.is_set():
+                raise Cancelled()
+            self._api.inspect(path)
+            if gpu_use == "cuda":
+                reason = self._api.cuda_missing()
+                if reason:
+                    raise TesseraError("placement", reason)
+        except Exception as exc:  # noqa: BLE001 - reported; the thread and the loaded model stay
+            error = worker_error("load", exc)
+            self.failed.emit(dataclasses.replace(error, subject=path) if error.cancelled else error)
+            return False
+        return True
 
     def _do_make(self, out_path: str, backend: str, threads: int, context_length: int, gpu_use: str,
                  gpu_experts: int, cancel: threading.Event) -> None:
@@ -311,7 +341,13 @@ class EngineWorker(QObject):
                 remote = self._remote
 
                 def chat(messages, sampling, *, enable_thinking, cancel, on_step):
-                    return remote.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel)
+                    last = None  # each streamed piece after the first is one decode step for the graphs
+                    for event in remote.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel):
+                        if not isinstance(event, DoneEvent):
+                            if last is not None:
+                                on_step(StepMetrics("decode", 1, max(event.t - last, 0.0)))
+                            last = event.t
+                        yield event
             else:
                 chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
             for event in chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel, on_step=on_step):

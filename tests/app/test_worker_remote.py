@@ -47,9 +47,13 @@ def test_remote_chat_matches_the_local_engine(qtbot, worker, server):
         worker.connect_remote(srv.url, "k", "")
     state = sig.args[0]
     assert state.loaded and state.backend == "remote" and state.name == "tessera-demo-moe (remote)"
+    chunks = []
+    worker.tokens.connect(chunks.append)
     with qtbot.waitSignal(worker.finished, timeout=60000) as sig:
         worker.generate(ASK, GREEDY, True)
     result = sig.args[0]
+    decode = [st for c in chunks for st in c.steps]
+    assert decode and all(st.phase == "decode" and st.seconds >= 0 for st in decode)  # the tok/s graph's input
     local = list(session.chat(ASK, SamplingParams(temperature=0, top_k=0, top_p=1.0, max_tokens=120)))[-1]
     assert not result.error and result.text.strip() == local.text.split("</think>")[-1].strip()
     assert result.metrics["ttft_s"] > 0 and result.metrics["prompt_tokens"] == local.metrics.prompt_tokens
