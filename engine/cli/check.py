@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if tty:
         print("\r" + " " * 100 + "\r", end="", file=sys.stderr)
     text = hardware.to_json(report) if args.json else hardware.to_markdown(report)
-    print(text.rstrip("\n"))
+    from engine.text import terminal_safe  # the model's name and keys come from its file
+
+    print(terminal_safe(text.rstrip("\n"), keep_newlines=True))
     if args.save:
         out = Path(args.save)
         body = hardware.to_json(report) if out.suffix.lower() == ".json" else hardware.to_markdown(report)
