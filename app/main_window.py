@@ -281,9 +281,10 @@ class MainWindow(QMainWindow):
         self.graphs.twin = "twin" in state.device  # "cpu (twin of the GPU half)"
         self.controller.set_model(state.loaded, state.name, state.context_length)
         self.unload_action.setEnabled(state.loaded)
-        if state.loaded:
+        if state.loaded and state.backend != "remote":  # a server's URL is not a model file to reopen
             self.settings.add_recent_model(state.path)
             self.model_panel.set_recent(self.settings.get("recent/models"))
+        if state.loaded:
             if switched:
                 self.statusBar().showMessage(f"Backend {state.backend}: {state.backend_reason}", 8000)
             else:
@@ -392,6 +393,9 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> SettingsDialog:
         if self.settings_dialog is None:
             self.settings_dialog = SettingsDialog(self.settings, self.backend_list, self.state.loaded, self)
+            if self.state.backend == "remote":
+                self.settings_dialog.disable_local("Chatting through a remote server, which chooses its own backend, "
+                                                   "threads, context and GPU use: these apply to local models only.")
             self.settings_dialog.finished.connect(self._settings_closed)
             self.worker.query_backends()
         self.settings_dialog.show()

@@ -85,6 +85,20 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
         self.buttons = buttons
 
+    def disable_local(self, reason: str) -> None:
+        """A remote server is in use: the settings that only shape a local model are disabled, with the reason."""
+        local = ("model/backend", "model/threads", "model/context_length", "gpu/use", "gpu/expert_cache")
+        for key in local:
+            editor = self.editors.get(key)
+            if editor is not None:
+                editor.setEnabled(False)
+                editor.setToolTip(reason)
+        note = QLabel(reason)
+        note.setWordWrap(True)
+        note.setAccessibleName("Why some settings are disabled")
+        self.layout().insertWidget(0, note)
+        self.remote_note = note
+
     def _editor(self, spec: Setting) -> QWidget:
         if spec.choices or spec.runtime_choices:
             w = QComboBox()

@@ -60,3 +60,29 @@ def test_profile_test_save_and_connect(qtbot, server, tmp_path):
         assert reopened.profile.currentText() == "local serve" and reopened.key.text() == "k3y"
     finally:
         worker.shutdown()
+
+
+def test_window_in_remote_mode_disables_local_settings_and_keeps_urls_out_of_recent(qtbot, server, data_dir):  # noqa: F811, E501
+    from app import paths
+    from app.main_window import MainWindow
+    from app.settings import Settings
+    from app.store import ConversationStore
+
+    worker = EngineWorker()
+    worker.start()
+    settings = Settings(paths.settings_path())
+    window = MainWindow(settings, ConversationStore(paths.database_path()), worker)
+    qtbot.addWidget(window)
+    try:
+        with qtbot.waitSignal(worker.state_changed, timeout=30000):
+            worker.connect_remote(server.url, "k3y", "")
+        assert window.state.backend == "remote"
+        assert server.url not in (settings.get("recent/models") or [])
+        dialog = window.open_settings()
+        assert not dialog.editors["model/backend"].isEnabled() and not dialog.editors["model/threads"].isEnabled()
+        assert "remote server" in dialog.remote_note.text()
+        assert dialog.editors["model/reopen_last"].isEnabled()
+        dialog.close()
+    finally:
+        window.close()
+        worker.shutdown()
