@@ -112,7 +112,10 @@ class FakeApi:
         return dict(params)
 
     def backend_status(self):
-        return BackendList(dict(BACKENDS), "AVX512", "best available on this CPU")
+        return BackendList(dict(BACKENDS), "AVX512", "best available on this CPU", cuda_reason=self.cuda_missing())
+
+    def cuda_missing(self):
+        return "no CUDA device is available: torch 0.0+fake is a CPU build"
 
     def make_test_model(self, out_path, progress):
         return out_path

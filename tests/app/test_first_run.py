@@ -282,3 +282,27 @@ def test_sidebar_elides_searches_with_snippets_and_retitles_after_an_edit(harnes
 def test_side_docks_can_be_widened(harness):
     w = harness.window
     assert w.centralWidget().minimumSizeHint().width() <= 450  # leaves room to widen a dock in a 1280 px window
+
+
+@pytest.mark.parametrize("case", ["unreadable", "no cuda"])
+def test_the_worker_keeps_the_loaded_model_when_the_new_one_cannot_load(harness, qtbot, case):
+    """Below the window's own checks: a load the worker can tell will fail leaves the loaded model loaded."""
+    worker = harness.worker
+    harness.load("/models/good.gguf")
+    kept = harness.api.sessions[-1]
+    states = []
+    worker.state_changed.connect(states.append)
+    with qtbot.waitSignal(worker.failed, timeout=5000) as sig:
+        if case == "unreadable":
+            worker.load("/models/bad.gguf")
+        else:
+            worker.load("/models/second.gguf", gpu_use="cuda")
+    error = sig.args[0]
+    if case == "unreadable":
+        assert "bad magic" in error.text
+    else:
+        assert error.subject == "placement" and "torch 0.0+fake is a CPU build" in error.text
+    qtbot.wait(100)
+    assert not kept.closed and len(harness.api.sessions) == 1 and states == []  # still loaded, nothing changed
+    harness.send("still there?")
+    assert harness.window.controller.messages[-1].content == "Hello there!"
