@@ -341,7 +341,13 @@ class EngineWorker(QObject):
                 remote = self._remote
 
                 def chat(messages, sampling, *, enable_thinking, cancel, on_step):
-                    return remote.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel)
+                    last = None  # each streamed piece after the first is one decode step for the graphs
+                    for event in remote.chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel):
+                        if not isinstance(event, DoneEvent):
+                            if last is not None:
+                                on_step(StepMetrics("decode", 1, max(event.t - last, 0.0)))
+                            last = event.t
+                        yield event
             else:
                 chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
             for event in chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel, on_step=on_step):
