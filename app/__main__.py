@@ -30,14 +30,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def show_notice(window, text: str, *, read_only: bool = False) -> None:
+    """A non-modal warning over the window (the app keeps running; scripted runs are not blocked)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    if read_only:
+        window.setWindowTitle(window.windowTitle() + " (read-only session)")
+    box = QMessageBox(QMessageBox.Icon.Warning, "Tessera", text, QMessageBox.StandardButton.Ok, window)
+    box.setObjectName("startupNotice")
+    box.setModal(False)
+    box.show()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs the app; a failure while starting still opens a window that says what went wrong (launched from the desktop
+    entry there is no terminal to read a traceback in)."""
     args = parse_args(argv)
+    try:
+        return _run(args)
+    except Exception as e:  # noqa: BLE001 - the last resort: say it in a window
+        import traceback
+
+        from PySide6.QtWidgets import QApplication, QMessageBox
+
+        traceback.print_exc()
+        app = QApplication.instance() or QApplication(sys.argv[:1])
+        box = QMessageBox(QMessageBox.Icon.Critical, "Tessera could not start", f"{type(e).__name__}: {e}")
+        box.setDetailedText(traceback.format_exc())
+        if not automation.wanted(args):
+            box.exec()
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app import paths
     from app.main_window import MainWindow
     from app.settings import Settings
-    from app.store import ConversationStore
+    from app.store_open import open_store
     from app.theme import apply_theme
     from app.worker import EngineWorker
 
@@ -55,10 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.theme:
         settings.set("ui/theme", args.theme)
     apply_theme(app, settings.get("ui/theme"))
-    store = ConversationStore(paths.database_path())
+    opened = open_store(paths.database_path())  # a damaged database is moved aside, a read-only folder read-only
+    store = opened.store
     worker = EngineWorker()
     worker.start()
     window = MainWindow(settings, store, worker)
+    if opened.notice:
+        show_notice(window, opened.notice, read_only=opened.read_only)
     width, height = (int(v) for v in args.size.lower().split("x"))
     window.resize(width, height)
     signal.signal(signal.SIGINT, lambda *_: app.quit())

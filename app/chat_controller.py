@@ -7,6 +7,7 @@ tokens or `flush_seconds`, whichever comes first), so a kill loses at most the l
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -137,14 +138,19 @@ class ChatController(QObject):
         if not self.model_loaded:
             self.notice.emit("No model is loaded: open one from the model panel or the welcome page.")
             return False
-        if not self.conversation_id:
-            title = auto_title(text)
-            self.conversation_id = self.store.create_conversation(title, self.model_name).id
-            self.current_changed.emit(self.conversation_id)
-            system = self.settings.get("chat/system_prompt").strip()
-            if system:
-                self._append(Message("system", system))
-        self._append(Message("user", text))
+        try:
+            if not self.conversation_id:
+                title = auto_title(text)
+                self.conversation_id = self.store.create_conversation(title, self.model_name).id
+                self.current_changed.emit(self.conversation_id)
+                system = self.settings.get("chat/system_prompt").strip()
+                if system:
+                    self._append(Message("system", system))
+            self._append(Message("user", text))
+        except sqlite3.Error as e:  # a full disk, a folder made read-only meanwhile: the typed text stays in the box
+            self.notice.emit(f"The message could not be saved ({e}); it is still in the box. Free some disk space "
+                             "and send it again.")
+            return False
         self._start_reply()
         self.conversations_changed.emit()
         return True
