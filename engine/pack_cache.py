@@ -211,8 +211,8 @@ class PackCache:
 
     def load(self, key: str, nbytes: int, allocate: Callable[[int], np.ndarray],
              validate: Callable[[np.ndarray], None], what: str = "") -> np.ndarray | None:
-        """The verified blob of `key` (of `nbytes`, read into `allocate(nbytes)`), or None when absent or not valid (then
-        the file is deleted with a notice and the caller repacks). `validate` raises ValueError for a blob the
+        """The verified blob of `key` (of `nbytes`, read into `allocate(nbytes)`), or None when absent or not valid
+        (then the file is deleted with a notice and the caller repacks). `validate` raises ValueError for a blob the
         backend rejects."""
         if not self.usable:
             return None
@@ -349,8 +349,8 @@ class PackCache:
         budget = self.budget(model_bytes)
         if model_bytes > budget:
             self.store_enabled = False
-            self.notice(f"this model packs to {human_bytes(model_bytes)}, over the cache budget of {human_bytes(budget)} "
-                        f"(set {_BUDGET_ENV} or free disk space); loading without storing")
+            self.notice(f"this model packs to {human_bytes(model_bytes)}, over the cache budget of "
+                        f"{human_bytes(budget)} (set {_BUDGET_ENV} or free disk space); loading without storing")
             return
         incoming = sum(n for k, n in zip(keys, sizes) if not self.layer_path(k).is_file())
         self.evict(budget - incoming, keep=set(keys), keep_model=self._manifest_path(model, backend).stem)
