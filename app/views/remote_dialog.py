@@ -3,7 +3,8 @@ connection, and chat through that server instead of a local model.
 
 The dialog reaches the engine only through the worker: `test_requested(url, key)` -> `worker.test_remote`, whose
 `remote_checked` result comes back to `show_check`; `connect_requested(url, key, model)` -> `worker.connect_remote`.
-Profiles and keys are kept by app/remote_profiles.py (keys in the OS keyring or a 0600 file, never in the chat database).
+Profiles and keys are kept by app/remote_profiles.py (keys in the OS keyring or a 0600 file, never in the chat
+database).
 """
 
 from __future__ import annotations

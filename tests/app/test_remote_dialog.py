@@ -62,7 +62,7 @@ def test_profile_test_save_and_connect(qtbot, server, tmp_path):
         worker.shutdown()
 
 
-def test_window_in_remote_mode_disables_local_settings_and_keeps_urls_out_of_recent(qtbot, server, data_dir):  # noqa: F811, E501
+def test_remote_mode_disables_local_settings_and_keeps_urls_out_of_recent(qtbot, server, data_dir):  # noqa: F811
     from app import paths
     from app.main_window import MainWindow
     from app.settings import Settings
