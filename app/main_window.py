@@ -452,6 +452,7 @@ class MainWindow(QMainWindow):
         else:
             wizard = ConvertWizard(self)
             wizard.converted.connect(self.on_converted)
+            wizard.open_requested.connect(self.load_model)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         wizard.open()
         return wizard

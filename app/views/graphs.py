@@ -62,8 +62,8 @@ class GraphsPanel(QWidget):
         self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6, brush="#7a5cc7")
         self.ttft_plot.addItem(self.ttft_bars)
         # the legend is in the title (coloured names), where it cannot cover a point
-        self.hit_plot = plot("Cache hit rate: <span style='color:#2a9d55'>■ prefix KV</span> "
-                             "<span style='color:#c0392b'>▲ expert cache</span>", "%", "reply")
+        self.hit_plot = plot("Hits: <span style='color:#2a9d55'>■ prefix KV</span> "
+                             "<span style='color:#c0392b'>▲ experts</span>", "%", "reply")
         self.hit_plot.setYRange(0, 100)
         self.prefix_curve = self.hit_plot.plot([], [], pen=pg.mkPen("#2a9d55", width=2), symbol="s", symbolSize=6,
                                                symbolBrush="#2a9d55", name="prefix KV")
@@ -71,6 +71,7 @@ class GraphsPanel(QWidget):
                                                symbolBrush="#c0392b", name="expert cache")
         for w in (self.ttft_plot, self.hit_plot, self.speed_plot, self.prefill_plot):
             w.getAxis("left").enableAutoSIPrefix(False)
+            w.getAxis("bottom").enableAutoSIPrefix(False)  # seconds stay seconds (no "x0.001")
         for w in (self.prefill_plot, self.ttft_plot, self.hit_plot):
             w.getAxis("bottom").setTickSpacing(1, 1)
             w.setXRange(0.5, 5.5, padding=0)

@@ -34,7 +34,18 @@ from app.wizards.job_page import JobPage, keep_until_finished
 
 # Output bytes per weight: matrices take the requested type; norms and routers stay F32 (a rounding error in size).
 BYTES_PER_WEIGHT = {"bf16": 2.0, "q8_0": 34 / 32}
-DTYPES = (("bf16", "BF16 — exact copy of a BF16 checkpoint"), ("q8_0", "Q8_0 — 8-bit, about half the size, tiny error"))
+DTYPES = (("bf16", "BF16"), ("q8_0", "Q8_0 — 8-bit blocks, about half the size of BF16, a small rounding error"))
+
+
+def bf16_label(source_dtypes: list[str]) -> str:
+    """What BF16 output does to this source: an exact copy only when every tensor already is BF16; otherwise name
+    the rounding (F32's 24-bit and F16's 11-bit significands become BF16's 8 bits)."""
+    wider = [d for d in source_dtypes if d in ("F32", "F16")]
+    if not wider:
+        return "BF16 — an exact copy of the BF16 checkpoint"
+    size = "half the size, " if "F32" in wider else ""
+    return (f"BF16 — {size}rounds the {' and '.join(wider)} weights to 8 significant bits (about 3 decimal digits): "
+            "a small loss, checked by Verify")
 FREE_MARGIN = 64 * 1024 * 1024  # as the converter keeps
 
 
@@ -185,6 +196,7 @@ class OptionsPage(QWizardPage):
     def initializePage(self) -> None:
         s = self._source.summary
         src = Path(s["folder"])
+        self.dtype_buttons["bf16"].setText(bf16_label(list(s.get("dtypes", []))))
         self.out.setText(str(src.parent / f"{src.name}-{self.dtype().upper()}.gguf"))
         self.prepack.clear()
         self.prepack.addItem("No pre-packing", None)
@@ -282,8 +294,11 @@ class DonePage(QWizardPage):
         self.text = QLabel()
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.open_button = QPushButton("Open it now")
+        self.open_button.setAccessibleName("Load the converted model and close the wizard")
         layout = QVBoxLayout(self)
         layout.addWidget(self.text)
+        layout.addWidget(self.open_button, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addStretch(1)
 
     def initializePage(self) -> None:
@@ -301,7 +316,7 @@ class DonePage(QWizardPage):
             lines.append("<p>Not verified. <code>tessera-cli compare SOURCE OUTPUT</code> does it later.</p>")
         if r.get("prepack"):
             lines.append(f"<p>{escape(r['prepack'])}</p>")
-        lines.append("<p>Open the file from the model panel to chat with it.</p>")
+        lines.append("<p>“Open it now” loads it in the app (or open the file later from the model panel).</p>")
         self.text.setText("".join(lines))
 
 
@@ -309,6 +324,7 @@ class ConvertWizard(QWizard):
     """Emits `converted(path)` when a conversion completes (the app can offer to open it)."""
 
     converted = Signal(str)
+    open_requested = Signal(str)  # "Open it now" on the Done page: load this file
 
     def __init__(self, parent=None, *, folder: str | None = None):
         super().__init__(parent)
@@ -322,6 +338,11 @@ class ConvertWizard(QWizard):
         for page in (self.source, self.options_page, self.run_page, self.done_page):
             self.addPage(page)
         self.run_page.finished_ok.connect(lambda r: self.converted.emit(r["path"]))
+        self.done_page.open_button.clicked.connect(self._open_now)
+
+    def _open_now(self) -> None:
+        self.open_requested.emit(self.run_page.result["path"])
+        self.accept()
 
     def done(self, result: int) -> None:  # closing cancels a running conversion (its temporary file is removed)
         self.run_page.wait_for_job()

@@ -306,3 +306,20 @@ def test_the_worker_keeps_the_loaded_model_when_the_new_one_cannot_load(harness,
     assert not kept.closed and len(harness.api.sessions) == 1 and states == []  # still loaded, nothing changed
     harness.send("still there?")
     assert harness.window.controller.messages[-1].content == "Hello there!"
+
+
+def test_convert_wizard_names_the_bf16_loss_and_opens_the_result(harness, qtbot):
+    from app.wizards.convert_wizard import bf16_label
+
+    assert bf16_label(["BF16"]) == "BF16 — an exact copy of the BF16 checkpoint"
+    assert "half the size, rounds the F32 weights to 8 significant bits" in bf16_label(["BF16", "F32"])
+    assert "rounds the F16 weights" in bf16_label(["F16"]) and "half the size" not in bf16_label(["F16"])
+    w = harness.window
+    wizard = w.open_wizard("convert")
+    wizard.run_page.result = {"path": "/models/converted.gguf"}
+    closed = []
+    wizard.finished.connect(closed.append)
+    with qtbot.waitSignal(w.model_ready, timeout=5000) as sig:
+        wizard.done_page.open_button.click()  # "Open it now" on the Done page
+    assert sig.args[0] is True and w.state.path == "/models/converted.gguf" and closed  # loaded; the wizard closed
+
