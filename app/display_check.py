@@ -87,8 +87,8 @@ def distro_family(os_release: str) -> str:
 
 
 def install_commands(missing: list[str], as_root: bool = False) -> dict[str, str]:
-    """{"debian": "apt-get install ...", "fedora": "dnf install ..."} for the missing sonames. Fedora resolves an unknown
-    soname through RPM's automatic provides; Debian needs apt-file to find one this table does not know."""
+    """{"debian": "apt-get install ...", "fedora": "dnf install ..."} for the missing sonames. Fedora resolves an
+    unknown soname through RPM's automatic provides; Debian needs apt-file to find one this table does not know."""
     sudo = "" if as_root else "sudo "
     deb, rpm, unknown = [], [], []
     for soname in missing:

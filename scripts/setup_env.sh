@@ -27,8 +27,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   command -v cmake >/dev/null 2>&1 || build_tools="$build_tools cmake"
   command -v ninja >/dev/null 2>&1 || build_tools="$build_tools ninja"
   pip_quiet .venv/bin/python -m pip install -q "$torch_spec" ${torch_index:+--index-url "$torch_index"}
-  built="$(.venv/bin/python -c 'import torch; print(torch.__version__, torch.version.cuda and "CUDA " + torch.version.cuda
-                                                   or "CPU build")' 2>/dev/null || echo "not importable")"
+  built="$(.venv/bin/python -c 'import torch; v = torch.version.cuda
+print(torch.__version__, "CUDA " + v if v else "CPU build")' 2>/dev/null || echo "not importable")"
   echo "tessera: torch in .venv: $built" >&2
   pip_quiet .venv/bin/python -m pip install -q $build_tools
   pip_quiet .venv/bin/python -m pip install -q --no-build-isolation -e ".${TESSERA_EXTRAS:+[$TESSERA_EXTRAS]}"

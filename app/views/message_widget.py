@@ -41,7 +41,8 @@ def footer_text(metrics: dict) -> str:
 
 
 def role_header(message: Message) -> str:
-    """`<b>Assistant</b> · model.gguf`, and which model wrote the chat before when this reply continues it on another."""
+    """`<b>Assistant</b> · model.gguf`, and which model wrote the chat before when this reply continues it on
+    another."""
     head = f"<b>{html.escape(ROLE_NAMES.get(message.role, message.role))}</b>"
     model = message.metrics.get("model") if message.role == "assistant" else None
     if model:

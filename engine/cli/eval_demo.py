@@ -1,5 +1,6 @@
-"""`tessera-cli eval-demo [MODEL] [--backend B] [--n N] [--turns T] [--json]`: the demo model's exact-match accuracy per skill on
-held-out generated prompts, greedy, through the full chat pipeline (template, tokenizer, generation, detokenization)."""
+"""`tessera-cli eval-demo [MODEL] [--backend B] [--n N] [--turns T] [--json]`: the demo model's exact-match accuracy
+per skill on held-out generated prompts, greedy, through the full chat pipeline (template, tokenizer, generation,
+detokenization)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="which held-out prompts (default 0)")
     p.add_argument("--show-failures", action="store_true", help="print each wrong reply with the expected one")
     p.add_argument("--json", action="store_true",
-                   help='print {"skills": {NAME: {"accuracy": percent, "n": int}}, "overall": percent, "backend": NAME, '
-                        '"turns": T}')
+                   help='print {"skills": {NAME: {"accuracy": percent, "n": int}}, "overall": percent, '
+                        '"backend": NAME, "turns": T}')
 
 
 def run(args) -> int:

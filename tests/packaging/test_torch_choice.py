@@ -25,7 +25,8 @@ def cpu_index(tmp_path):
     """A local stand-in for https://download.pytorch.org/whl/cpu: answers 200 for /torch/."""
     served = tmp_path / "index"
     (served / "whl" / "cpu" / "torch").mkdir(parents=True)
-    (served / "whl" / "cpu" / "torch" / "index.html").write_text("<a href='torch-2.13.0+cpu-cp311-none-any.whl'>torch</a>")
+    page = "<a href='torch-2.13.0+cpu-cp311-none-any.whl'>torch</a>"
+    (served / "whl" / "cpu" / "torch" / "index.html").write_text(page)
     handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
