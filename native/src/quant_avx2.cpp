@@ -86,7 +86,7 @@ TESSERA_ISA_END
 namespace tessera {
 namespace quant {
 namespace {
-const Kernels kAvx2 = {QIsa::AVX2, quantize_row_body, unpack_rows_body, dot_rows_avx2};
+const Kernels kAvx2 = {QIsa::AVX2, quantize_row_body, unpack_rows_body, dot_rows_avx2, nullptr};
 }  // namespace
 const Kernels& kernels_avx2() { return kAvx2; }
 }  // namespace quant

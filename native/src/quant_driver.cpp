@@ -92,9 +92,20 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   pool.parallel_for(n_rg * n_tb, [&](int64_t task, int ith) {
     const int64_t rg = task % n_rg, tb = task / n_rg;
     const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
+    const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
+    if (kr.dot_direct) {
+      ActRow xs[kTokenBlock];
+      float res[kTokenBlock];
+      for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
+      for (int64_t n = rg * kRowGroup; n < n_end; ++n) {
+        kr.dot_direct(a.type, a.w + n * a.row_bytes, a.K, xs, int(t1 - t0), res);
+        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + n] = res[t - t0];
+      }
+      return;
+    }
     Tile& tile = tiles[ith];
     float res[kTileRows];
-    for (int64_t n0 = rg * kRowGroup; n0 < std::min(a.N, (rg + 1) * kRowGroup); n0 += kTileRows) {
+    for (int64_t n0 = rg * kRowGroup; n0 < n_end; n0 += kTileRows) {
       const int R = int(std::min<int64_t>(kTileRows, a.N - n0));
       tile.unpack(kr, w, n0, R, a.K);
       for (int64_t t = t0; t < t1; ++t) {
@@ -142,6 +153,18 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
+      if (kr.dot_direct) {
+        ActRow xs[kTokenBlock];
+        float g[kTokenBlock], u[kTokenBlock];
+        const int nt = int(s1 - s0);
+        for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
+        for (int64_t i = rg * kRowGroup; i < std::min(I, (rg + 1) * kRowGroup); ++i) {
+          kr.dot_direct(a.gate.type, a.gate.w + (e * I + i) * a.gate.row_bytes, H, xs, nt, g);
+          kr.dot_direct(a.up.type, a.up.w + (e * I + i) * a.up.row_bytes, H, xs, nt, u);
+          for (int64_t s = s0; s < s1; ++s) act[size_t(sl[size_t(s)] * I + i)] = silu(g[s - s0]) * u[s - s0];
+        }
+        return;
+      }
       Tile &tg = tiles_g[ith], &tu = tiles_u[ith];
       float g[kTileRows], u[kTileRows];
       for (int64_t i0 = rg * kRowGroup; i0 < std::min(I, (rg + 1) * kRowGroup); i0 += kTileRows) {
@@ -176,6 +199,17 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
+      if (kr.dot_direct) {
+        ActRow xs[kTokenBlock];
+        float res[kTokenBlock];
+        const int nt = int(s1 - s0);
+        for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
+        for (int64_t h = rg * kRowGroup; h < std::min(H, (rg + 1) * kRowGroup); ++h) {
+          kr.dot_direct(a.down.type, a.down.w + (e * H + h) * a.down.row_bytes, I, xs, nt, res);
+          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h)] = res[s - s0];
+        }
+        return;
+      }
       Tile& td = tiles_d[ith];
       float res[kTileRows];
       for (int64_t h0 = rg * kRowGroup; h0 < std::min(H, (rg + 1) * kRowGroup); h0 += kTileRows) {

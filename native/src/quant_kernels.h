@@ -41,6 +41,9 @@ struct Kernels {
   // out[r] = sum_i w[r, i] x[i] for r < R, one token.  wide: codes may exceed 127 (QTypeInfo::wide).
   void (*dot_rows)(const uint8_t* u, const float* a4, const float* b16, int R, int64_t K, const ActRow& x, bool wide,
                    float* out);
+  // Optional (nullptr: the driver uses unpack_rows + dot_rows): one row read straight from its blocks, codes and scales
+  // kept in registers while nt <= kTokenBlock tokens pass over each 256 values; out[i] = row . xs[i].
+  void (*dot_direct)(QType t, const uint8_t* row, int64_t K, const ActRow* xs, int nt, float* out);
 };
 
 const Kernels& kernels_reference();  // quant_ref.cpp

@@ -32,7 +32,7 @@ void dot_rows_ref(const uint8_t* u, const float* a4, const float* b16, int R, in
   }
 }
 
-const Kernels kRef = {QIsa::Reference, quantize_row_body, unpack_rows_body, dot_rows_ref};
+const Kernels kRef = {QIsa::Reference, quantize_row_body, unpack_rows_body, dot_rows_ref, nullptr};
 
 }  // namespace
 
