@@ -85,26 +85,29 @@ template <QType t>
 __attribute__((always_inline)) inline void load_block32(const uint8_t* row, int64_t K, int64_t sb, SuperChunk& s) {
   const int bytes = t == QType::Q8_0 ? 34 : 18;
   const int64_t b0 = 8 * sb, nblk = std::min<int64_t>(8, K / 32 - b0);
-  alignas(64) float d[16] = {0};
+  alignas(16) uint16_t dh[8] = {0};  // the blocks' f16 scales, converted together (vcvtph2ps: exact)
   const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
   __m256i code[8];
-  for (int j = 0; j < 8; ++j) {
-    if (j >= nblk) {
-      code[j] = _mm256_setzero_si256();
-      continue;
-    }
+  auto one = [&](int j) {
     const uint8_t* blk = row + (b0 + j) * bytes;
-    d[j] = f16(blk);
+    std::memcpy(&dh[j], blk, 2);
     if (t == QType::Q8_0) {
       code[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
     } else {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      const __m256i vv = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-      code[j] = _mm256_and_si256(vv, m4);
+      code[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
+    }
+  };
+  if (nblk == 8) {
+    for (int j = 0; j < 8; ++j) one(j);
+  } else {
+    for (int j = 0; j < 8; ++j) {
+      if (j < nblk) one(j); else code[j] = _mm256_setzero_si256();
     }
   }
   s.nc = int((nblk + 1) / 2);
-  const __m512 dv = _mm512_load_ps(d);
+  const __m512 dv = _mm512_insertf32x8(_mm512_setzero_ps(),
+                                        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))), 0);
   const __m512i l8 = lane_div(3);
   for (int c = 0; c < 4; ++c) {
     s.u[c] = cat(code[2 * c], code[2 * c + 1]);
