@@ -172,15 +172,19 @@ __attribute__((always_inline)) inline void load_kquant(const uint8_t* row, int64
     }
     default: {  // IQ4_XS
       const uint8_t* blk = row + sb * 136;
-      const unsigned sh = unsigned(blk[2]) | unsigned(blk[3]) << 8;
-      alignas(64) float ls[16] = {0};
-      for (int ib = 0; ib < 8; ++ib)
-        ls[ib] = float(int(((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)) - 32);
-      const __m512 a16 = _mm512_mul_ps(_mm512_set1_ps(f16(blk)), _mm512_permutexvar_ps(lane_div(1), _mm512_load_ps(ls)));
+      uint32_t sl;  // sub-block ib: ls = ((scales_l >> 4 ib) & 15) | ((scales_h >> 2 ib) & 3) << 4, all 8 at once
+      std::memcpy(&sl, blk + 4, 4);
+      const int sh = int(blk[2]) | int(blk[3]) << 8;
+      const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(sl)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                          _mm256_set1_epi32(0xF));
+      const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                          _mm256_set1_epi32(3));
+      const __m256 ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+      const __m512 a16 = _mm512_mul_ps(_mm512_set1_ps(f16(blk)),
+                                       _mm512_permutexvar_ps(lane_div(1), _mm512_castps256_ps512(ls)));
       s.b = _mm512_mul_ps(_mm512_set1_ps(128.0f), a16);
       spread_groups(a16, s);
-      alignas(16) uint8_t tab[16];
-      for (int i = 0; i < 16; ++i) tab[i] = uint8_t(kIQ4Values[i] + 128);
+      alignas(16) static const uint8_t tab[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};  // kIQ4Values + 128
       const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tab)));
       const __m512i order = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
       for (int c = 0; c < 4; ++c) {
