@@ -273,3 +273,74 @@ def make_backend(
         stats.notices = list(cache.notices)
     stats.seconds = time.perf_counter() - t0
     return NativeExperts(concrete, reason, packed, pool, stats)
+
+
+# ------------------------------------------------------------------------------------ quantized GGUF kernels (issue 12)
+# Weights stay in the file's block layout (uint8 rows, e.g. a memory-mapped GGUF tensor): see docs/INTERFACES.md,
+# "Quantized weights". qtype: a gguf GGMLQuantizationType, its int id, or its name ("Q4_K", "q4_k").
+
+QUANT_ISAS = ("avx512_vnni", "avx2", "reference")
+
+
+def _qtype_id(qtype, arg: str = "qtype") -> int:
+    if isinstance(qtype, str):
+        from gguf.constants import GGMLQuantizationType
+
+        try:
+            return int(GGMLQuantizationType[qtype.upper()])
+        except KeyError:
+            raise ValueError(f"{arg}: unknown GGML type name {qtype!r}") from None
+    return int(qtype)
+
+
+def quant_types() -> list[dict]:
+    """Types the quantized kernels read: [{id, name, block, type_size}] (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS)."""
+    return list(_native.quant_types())
+
+
+def quant_isas() -> list[dict]:
+    """Quantized-kernel ISAs, best first: [{name, available, reason}] under TESSERA_MAX_ISA."""
+    return list(_native.quant_isas())
+
+
+def quant_isa_for_backend(backend: str) -> str:
+    """The quantized ISA an expert backend runs: AMX*/AVX512* -> avx512_vnni (AMX tiles for quantized prefill are not
+    built yet), AVX2 -> avx2, Reference -> reference; the best available one at or below the backend's level."""
+    from engine import backends
+
+    concrete, _ = resolve(backend)
+    level = {b["name"]: b["isa_level"] for b in backends.compiled()}.get(concrete, "reference")
+    order = {"amx": QUANT_ISAS, "avx512": QUANT_ISAS, "avx2": QUANT_ISAS[1:]}.get(level, QUANT_ISAS[2:])
+    available = {i["name"] for i in quant_isas() if i["available"]}
+    return next(i for i in order if i in available)
+
+
+def quant_row_bytes(qtype, K: int) -> int:
+    """Bytes of one row of K values; ValueError when K is not a whole number of the type's blocks."""
+    return int(_native.quant_row_bytes(_qtype_id(qtype), int(K)))
+
+
+def quant_dequantize(qtype, w, out, pool) -> None:
+    """out[rows, K] f32 = the exact values of w[rows, row_bytes] uint8 (bit-identical to gguf.quants.dequantize)."""
+    _native.quant_dequantize(_qtype_id(qtype), w, out, pool)
+
+
+def quant_validate(qtype, w, name: str, pool) -> None:
+    """Raises ValueError("tensor NAME: row R, block B has a non-finite scale d (NaN or Inf); ...") for the first block
+    of w [..., row_bytes] uint8 whose f16 scale (d, or dmin) is not finite; returns None when all are."""
+    _native.quant_validate(_qtype_id(qtype), w, str(name), pool)
+
+
+def quant_matmul(qtype, w, x, out, pool, isa: str = "auto") -> None:
+    """out[T, N] = x[T, K] @ W[N, K].T with W given as its quantized rows w[N, row_bytes] uint8 (read in place),
+    x and out float32 C-contiguous (out overwritten). isa: auto | avx512_vnni | avx2 | reference."""
+    _native.quant_matmul(_qtype_id(qtype), w, x, out, pool, isa)
+
+
+def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,
+                      isa: str = "auto") -> None:
+    """Routed experts on quantized weights, `forward`'s contract: gate, up [E, I, row_bytes(H)] and down
+    [E, H, row_bytes(I)] uint8 as stored in the GGUF (ffn_{gate,up,down}_exps), each with its own type;
+    expert_ids [T, k] int64 (-1 = skip), weights [T, k] f32, x [T, H] f32, out [T, H] f32 (overwritten)."""
+    _native.quant_moe_forward(_qtype_id(gate_type, "gate_type"), gate, _qtype_id(up_type, "up_type"), up,
+                              _qtype_id(down_type, "down_type"), down, expert_ids, weights, x, out, pool, isa)

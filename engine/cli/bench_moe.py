@@ -13,9 +13,10 @@ from engine.config import PUBLISHED
 
 HELP = "benchmark the CPU MoE kernels on one real Qwen3-MoE layer shape (random weights)"
 
-SHAPES = {  # E, H, I, k: the published configs' values, and a tiny one for tests of the command itself
+SHAPES = {  # E, H, I, k: the published configs' values, and tiny ones for tests of the command itself
     **{n: (c.num_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok) for n, c in PUBLISHED.items()},
     "tiny": (16, 64, 32, 4),
+    "tiny-q": (16, 256, 256, 4),  # rows of whole 256-value super-blocks (quantized --dtype)
 }
 
 
@@ -36,6 +37,19 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="time budget per decode measurement (default %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="skip the naive torch baseline")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", *sorted(_quant_dtypes())],
+                   help="expert weights: bf16 (packed per backend) or GGUF quantized blocks read in place by the "
+                        "quantized kernels (q4_k_m / q5_k_m: down one type above gate/up) (default %(default)s)")
+    p.add_argument("--isas", default=None, help="with a quantized --dtype: comma-separated quantized ISAs to run "
+                   "(avx512_vnni, avx2, reference; default: every available one)")
+    p.add_argument("--rounds", type=int, default=5, help="with a quantized --dtype: interleaved decode rounds "
+                   "(default %(default)s)")
+
+
+def _quant_dtypes():
+    from engine.cli.bench_moe_quant import DTYPES
+
+    return DTYPES
 
 
 def run(args) -> int:
@@ -56,6 +70,13 @@ def run(args) -> int:
         raise TesseraError("--threads", f"must be at least 1, got {threads}")
     torch.set_num_threads(threads)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    if getattr(args, "dtype", "bf16") != "bf16":  # quantized GGUF blocks: engine/cli/bench_moe_quant.py
+        from engine.cli import bench_moe_quant
+
+        result = bench_moe_quant.run(args, E, H, I, k, threads, log)
+        if args.json:
+            print(json.dumps(result))
+        return 0
     info = {b["name"]: b for b in backends.compiled()}
     if args.backends:
         wanted = [n.strip() for n in args.backends.split(",") if n.strip()]

@@ -18,6 +18,7 @@
 #include "tessera/dense.h"
 #include "tessera/pool.h"
 #include "tessera/probe.h"
+#include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
 #include "tessera/tuning.h"
 
 namespace nb = nanobind;
@@ -223,6 +224,8 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
   return nb::ndarray<nb::numpy, uint8_t>(p, 1, shape, owner);
 }
 
+#include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -342,6 +345,8 @@ NB_MODULE(_native, m) {
     if (reference) dense_matvec_reference(a, pool); else dense_matvec(a, pool);
   }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("reference") = false,
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
+
+  bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;

@@ -1,0 +1,95 @@
+// Kernels on GGUF quantized blocks, read in place (the file's own block layout, memory-mapped, zero copy): no weight is
+// ever widened to f32/bf16 beyond one row tile in L1 at a time, and no block is requantized.
+//
+// Types (GGML ids): Q4_0 (2), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_XS (23).
+// A weight matrix W [N, K] is N rows of K/block blocks each, `row_bytes = K / block * type_size` bytes per row,
+// rows contiguous (GGUF: ffn_{gate,up}_exps [E, I, H] = E*I rows of H; ffn_down_exps [E, H, I] = E*H rows of I).
+//
+// How a kernel computes (the same scheme in every ISA):
+// - Every weight of every type is written exactly as w = A_g * u - B_g, u an unsigned 8-bit code, A_g and B_g f32 per
+//   16-value group g (from the block's f16 scale(s) and 6-bit/8-bit sub-scales and mins, kept as stored):
+//   Q8_0 u = q + 128, A = d, B = 128 d; Q4_0 u = nibble, A = d, B = 8 d; Q4_K/Q5_K u = 4/5-bit code, A = d * sc,
+//   B = dmin * m; Q6_K u = 6-bit code, A = d * sc, B = 32 A; IQ4_XS u = kvalues[nibble] + 128, A = d (ls - 32),
+//   B = 128 A. In exact arithmetic this is gguf.quants.dequantize's value.
+// - Activations are quantized per token in blocks of 32 values: f32 scale dx = max|x| / 127, int8 q = round(x / dx)
+//   (nearest even), and the per-16 sums dx * sum(q) for the B terms. Finer than llama.cpp's Q8_K (one scale per 256).
+// - out = sum_g A_g dx_g * dot_g(u, q) - sum_g B_g * dx_g sum_g(q): integer dots of 4 values (vpdpbusd lanes, exact in
+//   int32), converted to f32 and accumulated in f32 with the scales (Reference: double).
+// - A row tile (4 rows x K) is unpacked into a per-thread L1 buffer (u8 codes + scales) and reused by every token of a
+//   token block (64 tokens), so prefill reads each weight block once per 64 tokens, decode once.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tessera/pool.h"
+
+namespace tessera {
+
+enum class QType : int32_t { Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_XS = 23 };
+
+struct QTypeInfo {
+  QType type;
+  const char* name;  // "Q4_K"
+  int block;         // values per block (32 or 256)
+  int bytes;         // bytes per block
+  bool wide;         // codes u may exceed 127 (Q8_0, IQ4_XS): AVX2 takes the sign path
+};
+
+// nullptr when `ggml_type` is not one of the supported types.
+const QTypeInfo* qtype_info(int32_t ggml_type);
+const QTypeInfo& qtype_info(QType t);
+// Every supported type, in GGML id order, and their names "Q4_0, Q8_0, ..." for error messages.
+const char* qtype_names();
+
+// The quantized-kernel ISAs. Each backend maps to one (engine/native.py: quant_isa_for_backend).
+enum class QIsa : int32_t { Reference = 0, AVX2 = 1, AVX512VNNI = 2 };
+constexpr int kQIsaCount = 3;
+const char* qisa_name(QIsa isa);  // "reference", "avx2", "avx512_vnni"
+// Whether this CPU (under TESSERA_MAX_ISA) runs `isa`; on false *why says what is missing.
+bool qisa_available(QIsa isa, std::string* why);
+QIsa qisa_best();
+
+// Exact dequantization of `rows` rows of K values (bit-identical to gguf.quants.dequantize): tests and the embedding
+// lookup (one row at a time). out [rows, K] f32.
+void quant_dequantize(QType t, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t K, float* out,
+                      ThreadPool& pool);
+
+// The first block (row-major order) whose f16 scale (d, or dmin for Q4_K/Q5_K) is NaN or Inf.
+struct QBadBlock {
+  int64_t row = -1, block = -1;  // -1: every scale is finite
+  const char* field = "";        // "d" or "dmin"
+};
+QBadBlock quant_find_nonfinite(QType t, const uint8_t* w, size_t row_bytes, int64_t rows, ThreadPool& pool);
+
+// out[T, N] = x[T, K] @ W[N, K]^T, W quantized (row_bytes per row), x and out f32 (out overwritten).
+// Preconditions (checked in bindings): K a multiple of the type's block, row_bytes = K / block * bytes, T, N > 0.
+struct QMatmulArgs {
+  QType type;
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t N, K, T;
+  const float* x;
+  float* out;
+};
+void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool);
+
+// One projection of a layer's experts: E * rows_per_expert rows of `row_bytes`.
+struct QWeights {
+  QType type;
+  const uint8_t* w;
+  size_t row_bytes;
+};
+// The MoE forward of backend.h's contract on quantized experts: gate, up [E, I, H] (E*I rows of H), down [E, H, I];
+// ids [T, k] (negative = skip the slot), weights [T, k] f32, x [T, H] f32, out [T, H] f32 (overwritten).
+struct QMoeArgs {
+  int64_t E, H, I, T, k;
+  QWeights gate, up, down;
+  const int64_t* ids;
+  const float* weights;
+  const float* x;
+  float* out;
+};
+void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool);
+
+}  // namespace tessera

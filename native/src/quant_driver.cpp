@@ -1,0 +1,242 @@
+// The quantized mat-mul and MoE forward: activation quantization, tiling, and the phases on the thread pool; the
+// arithmetic is the ISA's kernel table (quant_kernels.h). Portable: no ISA flags.
+//
+// Tiling: a task owns up to kRowGroup rows of one weight matrix and up to kTokenBlock tokens. It unpacks 4 rows at a
+// time from the file's blocks into its thread's L1 tile (u8 codes + f32 scales) and runs every token of its block
+// over that tile, so a weight block is read from memory once per 64 tokens (prefill) and once per call (decode).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant_kernels.h"
+
+namespace tessera {
+namespace {
+
+using quant::ActRow;
+using quant::Kernels;
+using quant::kTileRows;
+using quant::kTokenBlock;
+using quant::padded_k;
+using quant::padded_s16;
+
+constexpr int64_t kRowGroup = 32;   // rows per task: 8 tiles
+constexpr int64_t kMoeChunk = 256;  // tokens per MoE pass (bounds the per-slot scratch)
+
+const Kernels& kernels_for(QIsa isa) {
+  switch (isa) {
+    case QIsa::AVX512VNNI: return quant::kernels_avx512_vnni();
+    case QIsa::AVX2: return quant::kernels_avx2();
+    default: return quant::kernels_reference();
+  }
+}
+
+// Quantized activations of n rows of K values.
+struct Acts {
+  int64_t K = 0, Kp = 0, S16 = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d4, s16;
+  void resize(int64_t n, int64_t k) {
+    K = k;
+    Kp = padded_k(k);
+    S16 = padded_s16(k);
+    q.resize(size_t(n * Kp));
+    d4.resize(size_t(n * Kp / 4));
+    s16.resize(size_t(n * S16));
+  }
+  ActRow row(int64_t i) const { return {q.data() + i * Kp, d4.data() + i * (Kp / 4), s16.data() + i * S16}; }
+  void quantize(const Kernels& kr, int64_t i, const float* x) {
+    kr.quantize_row(x, K, q.data() + i * Kp, d4.data() + i * (Kp / 4), s16.data() + i * S16);
+  }
+};
+
+// One thread's row tile.
+struct Tile {
+  std::vector<uint8_t> u;
+  std::vector<float> a4, b16;
+  void resize(int64_t K) {
+    const size_t Kp = size_t(padded_k(K));
+    u.resize(kTileRows * Kp);
+    a4.resize(kTileRows * Kp / 4);
+    b16.resize(size_t(kTileRows * padded_s16(K)));
+  }
+  void unpack(const Kernels& kr, const QWeights& w, int64_t row0, int R, int64_t K) {
+    kr.unpack_rows(w.type, w.w + row0 * w.row_bytes, w.row_bytes, R, K, u.data(), a4.data(), b16.data());
+  }
+  void dot(const Kernels& kr, int R, int64_t K, const ActRow& x, bool wide, float* out) const {
+    kr.dot_rows(u.data(), a4.data(), b16.data(), R, K, x, wide, out);
+  }
+};
+
+struct Tiles {
+  std::vector<Tile> per_thread;
+  Tiles(int nth, int64_t K) : per_thread(size_t(nth)) {
+    for (auto& t : per_thread) t.resize(K);
+  }
+  Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
+};
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+}  // namespace
+
+void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
+  const Kernels& kr = kernels_for(isa);
+  const bool wide = qtype_info(a.type).wide;
+  Acts acts;
+  acts.resize(a.T, a.K);
+  pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
+  Tiles tiles(pool.size(), a.K);
+  const QWeights w{a.type, a.w, a.row_bytes};
+  const int64_t n_rg = (a.N + kRowGroup - 1) / kRowGroup, n_tb = (a.T + kTokenBlock - 1) / kTokenBlock;
+  pool.parallel_for(n_rg * n_tb, [&](int64_t task, int ith) {
+    const int64_t rg = task % n_rg, tb = task / n_rg;
+    const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
+    const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
+    if (kr.dot_direct) {
+      ActRow xs[kTokenBlock];
+      float res[kTokenBlock];
+      for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
+      for (int64_t n = rg * kRowGroup; n < n_end; ++n) {
+        kr.dot_direct(a.type, a.w + n * a.row_bytes, a.K, xs, int(t1 - t0), res);
+        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + n] = res[t - t0];
+      }
+      return;
+    }
+    Tile& tile = tiles[ith];
+    float res[kTileRows];
+    for (int64_t n0 = rg * kRowGroup; n0 < n_end; n0 += kTileRows) {
+      const int R = int(std::min<int64_t>(kTileRows, a.N - n0));
+      tile.unpack(kr, w, n0, R, a.K);
+      for (int64_t t = t0; t < t1; ++t) {
+        tile.dot(kr, R, a.K, acts.row(t), wide, res);
+        for (int r = 0; r < R; ++r) a.out[t * a.N + n0 + r] = res[r];
+      }
+    }
+  });
+}
+
+void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
+  const Kernels& kr = kernels_for(isa);
+  const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
+  const bool wide_g = qtype_info(a.gate.type).wide, wide_u = qtype_info(a.up.type).wide,
+             wide_d = qtype_info(a.down.type).wide;
+  Tiles tiles_g(pool.size(), H), tiles_u(pool.size(), H), tiles_d(pool.size(), I);
+  Acts xa, ha;
+  std::vector<float> act, y;
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // per expert: slots (t * k + j, t local to the chunk)
+
+  for (int64_t c0 = 0; c0 < a.T; c0 += kMoeChunk) {
+    const int64_t T = std::min(kMoeChunk, a.T - c0);
+    const int64_t* ids = a.ids + c0 * k;
+    const float* x = a.x + c0 * H;
+    for (auto& s : slots) s.clear();
+    for (int64_t i = 0; i < T * k; ++i)
+      if (ids[i] >= 0) slots[size_t(ids[i])].push_back(i);
+    std::vector<int64_t> active;  // experts with work, and the task offsets of the gate/up and down phases
+    for (int64_t e = 0; e < E; ++e)
+      if (!slots[size_t(e)].empty()) active.push_back(e);
+
+    xa.resize(T, H);
+    pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
+
+    // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
+    act.resize(size_t(T * k * I));
+    auto tasks_of = [&](int64_t rows, int64_t e) {
+      return ((rows + kRowGroup - 1) / kRowGroup) * ((int64_t(slots[size_t(e)].size()) + kTokenBlock - 1) / kTokenBlock);
+    };
+    std::vector<int64_t> start(active.size() + 1, 0);
+    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(I, active[i]);
+    pool.parallel_for(start.back(), [&](int64_t task, int ith) {
+      const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
+      const int64_t e = active[ai], local = task - start[ai], n_rg = (I + kRowGroup - 1) / kRowGroup;
+      const int64_t rg = local % n_rg, tb = local / n_rg;
+      const auto& sl = slots[size_t(e)];
+      const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
+      if (kr.dot_direct) {
+        ActRow xs[kTokenBlock];
+        float g[kTokenBlock], u[kTokenBlock];
+        const int nt = int(s1 - s0);
+        for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
+        for (int64_t i = rg * kRowGroup; i < std::min(I, (rg + 1) * kRowGroup); ++i) {
+          kr.dot_direct(a.gate.type, a.gate.w + (e * I + i) * a.gate.row_bytes, H, xs, nt, g);
+          kr.dot_direct(a.up.type, a.up.w + (e * I + i) * a.up.row_bytes, H, xs, nt, u);
+          for (int64_t s = s0; s < s1; ++s) act[size_t(sl[size_t(s)] * I + i)] = silu(g[s - s0]) * u[s - s0];
+        }
+        return;
+      }
+      Tile &tg = tiles_g[ith], &tu = tiles_u[ith];
+      float g[kTileRows], u[kTileRows];
+      for (int64_t i0 = rg * kRowGroup; i0 < std::min(I, (rg + 1) * kRowGroup); i0 += kTileRows) {
+        const int R = int(std::min<int64_t>(kTileRows, I - i0));
+        tg.unpack(kr, a.gate, e * I + i0, R, H);
+        tu.unpack(kr, a.up, e * I + i0, R, H);
+        for (int64_t s = s0; s < s1; ++s) {
+          const ActRow xr = xa.row(sl[size_t(s)] / k);
+          tg.dot(kr, R, H, xr, wide_g, g);
+          tu.dot(kr, R, H, xr, wide_u, u);
+          float* dst = act.data() + sl[size_t(s)] * I + i0;
+          for (int r = 0; r < R; ++r) dst[r] = silu(g[r]) * u[r];
+        }
+      }
+    });
+
+    // Quantize the activations of the used slots.
+    std::vector<int64_t> used;
+    for (int64_t i = 0; i < T * k; ++i)
+      if (ids[i] >= 0) used.push_back(i);
+    ha.resize(T * k, I);
+    pool.parallel_for(int64_t(used.size()), [&](int64_t n, int) {
+      ha.quantize(kr, used[size_t(n)], act.data() + used[size_t(n)] * I);
+    });
+
+    // Phase down: y[slot, h] = (down_e act_slot)[h].
+    y.resize(size_t(T * k * H));
+    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, active[i]);
+    pool.parallel_for(start.back(), [&](int64_t task, int ith) {
+      const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
+      const int64_t e = active[ai], local = task - start[ai], n_rg = (H + kRowGroup - 1) / kRowGroup;
+      const int64_t rg = local % n_rg, tb = local / n_rg;
+      const auto& sl = slots[size_t(e)];
+      const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
+      if (kr.dot_direct) {
+        ActRow xs[kTokenBlock];
+        float res[kTokenBlock];
+        const int nt = int(s1 - s0);
+        for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
+        for (int64_t h = rg * kRowGroup; h < std::min(H, (rg + 1) * kRowGroup); ++h) {
+          kr.dot_direct(a.down.type, a.down.w + (e * H + h) * a.down.row_bytes, I, xs, nt, res);
+          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h)] = res[s - s0];
+        }
+        return;
+      }
+      Tile& td = tiles_d[ith];
+      float res[kTileRows];
+      for (int64_t h0 = rg * kRowGroup; h0 < std::min(H, (rg + 1) * kRowGroup); h0 += kTileRows) {
+        const int R = int(std::min<int64_t>(kTileRows, H - h0));
+        td.unpack(kr, a.down, e * H + h0, R, I);
+        for (int64_t s = s0; s < s1; ++s) {
+          td.dot(kr, R, I, ha.row(sl[size_t(s)]), wide_d, res);
+          float* dst = y.data() + sl[size_t(s)] * H + h0;
+          for (int r = 0; r < R; ++r) dst[r] = res[r];
+        }
+      }
+    });
+
+    // Reduce: out[t] = sum_j weights[t, j] * y[t * k + j] over the slots that ran here.
+    const float* wts = a.weights + c0 * k;
+    float* out = a.out + c0 * H;
+    pool.parallel_for(T, [&](int64_t t, int) {
+      float* o = out + t * H;
+      std::fill(o, o + H, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        if (ids[t * k + j] < 0) continue;
+        const float wj = wts[t * k + j];
+        const float* yr = y.data() + (t * k + j) * H;
+        for (int64_t h = 0; h < H; ++h) o[h] += wj * yr[h];
+      }
+    });
+  }
+}
+
+}  // namespace tessera
