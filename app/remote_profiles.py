@@ -12,9 +12,15 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.errors import TesseraError
-
 KEYRING_SERVICE = "Tessera remote server"
+
+
+class ProfileError(Exception):
+    """A profile or key file that cannot be used, named like the engine's errors: `subject: message`."""
+
+    def __init__(self, subject: str, message: str):
+        super().__init__(f"{subject}: {message}")
+        self.subject, self.message = subject, message
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ class KeyStore:
         try:
             data = json.loads(self.file.read_text(encoding="utf-8"))
         except ValueError:
-            raise TesseraError(str(self.file), "is not valid JSON; remove it and enter the keys again") from None
+            raise ProfileError(str(self.file), "is not valid JSON; remove it and enter the keys again") from None
         return data if isinstance(data, dict) else {}
 
 
@@ -115,7 +121,7 @@ class ProfileStore:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
             return [RemoteProfile(str(p["name"]), str(p["base_url"]), str(p.get("model", ""))) for p in raw]
         except (ValueError, KeyError, TypeError):
-            raise TesseraError(str(self.path), "is not a list of remote profiles; fix or remove it") from None
+            raise ProfileError(str(self.path), "is not a list of remote profiles; fix or remove it") from None
 
     def get(self, name: str) -> RemoteProfile | None:
         return next((p for p in self.profiles() if p.name == name), None)
@@ -123,9 +129,9 @@ class ProfileStore:
     def save(self, profile: RemoteProfile, api_key: str | None = None, *, keep_key: bool = False) -> None:
         """Add or replace a profile (by name). api_key: stored in the KeyStore (None/"" removes it unless keep_key)."""
         if not profile.name.strip():
-            raise TesseraError("profile name", "is empty")
+            raise ProfileError("profile name", "is empty")
         if not profile.base_url.startswith(("http://", "https://")):
-            raise TesseraError("base URL", f"{profile.base_url!r} must start with http:// or https://")
+            raise ProfileError("base URL", f"{profile.base_url!r} must start with http:// or https://")
         others = [p for p in self.profiles() if p.name != profile.name]
         self.folder.mkdir(parents=True, exist_ok=True)
         _write_private(self.path, json.dumps([asdict(p) for p in [*others, profile]], indent=1))

@@ -1,7 +1,7 @@
-"""The Remote engine dialog: choose or edit a profile (name, base URL, API key, model from /v1/models), test the
+"""The Remote server dialog: choose or edit a profile (name, base URL, API key, model from /v1/models), test the
 connection, and chat through that server instead of a local model.
 
-The dialog reaches the engine only through the worker: `test_requested(url, key)` -> `worker.test_remote`, whose
+The dialog reaches the model only through the worker: `test_requested(url, key)` -> `worker.test_remote`, whose
 `remote_checked` result comes back to `show_check`; `connect_requested(url, key, model)` -> `worker.connect_remote`.
 Profiles and keys are kept by app/remote_profiles.py (keys in the OS keyring or a 0600 file, never in the chat
 database).
@@ -10,11 +10,20 @@ database).
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
-from app.remote_profiles import ProfileStore, RemoteProfile
-from engine.errors import TesseraError
+from app.remote_profiles import ProfileError, ProfileStore, RemoteProfile
 
 NEW = "New profile…"
 
@@ -72,7 +81,7 @@ class RemoteDialog(QDialog):
     def _reload(self, select: str = "") -> None:
         try:
             names = [p.name for p in self.store.profiles()]
-        except TesseraError as e:
+        except ProfileError as e:
             names = []
             self.status.setText(f"{e.subject}: {e.message}")
         self.profile.blockSignals(True)
@@ -115,7 +124,7 @@ class RemoteDialog(QDialog):
         profile = RemoteProfile(self.name.text().strip(), self.url.text().strip(), self.model.currentText().strip())
         try:
             self.store.save(profile, self.key.text() or None)
-        except TesseraError as e:
+        except ProfileError as e:
             self.status.setText(f"{e.subject}: {e.message}")
             return False
         self._reload(profile.name)

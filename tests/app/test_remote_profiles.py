@@ -9,8 +9,7 @@ import keyring
 import pytest
 from keyring.backend import KeyringBackend
 
-from app.remote_profiles import KEYRING_SERVICE, KeyStore, ProfileStore, RemoteProfile
-from engine.errors import TesseraError
+from app.remote_profiles import KEYRING_SERVICE, KeyStore, ProfileError, ProfileStore, RemoteProfile
 
 PROFILE = RemoteProfile("gpu box", "http://10.0.0.5:8000/v1", "Qwen/Qwen3-235B-A22B")
 
@@ -65,12 +64,12 @@ def test_keyring_is_used_when_usable(tmp_path):
 
 def test_bad_profiles_are_named(tmp_path):
     store = ProfileStore(tmp_path, KeyStore(tmp_path / "k.json", use_keyring=False))
-    with pytest.raises(TesseraError) as e:
+    with pytest.raises(ProfileError) as e:
         store.save(RemoteProfile("x", "gpu-box:8000"))
     assert e.value.subject == "base URL"
-    with pytest.raises(TesseraError):
+    with pytest.raises(ProfileError):
         store.save(RemoteProfile(" ", "http://a"))
     store.path.write_text(json.dumps({"not": "a list"}))
-    with pytest.raises(TesseraError) as e:
+    with pytest.raises(ProfileError) as e:
         store.profiles()
     assert "remote_profiles.json" in e.value.subject
