@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         from PySide6.QtWidgets import QApplication, QMessageBox
 
         traceback.print_exc()
-        app = QApplication.instance() or QApplication(sys.argv[:1])
+        app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841 - the message box needs a live app
         box = QMessageBox(QMessageBox.Icon.Critical, "Tessera could not start", f"{type(e).__name__}: {e}")
         box.setDetailedText(traceback.format_exc())
         if not automation.wanted(args):

@@ -31,7 +31,8 @@ def leaks_none(calls: int = 64) -> bool:
 
 
 def apply() -> bool:
-    """Make None/True/False effectively immortal if this PySide6 build leaks their references. Returns True if lifted."""
+    """Make None/True/False effectively immortal if this PySide6 build leaks their references. Returns True if
+    lifted."""
     global _applied
     if _applied or sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return _applied

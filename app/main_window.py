@@ -8,8 +8,7 @@ from pathlib import Path
 import psutil
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QStackedWidget,
-                               QWidget)
+from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QStackedWidget, QWidget
 
 from app import paths
 from app.chat_controller import ChatController

@@ -12,6 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
+
 def physical_cores() -> int:
     import psutil
 
@@ -40,7 +41,8 @@ class Setting:
 # key, default, label, group ... — the whole schema. `None` defaults are resolved by `_dynamic_default`.
 TABLE: tuple[Setting, ...] = (
     Setting("model/backend", "Auto", "Expert backend", "Model",
-            "CPU kernel for the routed experts. Changing it while a model is loaded repacks the experts and keeps the chat.",
+            "CPU kernel for the routed experts. Changing it while a model is loaded repacks the experts and keeps the "
+            "chat.",
             runtime_choices=True),
     Setting("model/threads", 0, "CPU threads", "Model", "0 means one per physical core.", minimum=0, maximum=1024,
             reload=True),

@@ -121,7 +121,8 @@ class ConversationStore:
         return Conversation(r["id"], r["title"], r["created"], r["updated"], r["model"]) if r else None
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self._db.execute("UPDATE conversations SET title=?, updated=? WHERE id=?", (title, time.time(), conversation_id))
+        self._db.execute("UPDATE conversations SET title=?, updated=? WHERE id=?",
+                         (title, time.time(), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
@@ -139,8 +140,8 @@ class ConversationStore:
             seq = self._db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE conversation_id=?",
                                    (conversation_id,)).fetchone()[0]
             cur = self._db.execute(
-                "INSERT INTO messages(conversation_id, seq, role, content, thinking, thinking_s, state, metrics, created)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO messages(conversation_id, seq, role, content, thinking, thinking_s, state, metrics,"
+                " created) VALUES (?,?,?,?,?,?,?,?,?)",
                 (conversation_id, seq, message.role, message.content, message.thinking, message.thinking_s,
                  message.state, json.dumps(message.metrics), now))
             self._db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))

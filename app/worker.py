@@ -23,8 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.payloads import (BackendList, GenerationResult, LoadProgress, ModelState, ModelSummary, StepSample,
-                          TokenChunk, WorkerError)
+from app.payloads import (
+    BackendList,
+    GenerationResult,
+    LoadProgress,
+    ModelState,
+    ModelSummary,
+    StepSample,
+    TokenChunk,
+    WorkerError,
+)
 from engine.errors import Cancelled, TesseraError
 from engine.events import DoneEvent, ProgressEvent, StepMetrics
 

@@ -67,7 +67,8 @@ def verdict(report: CompareReport, *, lossless: bool) -> tuple[bool, str]:
 def verify_conversion(
     src: str | Path, out: str | Path, dtype: str, *, text: str | None = None
 ) -> tuple[CompareReport, bool, str]:
-    """Compare a converted GGUF `out` with its HF source `src`; lossless when every source tensor's dtype fits `dtype`."""
+    """Compare a converted GGUF `out` with its HF source `src`; lossless when every source tensor's dtype fits
+    `dtype`."""
     from engine.convert import read_source
 
     source_dtypes = set(read_source(src).dtypes.values())

@@ -8,8 +8,9 @@ as that file spells it (`num_attention_heads` in config.json, `qwen3moe.attentio
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 

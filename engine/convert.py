@@ -2,7 +2,8 @@
 
 What llama.cpp's convert_hf_to_gguf.py does for Qwen3MoeForCausalLM, without its class chain: the same general.* and
 qwen3moe.* keys, the gpt2/qwen2 tokenizer (tokens padded to vocab_size with [PAD{i}], token types, merges, special ids,
-add_bos_token, chat template) via gguf.SpecialVocab, per-expert tensors stacked into 3-D ffn_{gate,up,down}_exps, 1-D norms
+add_bos_token, chat template) via gguf.SpecialVocab, per-expert tensors stacked into 3-D ffn_{gate,up,down}_exps, 1-D
+norms
 and the router (ffn_gate_inp) kept F32, matrices in the requested type (Q8_0 falls back to F16 when a row does not split
 into 32-element blocks, as llama.cpp does), or, for the quantized presets (q4_k_m, ...), the per-tensor mix
 llama-quantize writes (engine/quant_mix.py), quantized by engine/quantize.py.
@@ -167,7 +168,8 @@ def convert(
     """Convert the HF Qwen3-MoE folder `src` into the GGUF file `out` (matrices in `dtype`: bf16, f16, f32, q8_0, or a
     llama-quantize preset q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs with its per-tensor type mix; see engine/quant_mix.py).
     An existing `out` is replaced only with `force`, and never when it is one of the source's files.
-    Raises ModelFormatError/TesseraError naming the problem, Cancelled when `cancel` is set; never leaves a partial file."""
+    Raises ModelFormatError/TesseraError naming the problem, Cancelled when `cancel` is set; never leaves a partial
+    file."""
     out_type = parse_output_type(dtype)
     out = check_output(src, out, force=force)  # an existing file only with force, never a file of the source
     sweep_partials(out)  # what a killed conversion to the same file left

@@ -20,8 +20,8 @@ Letters: T tokens, K input features, N output features.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import torch
 

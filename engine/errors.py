@@ -10,7 +10,8 @@ from __future__ import annotations
 class TesseraError(Exception):
     """A problem with user input, named by its subject.
 
-    subject: what is wrong (a path, `tensor blk.3.ffn_up_exps`, `key qwen3moe.block_count`, `--top-p`, `backend AMXInt8`).
+    subject: what is wrong (a path, `tensor blk.3.ffn_up_exps`, `key qwen3moe.block_count`, `--top-p`, `backend
+    AMXInt8`).
     message: what is wrong with it, in plain words.
     """
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One generated token. `text` is the newly complete UTF-8 text (may be "" while a multi-byte character is pending)."""
+    """One generated token. `text` is the newly complete UTF-8 text (may be "" while a multi-byte character is
+    pending)."""
 
     token_id: int
     text: str

@@ -1,5 +1,5 @@
-"""The hot-expert cache: the most-used experts of each MoE layer live on the accelerator and are computed there; the rest
-go to the CPU backend, which runs at the same time.
+"""The hot-expert cache: the most-used experts of each MoE layer live on the accelerator and are computed there; the
+rest go to the CPU backend, which runs at the same time.
 
 It is itself an `ExpertBackend`, wrapped around the CPU one, so engine/model.py does not know it exists. With
 device "cuda" the accelerator is the GPU; with device "cpu" it is the CPU twin: the same selection, transfers through
@@ -22,7 +22,8 @@ from engine.experts import ExpertBackend, LayerExperts
 
 @dataclass
 class CacheStats:
-    """Routed (token, expert) pairs seen since the last `take_step_stats`, and how many were served on the accelerator."""
+    """Routed (token, expert) pairs seen since the last `take_step_stats`, and how many were served on the
+    accelerator."""
 
     pairs: int = 0
     pairs_on_device: int = 0
@@ -51,7 +52,8 @@ class _Resident:
 
 
 class HotExpertCache(ExpertBackend):
-    """ExpertBackend that serves resident experts on `device` and sends the other (token, expert) pairs to `cpu_backend`.
+    """ExpertBackend that serves resident experts on `device` and sends the other (token, expert) pairs to
+    `cpu_backend`.
 
     experts_per_layer: the VRAM budget, as experts per MoE layer (0 disables the cache; all pairs go to the CPU).
     rebalance_every: re-pick the resident experts from routing statistics every this many forward steps (0 = never).
@@ -117,7 +119,8 @@ class HotExpertCache(ExpertBackend):
         )
 
     def rebalance(self) -> dict[int, list[int]]:
-        """Make the most-used experts of each layer resident (ties keep the currently resident ones). Returns the sets."""
+        """Make the most-used experts of each layer resident (ties keep the currently resident ones). Returns the
+        sets."""
         for layer, counts in self.counts.items():
             n = min(self.experts_per_layer, counts.numel())
             current = set(self.resident[layer].experts)

@@ -1,8 +1,8 @@
 """Write a GGUF file one tensor at a time, safely: free-space check first, a temporary file in the target folder renamed
 into place only when complete, cancel between tensors, and no partial file left behind on any failure.
 
-Built on `gguf.GGUFWriter`'s incremental API (add_tensor_info for the whole table, then write_tensor_data per tensor), so a
-model larger than RAM streams through: only the tensor being written is in memory.
+Built on `gguf.GGUFWriter`'s incremental API (add_tensor_info for the whole table, then write_tensor_data per tensor),
+so a model larger than RAM streams through: only the tensor being written is in memory.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def write_gguf(
 ) -> Path:
     """Write `tensors` (in order) and the metadata `add_metadata` puts on the writer into the GGUF file `path`.
 
-    The file appears at `path` only once complete; on cancel (`Cancelled`), error, or interruption, the temporary file is
-    removed and any existing file at `path` is left untouched. A full disk raises a TesseraError naming the folder.
+    The file appears at `path` only once complete; on cancel (`Cancelled`), error, or interruption, the temporary file
+    is removed and any existing file at `path` is left untouched. A full disk raises a TesseraError naming the folder.
     """
     path = Path(path)
     if not path.parent.is_dir():

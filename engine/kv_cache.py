@@ -74,8 +74,8 @@ class KVCache:
                 bufs[i] = new
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v ([nkv, T, hd], rounded to the cache's dtype) after the committed positions; return K, V
-        of [0, length+T) in the cache's dtype."""
+        """Write this step's k, v ([nkv, T, hd], rounded to the cache's dtype) after the committed positions; return
+        K, V of [0, length+T) in the cache's dtype."""
         start, end = self.length, self.length + k.shape[1]
         self.k[layer][:, start:end] = k
         self.v[layer][:, start:end] = v

@@ -186,7 +186,8 @@ def write_hf_weights(
     max_shard_bytes: int,
     progress: Callable[[ProgressEvent], None] | None = None,
 ) -> list[Path]:
-    """Stream tensors from `get` into safetensors shards of at most `max_shard_bytes` (one tensor in memory at a time)."""
+    """Stream tensors from `get` into safetensors shards of at most `max_shard_bytes` (one tensor in memory at a
+    time)."""
     _, torch_dtype, st_dtype = DTYPES[dtype]
     itemsize = torch.tensor([], dtype=torch_dtype).element_size()
     shards: list[list[tuple[str, tuple[int, ...], str, int]]] = [[]]
@@ -206,7 +207,7 @@ def write_hf_weights(
     for path, entries in zip(files, shards):
         with path.open("wb") as f:
             f.write(_safetensors_header(entries))
-            for name, shape, _, nbytes in entries:
+            for name, _shape, _, nbytes in entries:
                 if progress is not None:
                     progress(ProgressEvent("make-model", done, total, name))
                 t = get(name).to(torch_dtype).contiguous()
@@ -237,7 +238,8 @@ def make_model(
 
     dtype: f32 | bf16 (both formats) | q8_0, q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs (gguf only: Tessera's quantizer,
     engine/quantize.py, with llama-quantize's per-tensor type mix, engine/quant_mix.py).
-    config_overrides: config.json keys to set (None removes one), e.g. {"mlp_only_layers": [1], "tie_word_embeddings": True, "head_dim": 24}. Returns `out`.
+    config_overrides: config.json keys to set (None removes one), e.g. {"mlp_only_layers": [1], "tie_word_embeddings":
+    True, "head_dim": 24}. Returns `out`.
     """
     out = Path(out)
     if fmt not in ("hf", "gguf"):

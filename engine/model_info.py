@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 class ModelInfo:
     """Header facts about a model. Byte counts: `total_bytes` as stored on disk, `loaded_bytes` in memory after load
     (engine.quantized.held_bytes: quantized routed experts stay as their blocks, other quantized tensors become
-    float32), `type_bytes` the stored bytes per type (with `tensor_types`, the file's type mix), `expert_bytes` the routed experts' share of total_bytes, and
+    float32), `type_bytes` the stored bytes per type (with `tensor_types`, the file's type mix), `expert_bytes` the
+    routed experts' share of total_bytes, and
     `active_bytes_per_token` the weight bytes one decoded token reads: k/E of the experts plus every other matrix
     except the embedding table (of which one row is read)."""
 

@@ -11,8 +11,8 @@ import functools
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -88,12 +88,13 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
     _native.dense_matvec(w, x, out, pool, reference)
 
 
-# ----------------------------------------------------------------------------------------------------------------- packing
+# ------------------------------------------------------------------------------------------------------------- packing
 
 
 def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.dtype not in _DTYPES:
-        raise TesseraError(f"tensor {name}", f"dtype {t.dtype} cannot be packed (expected float32, float16 or bfloat16)")
+        raise TesseraError(f"tensor {name}",
+                           f"dtype {t.dtype} cannot be packed (expected float32, float16 or bfloat16)")
     return t.detach().to("cpu").contiguous()
 
 
@@ -167,7 +168,7 @@ class LoadStats:
     notices: list[str] = field(default_factory=list)  # the packed-weight cache's one-line notices (engine.pack_cache)
 
 
-# ----------------------------------------------------------------------------------------------------------- the backend
+# --------------------------------------------------------------------------------------------------------- the backend
 
 
 class NativeExperts(ExpertBackend):

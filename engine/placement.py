@@ -1,10 +1,11 @@
 """Where each part of the model runs: a placement plan, built from settings or from a rules file.
 
 The rules file has the shape of KTransformers' optimize rules (a YAML list of `{match: {name, class}, replace: {class,
-kwargs}}`), restricted to what maps onto Tessera. Rules are tried in file order against each part's dotted name; the first
+kwargs}}`), restricted to what maps onto Tessera. Rules are tried in file order against each part's dotted name; the
+first
 match wins, as in KTransformers. Unlike KTransformers, nothing is swapped at run time: the rules resolve once into a
-`PlacementPlan`, a table a person can read (`tessera-cli generate --explain`, the GUI's details), and engine/model.py stays
-the one description of what runs.
+`PlacementPlan`, a table a person can read (`tessera-cli generate --explain`, the GUI's details), and engine/model.py
+stays the one description of what runs.
 
 Part names matched (N is each decoder layer):
     model.embed_tokens   model.layers.N.self_attn   model.layers.N.mlp   model.layers.N.mlp.gate
@@ -39,7 +40,13 @@ _CLASS_ALIASES: dict[str, tuple[str, ...]] = {
         "ktransformers.operators.experts.KQwen3MoeSparseMoeBlock",
         "ktransformers.operators.experts.KQwen3MoeSparseMoeBlockV2",
     ),
-    "router": ("Linear", "default", "KTransformersLinear", "KLinearTorch", "ktransformers.operators.linear.KTransformersLinear"),
+    "router": (
+        "Linear",
+        "default",
+        "KTransformersLinear",
+        "KLinearTorch",
+        "ktransformers.operators.linear.KTransformersLinear",
+    ),
     "experts": (
         "Experts",
         "KTransformersExperts",
@@ -104,7 +111,8 @@ class PlacementPlan:
     """The resolved placement: devices of the dense parts, the experts' CPU backend and the GPU expert cache budget.
 
     `gpu_experts_per_layer` is how many of each MoE layer's experts the hot-expert cache keeps on the accelerator
-    (0 = no cache). `accelerator` is "cuda" when any part runs on a CUDA device, else "cpu"; `twin` means the GPU half runs
+    (0 = no cache). `accelerator` is "cuda" when any part runs on a CUDA device, else "cpu"; `twin` means the GPU half
+    runs
     on the CPU (the CPU twin), with the same code path: set by engine.hybrid.resolve_plan from `engine.load(twin=...)`.
     """
 
@@ -138,7 +146,8 @@ class PlacementPlan:
         return max(0, min(num_experts, self.gpu_experts_per_layer))
 
     def rows(self) -> list[tuple[str, str, str, str]]:
-        """(parts, prefill device, generate device, decided by) in forward order, identical layers merged into one row."""
+        """(parts, prefill device, generate device, decided by) in forward order, identical layers merged into one
+        row."""
         layer_re = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
         rows: list[list] = []  # [name or (suffix, devices, rule), layers]
         group_at: dict[tuple, int] = {}
@@ -207,7 +216,8 @@ def plan_from_settings(
     backend: str = "Auto",
     gpu_experts_per_layer: int = 0,
 ) -> PlacementPlan:
-    """The plan the settings panel describes: dense parts on `device`, experts on the CPU backend, a hot-expert cache."""
+    """The plan the settings panel describes: dense parts on `device`, experts on the CPU backend, a hot-expert
+    cache."""
     _check_device(device, "setting device")
     # The backend name is checked where it is built (engine.native.make_backend names what is wrong, and also
     # accepts the test-only emulated AMX backends), not here.

@@ -1,7 +1,8 @@
 """Which GGML type each tensor of a written GGUF gets, for every `--dtype` Tessera writes (make-model and convert).
 
 Float outputs (f32, f16, bf16) and q8_0 follow llama.cpp's convert_hf_to_gguf.py: 1-D tensors (norms) and the router
-(`ffn_gate_inp`) F32, every other matrix the requested type, F16 where a row does not split into Q8_0's 32-element blocks.
+(`ffn_gate_inp`) F32, every other matrix the requested type, F16 where a row does not split into Q8_0's 32-element
+blocks.
 
 The quantized presets (q4_0, q4_k_m, q5_k_m, q6_k, iq4_xs) reproduce the per-tensor mix llama.cpp's `llama-quantize`
 writes without an importance matrix: `llama_tensor_get_type` and `tensor_type_fallback` in llama.cpp's

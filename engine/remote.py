@@ -286,8 +286,7 @@ class RemoteClient:
                     if data.strip() == "[DONE]":
                         finished = True
                         break
-                    for event in self._events(data, answer, chat):
-                        yield event
+                    yield from self._events(data, answer, chat)
                 if cancel is not None and cancel.is_set():
                     yield answer.done(cancelled=True)
                     return

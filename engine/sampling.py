@@ -1,7 +1,8 @@
 """Sampling parameters and pure functions from logits to the next token.
 
 Order as transformers applies them: repetition penalty, then temperature, top-k, top-p, min-p. Temperature 0 is greedy.
-OpenAI's presence and frequency penalties (for the server) apply right after the repetition penalty, to generated tokens.
+OpenAI's presence and frequency penalties (for the server) apply right after the repetition penalty, to
+generated tokens.
 Letters: V vocabulary size, n tokens seen so far.
 """
 

@@ -86,7 +86,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, md: dict[str, Any], source: str = "model.gguf") -> Tokenizer:
-        from tokenizers import AddedToken, Tokenizer as TK, models
+        from tokenizers import AddedToken, models
+        from tokenizers import Tokenizer as TK
 
         def need(key: str) -> Any:
             if md.get(key) is None:

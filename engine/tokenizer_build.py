@@ -21,7 +21,8 @@ QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# Qwen3's added tokens, in vocabulary order (ids 151643.. in the real vocabulary), with their `special` flag as published.
+# Qwen3's added tokens, in vocabulary order (ids 151643.. in the real vocabulary), with their `special` flag as
+# published.
 QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True),
     ("<|im_start|>", True),

@@ -57,11 +57,11 @@ def main() -> int:
             x = torch.randn(T, k)  # [T, K]
             out = torch.empty(T, n)  # [T, N]
             reps = 3 if n * k > 50_000_000 else 10
-            ms = best_ms(lambda: native.dense_matvec(w, x, out, pool), reps)
+            ms = best_ms(lambda w=w, x=x, out=out: native.dense_matvec(w, x, out, pool), reps)
             gbs = n * k * 2 / ms / 1e6
             row = dict(name=name, out=n, inp=k, T=T, native_ms=ms, native_gbs=gbs, pct_bandwidth=100 * gbs / bandwidth)
             if w32 is not None:
-                row["torch_f32_ms"] = best_ms(lambda: x @ w32.T, reps)
+                row["torch_f32_ms"] = best_ms(lambda x=x, w32=w32: x @ w32.T, reps)
             rows.append(row)
         del w, w32
     result = dict(threads=threads, kernel=native.dense_kernel(), read_bandwidth_gbs=bandwidth, rows=rows)

@@ -97,7 +97,7 @@ def main() -> None:
             prompts = [prompt() for _ in range(args.clients)]
             results: list[dict] = [None] * args.clients  # type: ignore[list-item]
 
-            def one(i):
+            def one(i, results=results, prompts=prompts):
                 results[i] = streamed(client, name, prompts[i], args.gen_tokens)
 
             threads = [threading.Thread(target=one, args=(i,)) for i in range(args.clients)]

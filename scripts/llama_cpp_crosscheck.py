@@ -8,7 +8,8 @@ llama.cpp's CPU build) in a throw-away folder:
 
 For each file and each prompt it loads the model in llama.cpp (a fresh context per prompt), asks for the next-token
 distribution (temperature 1, no truncation, top 5), and compares it with Tessera's teacher-forced softmax on the same
-token ids (relative difference of the top-5 probabilities); it also compares the two tokenizations. Prints one line per file; exit 1 when llama.cpp refuses a file or
+token ids (relative difference of the top-5 probabilities); it also compares the two tokenizations. Prints one line per
+file; exit 1 when llama.cpp refuses a file or
 the tokenizations differ. Probabilities are reported, not judged: llama.cpp keeps the KV cache in f16 and, for bf16 and
 quantized weights, rounds the activations too, so only f32 files are expected to agree to ~1e-4.
 """
@@ -30,7 +31,8 @@ async function main() {
   const tok = await ctx.tokenize(prompt)
   const res = await ctx.completion({ prompt, n_predict: 1, temperature: 1, top_k: 0, top_p: 1, min_p: 0,
                                      n_probs: 5, seed: 0, ignore_eos: true })
-  console.log('RESULT ' + JSON.stringify({ tokens: Array.from(tok.tokens), probs: res.completion_probabilities[0].probs }))
+  console.log('RESULT ' + JSON.stringify({ tokens: Array.from(tok.tokens),
+                                           probs: res.completion_probabilities[0].probs }))
   await ctx.release()
 }
 main().catch(e => { console.log('FAILED ' + String(e)); process.exit(1) })

@@ -28,8 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from engine.demo.dataset import (IGNORE, SKILL_WEIGHTS, conversation, encode_conversations,  # noqa: E402
-                                  make_renderer)
+from engine.demo.dataset import IGNORE, SKILL_WEIGHTS, conversation, encode_conversations, make_renderer  # noqa: E402
 from engine.demo.skills import COUNT_PROMPTS, SKILLS, count_answer  # noqa: E402
 from engine.demo.split import eval_problems  # noqa: E402
 from engine.tokenizer_build import build_tokenizer, chat_template  # noqa: E402
@@ -39,7 +38,8 @@ DEFAULT_GGUF = REPO / "resources" / "demo" / "tessera-demo-moe.gguf"
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=REPO / "build" / "demo-train", help="work folder (checkpoints, HF model)")
+    p.add_argument("--out", type=Path, default=REPO / "build" / "demo-train",
+                   help="work folder (checkpoints, HF model)")
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="where to write the BF16 GGUF")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--steps", type=int, default=5600)
@@ -189,7 +189,8 @@ def expert_usage(model, tokenizer, render, n_per_skill: int = 50) -> list[dict]:
 
 def export_hf(model, folder: Path, config: dict, tok_dir: Path) -> None:
     """Write the HF folder as Qwen publishes it: config.json, tokenizer files, and model.safetensors with the experts
-    stored one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), the layout Tessera's converter and loaders read."""
+    stored one by one (`mlp.experts.{e}.{gate,up,down}_proj.weight`), the layout Tessera's converter and loaders
+    read."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -251,11 +252,13 @@ def main(argv=None) -> int:
     plan = batch_plan([len(x) for x, _ in data], args.batch, args.seed)
     say(f"data: {len(data)} conversations, {n_tok} tokens, {n_sup} supervised, {time.time() - t0:.1f}s")
 
-    hf_cfg = Qwen3MoeConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    hf_cfg = Qwen3MoeConfig(**{k: v for k, v in config.items()
+                               if k not in ("architectures", "model_type", "torch_dtype")})
     hf_cfg.output_router_logits = True  # adds the load-balancing loss during training
     model = Qwen3MoeForCausalLM(hf_cfg)
     params = sum(p.numel() for p in model.parameters())
-    say(f"model: {params / 1e6:.2f} M parameters, config {json.dumps({k: config[k] for k in ('hidden_size', 'num_hidden_layers', 'num_experts', 'num_experts_per_tok', 'moe_intermediate_size')})}")
+    shape_keys = ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    say(f"model: {params / 1e6:.2f} M parameters, config {json.dumps({k: config[k] for k in shape_keys})}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -310,7 +313,8 @@ def main(argv=None) -> int:
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr, "threads": args.threads,
         "train_minutes": round(train_minutes, 1), "total_minutes": round((time.time() - t0) / 60, 1),
         "parameters": params, "config": config, "conversations": len(data), "tokens": n_tok,
-        "supervised_tokens": n_sup, "hf_heldout_accuracy": {"n": args.final_eval, "percent": final}, "expert_usage": usage,
+        "supervised_tokens": n_sup, "hf_heldout_accuracy": {"n": args.final_eval, "percent": final},
+        "expert_usage": usage,
         "gguf_bytes": args.gguf.stat().st_size,
     }
     (args.out / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")

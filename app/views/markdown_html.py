@@ -1,4 +1,5 @@
-"""Markdown to the HTML subset QTextDocument understands, with pygments colours inline and a copy link per code block."""
+"""Markdown to the HTML subset QTextDocument understands, with pygments colours inline and a copy link per code
+block."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ class WelcomePage(QWidget):
                 ("demo", "Chat with the built-in demo model", self.demo_requested),
                 ("test_drive", "Make a small random-weight model for a test drive", self.test_drive_requested),
                 ("hardware", "Check this computer (hardware wizard)…", self.hardware_wizard_requested),
-                ("convert", "Convert a Hugging Face model to GGUF (conversion wizard)…", self.convert_wizard_requested)):
+                ("convert", "Convert a Hugging Face model to GGUF (conversion wizard)…",
+                 self.convert_wizard_requested)):
             b = QPushButton(text)
             b.setAccessibleName(text.rstrip("…"))
             b.setMinimumWidth(340)

@@ -278,8 +278,8 @@ class OptionsPage(QWizardPage):
 
 class RunPage(JobPage):
     def __init__(self, options: OptionsPage, parent=None):
-        super().__init__("Converting", "One tensor at a time, streamed from the shards; Cancel removes the partial file.",
-                         parent)
+        super().__init__("Converting",
+                         "One tensor at a time, streamed from the shards; Cancel removes the partial file.", parent)
         self._options = options
 
     def make_job(self) -> jobs.Job:

@@ -118,8 +118,8 @@ class IntroPage(QWizardPage):
 
 class ProbePage(JobPage):
     def __init__(self, intro: IntroPage, parent=None, *, seconds_override: float | None = None):
-        super().__init__("Measuring", "CPU features first, then memory bandwidth with all cores and with one, then GPUs.",
-                         parent)
+        super().__init__("Measuring",
+                         "CPU features first, then memory bandwidth with all cores and with one, then GPUs.", parent)
         self._intro = intro
         self._seconds_override = seconds_override
 
@@ -134,7 +134,8 @@ class ResultPage(QWizardPage):
     def __init__(self, probe: ProbePage, parent=None):
         super().__init__(parent)
         self.setTitle("Report")
-        self.setSubTitle("What this computer can do for Tessera, and what to fix. Export it or copy it for a bug report.")
+        self.setSubTitle("What this computer can do for Tessera, and what to fix. "
+                         "Export it or copy it for a bug report.")
         self._probe = probe
         self.view = QTextBrowser()
         self.view.setAccessibleName("Hardware report")

@@ -1,4 +1,5 @@
-"""A wizard page that runs one Job with a progress bar, a live log and a Cancel button; Next unlocks when it succeeds."""
+"""A wizard page that runs one Job with a progress bar, a live log and a Cancel button; Next unlocks when it
+succeeds."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
 
 from app.wizards.jobs import Job
+
 
 class _Keeper(QObject):
     """Jobs still running when their wizard closed (a step that cannot stop mid-way, such as verification), kept alive

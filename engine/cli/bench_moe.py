@@ -34,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads for kernels and the bandwidth probe "
                    "(default: physical cores)")
     p.add_argument("--backends", default=None, help="comma-separated subset to time (default: every available one)")
-    p.add_argument("--seconds", type=float, default=2.0, help="time budget per decode measurement (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="time budget per decode measurement (default %(default)s)")
     p.add_argument("--no-torch", action="store_true", help="skip the naive torch baseline")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--dtype", default="bf16", choices=["bf16", *sorted(_quant_dtypes())],
@@ -168,7 +169,8 @@ def run(args) -> int:
                      decode_pct_interleaved=interleaved_pct(backend, k * bytes_per_expert))
             for T in (128, 512):
                 r[f"prefill{T}_gflops"] = flops_per_token * T / time_prefill(backend, T, args.seconds) / 1e9
-            log(f"{name:>11}: decode {r['decode_us']:8.0f} us {gbs:6.1f} GB/s ({r['decode_pct_of_bandwidth']:4.0f} % of "
+            log(f"{name:>11}: decode {r['decode_us']:8.0f} us {gbs:6.1f} GB/s "
+                f"({r['decode_pct_of_bandwidth']:4.0f} % of "
                 f"bandwidth; {r['decode_pct_interleaved']:4.0f} % interleaved) | prefill T=128 "
                 f"{r['prefill128_gflops']:6.1f} GFLOP/s, T=512 {r['prefill512_gflops']:6.1f} "
                 f"GFLOP/s | max rel err {100 * r['max_rel_err']:.2f} % | pack {pack_s:.1f} s")
@@ -199,7 +201,8 @@ def run(args) -> int:
             torch_baseline[f"prefill{T}_gflops"] = flops_per_token * T / time_prefill(naive, T, args.seconds) / 1e9
         log(f"{'torch':>11}: decode {torch_baseline['decode_us']:8.0f} us {gbs:6.1f} GB/s "
             f"({torch_baseline['decode_pct_of_bandwidth']:4.0f} % of bandwidth) | prefill T=128 "
-            f"{torch_baseline['prefill128_gflops']:6.1f} GFLOP/s, T=512 {torch_baseline['prefill512_gflops']:6.1f} GFLOP/s "
+            f"{torch_baseline['prefill128_gflops']:6.1f} GFLOP/s, "
+            f"T=512 {torch_baseline['prefill512_gflops']:6.1f} GFLOP/s "
             "(naive: bf16 -> f32 per expert per call)")
     if args.json:
         print(json.dumps({"shape": args.shape, "threads": threads, "bandwidth_gbs": bandwidth,

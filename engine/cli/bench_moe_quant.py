@@ -1,5 +1,6 @@
 """`tessera-cli bench-moe --dtype q4_k|...`: one Qwen3-MoE expert layer stored as GGUF quantized blocks (random valid
-blocks: random bytes, finite f16 scales), run by the quantized kernels read in place (`engine.native.quant_moe_forward`).
+blocks: random bytes, finite f16 scales), run by the quantized kernels read in place
+(`engine.native.quant_moe_forward`).
 
 Decode (T=1, k experts) as microseconds and GB/s of quantized weight bytes read (3 projections x k experts), also as a
 percentage of this machine's read bandwidth: median over rounds that each probe the bandwidth and time decode back to
@@ -54,7 +55,8 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
         wanted = [n.strip() for n in args.isas.split(",") if n.strip()]
         for n in wanted:
             if n not in isas:
-                raise TesseraError("--isas", f"quantized ISA {n!r} is not available here (available: {', '.join(isas)})")
+                raise TesseraError("--isas",
+                                   f"quantized ISA {n!r} is not available here (available: {', '.join(isas)})")
         isas = wanted
     timed = [i for i in isas if i != "reference"]
     log(f"bench-moe {args.shape} --dtype {args.dtype} (gate {types[0]}, up {types[1]}, down {types[2]}): "
@@ -131,7 +133,8 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
         r["decode_us"] = 1e6 * statistics.median(m for m, _, _ in per_round[isa])
         r["decode_best_us"] = 1e6 * statistics.median(b for _, b, _ in per_round[isa])
         r["decode_gbs"] = decode_bytes / (r["decode_best_us"] * 1e-6) / 1e9
-        r["decode_pct_of_bandwidth"] = 100 * statistics.median(decode_bytes / b / 1e9 / bw for _, b, bw in per_round[isa])
+        r["decode_pct_of_bandwidth"] = 100 * statistics.median(decode_bytes / b / 1e9 / bw
+                                                               for _, b, bw in per_round[isa])
         for T in (128, 512):
             x, w, ids = torch.randn(T, H, generator=gen), torch.softmax(torch.randn(T, k, generator=gen), -1), draw(T)
             out = torch.empty(T, H)
@@ -144,7 +147,8 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
             dt = statistics.median(times)
             r[f"prefill{T}_ms"] = 1e3 * dt
             r[f"prefill{T}_gflops"] = flops_per_token * T / dt / 1e9
-        log(f"{isa:>12}: decode {r['decode_best_us']:7.0f} us {r['decode_gbs']:6.1f} GB/s ({r['decode_pct_of_bandwidth']:4.0f} % "
+        log(f"{isa:>12}: decode {r['decode_best_us']:7.0f} us {r['decode_gbs']:6.1f} GB/s "
+            f"({r['decode_pct_of_bandwidth']:4.0f} % "
             f"of bandwidth, median of {rounds} interleaved rounds) | prefill T=128 {r['prefill128_ms']:6.0f} ms "
             f"{r['prefill128_gflops']:6.1f} GFLOP/s, T=512 {r['prefill512_ms']:6.0f} ms {r['prefill512_gflops']:6.1f} "
             f"GFLOP/s | rel err vs float64 {100 * r['rel_err_vs_float64']:.2f} %")

@@ -8,10 +8,21 @@ from __future__ import annotations
 import sys
 import threading
 
-from engine.cli.remote_options import (add_remote_arguments, check_remote_arguments, print_partial_on_error,
-                                       remote_client)
-from engine.cli.run_options import (UsageError, add_load_arguments, add_sampling_arguments, check_load_arguments,
-                                    load_session, sampling_params, stats_line)
+from engine.cli.remote_options import (
+    add_remote_arguments,
+    check_remote_arguments,
+    print_partial_on_error,
+    remote_client,
+)
+from engine.cli.run_options import (
+    UsageError,
+    add_load_arguments,
+    add_sampling_arguments,
+    check_load_arguments,
+    load_session,
+    sampling_params,
+    stats_line,
+)
 
 HELP = "chat with a model in the terminal (keeps the KV cache between turns)"
 

@@ -1,4 +1,5 @@
-"""`tessera-cli check`: validate this machine for Tessera (CPU flags, AMX permission, memory bandwidth, GPUs, verdict)."""
+"""`tessera-cli check`: validate this machine for Tessera (CPU flags, AMX permission, memory bandwidth, GPUs,
+verdict)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of Markdown")
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--model", metavar="PATH", help="a GGUF file or Hugging Face folder to estimate fit and speed for")
+    target.add_argument("--model", metavar="PATH",
+                        help="a GGUF file or Hugging Face folder to estimate fit and speed for")
     target.add_argument("--preset", choices=list(PUBLISHED),
                         help="estimate fit and speed for a published Qwen3-MoE model")
     p.add_argument("--seconds", type=float, default=None,
                    help="length of the multi-threaded bandwidth measurement (default 3; the one-thread run takes half)")
-    p.add_argument("--quick", action="store_true", help="short bandwidth measurement (0.4 s), for tests and a first look")
-    p.add_argument("--threads", type=int, default=None, help="threads for the bandwidth probe (default: physical cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="short bandwidth measurement (0.4 s), for tests and a first look")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the bandwidth probe (default: physical cores)")
     p.add_argument("--no-gpu", action="store_true", help="skip the CUDA probe")
     p.add_argument("--save", metavar="FILE", help="also write the report to FILE (.json for JSON, else Markdown)")
 

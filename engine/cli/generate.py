@@ -5,10 +5,21 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.cli.remote_options import (add_remote_arguments, check_remote_arguments, print_partial_on_error,
-                                       remote_client)
-from engine.cli.run_options import (UsageError, add_load_arguments, add_sampling_arguments, check_load_arguments,
-                                    load_session, sampling_params, stats_line)
+from engine.cli.remote_options import (
+    add_remote_arguments,
+    check_remote_arguments,
+    print_partial_on_error,
+    remote_client,
+)
+from engine.cli.run_options import (
+    UsageError,
+    add_load_arguments,
+    add_sampling_arguments,
+    check_load_arguments,
+    load_session,
+    sampling_params,
+    stats_line,
+)
 
 HELP = "generate text from a prompt (raw text, or a chat message with --chat)"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-# Kept literal so the CLI imports quickly (no torch); tests/formats/test_quantize.py checks them against engine.make_model.
+# Kept literal so the CLI imports quickly (no torch); tests/formats/test_quantize.py checks them against
+# engine.make_model.
 PRESET_NAMES = ("tiny", "tiny-kquant", "qwen3-30b-a3b")
 DTYPE_NAMES = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 
 from engine.errors import Cancelled
-from engine.hardware.dimms import read_dimms, theoretical_gbs
 from engine.events import ProgressEvent
+from engine.hardware.dimms import read_dimms, theoretical_gbs
 
 GB = 1e9
 # Per-thread buffer of the numpy fallback: several times any desktop or server L3 slice per core.
@@ -132,7 +132,10 @@ def measure_read_bandwidth(threads: int, seconds: float, *, stage: str = "bandwi
     if native is not None:
         # Short runs use a smaller buffer (still far beyond a desktop L3) so setting it up does not dominate.
         mib = 256.0 if seconds < 1.0 else 1024.0
-        probe = lambda n, s: native(n, s, mib)
+
+        def probe(n, s):
+            return native(n, s, mib)
+
         gbs = _native_with_ticks(probe, threads, seconds, stage, progress)
         if cancel is not None and cancel.is_set():
             raise Cancelled()

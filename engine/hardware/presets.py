@@ -1,5 +1,5 @@
-"""Model shapes for the fit and roofline estimate: the published Qwen3-MoE configs (`--preset`, engine.config.PUBLISHED),
-and parameter counts of any ModelConfig, computed from the config, not looked up.
+"""Model shapes for the fit and roofline estimate: the published Qwen3-MoE configs (`--preset`,
+engine.config.PUBLISHED), and parameter counts of any ModelConfig, computed from the config, not looked up.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def to_markdown(report: dict) -> str:
     lines = ["# Tessera hardware report", "",
              f"Host `{report['host']}`, Linux {report['kernel']}, Python {report['python']}.", "", "## CPU", "",
              f"- Model: {cpu['model']} ({cpu['vendor'] or 'unknown vendor'})",
-             f"- {cpu['sockets']} socket(s), {cpu['physical_cores']} physical cores, {cpu['logical_cores']} logical CPUs "
+             f"- {cpu['sockets']} socket(s), {cpu['physical_cores']} physical cores, "
+             f"{cpu['logical_cores']} logical CPUs "
              f"({cpu['allowed_cpus']} usable by this process), {cpu['numa_nodes']} NUMA node(s)",
              "- ISA flags (source: " + cpu["source"] + "): "
              + ", ".join(f"{k} {_yes(v)}" for k, v in cpu["flags"].items()),

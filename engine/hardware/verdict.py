@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.errors import TesseraError
 from engine.config import ModelConfig
+from engine.errors import TesseraError
 from engine.hardware.presets import BYTES_PER_WEIGHT, active_expert_params, dense_params, expert_params, preset
 
 GB = 1e9
@@ -110,8 +110,8 @@ def remedies(report: dict) -> list[dict]:
     if cpu["flags"].get("amx_tile") and not cpu["amx"]["usable"]:
         if "too old" in reason or "XCR0" in reason:
             add("AMX", f"The CPU has AMX but it cannot be used: {reason}.",
-                "Update to Linux 5.16 or newer (a distribution kernel from 2022 on) and remove any option that disables "
-                "AMX from the kernel command line; Tessera uses AVX-512 meanwhile.")
+                "Update to Linux 5.16 or newer (a distribution kernel from 2022 on) and remove any option that "
+                "disables AMX from the kernel command line; Tessera uses AVX-512 meanwhile.")
         else:
             add("AMX", f"The CPU has AMX but Linux refused it to this process: {reason}.",
                 "Check for a sandbox or seccomp profile that blocks arch_prctl; Tessera uses AVX-512 meanwhile.")

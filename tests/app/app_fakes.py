@@ -7,10 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
+from app.payloads import BackendList
 from engine.errors import BackendUnavailableError, Cancelled, ModelFormatError
 from engine.events import DoneEvent, ProgressEvent, RequestMetrics, StepMetrics, TokenEvent
-
-from app.payloads import BackendList
 
 BACKENDS = {"Auto": (True, ""), "Torch": (True, "pure torch"), "AVX512": (True, "CPU has avx512f/bw/vl"),
             "AVX2": (True, "CPU has avx2+fma"), "Reference": (True, "scalar C++"),

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
-from test_window import Harness
-
 from PySide6.QtWidgets import QFileDialog
+from test_window import Harness
 
 from app import paths
 

@@ -3,8 +3,6 @@ signals with dataclass payloads; stop and cancel are honoured; failures become `
 
 from __future__ import annotations
 
-from app_fakes import data_dir, fake_api, worker  # noqa: F401 - fixtures
-
 from app.payloads import GenerationResult, LoadProgress, ModelState, TokenChunk, WorkerError
 
 PARAMS = {"temperature": 0.0, "max_tokens": 64}

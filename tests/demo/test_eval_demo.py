@@ -67,7 +67,8 @@ def test_reference_backend_meets_the_floors(reference):
 def test_every_backend_on_this_machine_matches_the_reference(demo_path, reference, backend):
     result = _score(demo_path, backend)
     _check_floors(result)
-    assert abs(result.overall - reference.overall) <= ONE_ANSWER + 1e-9, (backend, result.as_json(), reference.as_json())
+    assert abs(result.overall - reference.overall) <= ONE_ANSWER + 1e-9, (
+        backend, result.as_json(), reference.as_json())
 
 
 def test_cli_json_shape(demo_path):

@@ -48,7 +48,8 @@ def test_subtraction_example_reads_as_documented():
         "ones: 14 - 9 = 5, borrow 1. tens: 13 - 1 - 8 = 4, borrow 1. hundreds: 7 - 1 - 2 = 4. So 734 - 289 = 445.")
 
 
-@pytest.mark.parametrize("word,letter,n", [("strawberry", "r", 3), ("banana", "a", 3), ("kiwi", "z", 0), ("cat", "t", 1)])
+@pytest.mark.parametrize("word,letter,n",
+                         [("strawberry", "r", 3), ("banana", "a", 3), ("kiwi", "z", 0), ("cat", "t", 1)])
 def test_count_answer(word, letter, n):
     ans = count_answer(word, letter)
     assert ans.startswith(f"Counting the letter {letter}. Spelling it out: ")  # the letter named before the spelling

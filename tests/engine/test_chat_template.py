@@ -87,4 +87,5 @@ def test_sandbox_and_errors():
         render("{% if %}", [])
     with pytest.raises(TesseraError, match="no chat template"):
         render(None, [])
-    assert render("{{ messages[0] | tojson }}", [{"role": "user", "content": "<é>"}]) == '{"role": "user", "content": "<é>"}'
+    assert (render("{{ messages[0] | tojson }}", [{"role": "user", "content": "<é>"}])
+            == '{"role": "user", "content": "<é>"}')

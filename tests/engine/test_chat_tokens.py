@@ -10,8 +10,10 @@ from engine.tokenizer import Tokenizer
 
 CHATS = [
     [{"role": "user", "content": "Hello world"}],
-    [{"role": "system", "content": "Be brief.\n\nReally."}, {"role": "user", "content": "  leading spaces\nand lines\n"}],
-    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "你好 🙂"}],
+    [{"role": "system", "content": "Be brief.\n\nReally."},
+     {"role": "user", "content": "  leading spaces\nand lines\n"}],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "你好 🙂"}],
     [{"role": "user", "content": "ends with a newline\n\n"}, {"role": "assistant", "content": "ok"},
      {"role": "user", "content": "\tTabbed, 'quoted' \"text\"."}],
 ]

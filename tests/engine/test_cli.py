@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from hf_reference import single_thread  # noqa: F401
 
 from engine.cli import main
-from hf_reference import single_thread  # noqa: F401
 
 
 def run_cli(capsys, *argv):

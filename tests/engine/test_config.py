@@ -70,7 +70,8 @@ def test_head_dim_defaults_and_roundtrip():
 
 
 def test_gguf_dense_and_tied_from_tensor_names():
-    c = ModelConfig.from_hf_dict(dict(PUBLISHED_30B, num_hidden_layers=4, mlp_only_layers=[1], tie_word_embeddings=True))
+    c = ModelConfig.from_hf_dict(dict(PUBLISHED_30B, num_hidden_layers=4, mlp_only_layers=[1],
+                                      tie_word_embeddings=True))
     names = [f"blk.{i}.ffn_gate_inp.weight" for i in (0, 2, 3)]
     g = ModelConfig.from_gguf(c.to_gguf_metadata(), "m.gguf", names)
     assert g.dense_layers == [1] and g.tie_word_embeddings and g.intermediate_size == 6144
@@ -99,7 +100,8 @@ def _hf_error(match: str, **changes):
         ("key architectures: unsupported", {"architectures": ["MixtralForCausalLM"]}),
         ("key model_type is missing", {"model_type": KeyError, "architectures": KeyError}),
         ("key num_key_value_heads: 5 key/value heads do not divide 32", {"num_key_value_heads": 5}),
-        ("key num_attention_heads: 30 heads do not divide hidden size 2048", {"num_attention_heads": 30, "head_dim": KeyError, "num_key_value_heads": 5}),
+        ("key num_attention_heads: 30 heads do not divide hidden size 2048",
+         {"num_attention_heads": 30, "head_dim": KeyError, "num_key_value_heads": 5}),
         ("key num_experts_per_tok: 9 experts per token but only 8", {"num_experts": 8, "num_experts_per_tok": 9}),
         ("key hidden_size: must be positive, got 0", {"hidden_size": 0}),
         ("key moe_intermediate_size: must be positive", {"moe_intermediate_size": -3}),

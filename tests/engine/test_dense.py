@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 import torch
+from hf_reference import CONFIGS, canonical_weights, hf_model
 
 from engine import dense, native
 from engine.errors import TesseraError
 from engine.experts import TorchExperts
 from engine.model import Qwen3MoeModel, layer_experts
-from hf_reference import CONFIGS, canonical_weights, hf_model
 
 # Odd shapes: N and K not multiples of 4 rows, 16 or 32 lanes; one matrix large enough to be split over the pool.
 SHAPES = [(1, 1), (3, 5), (37, 45), (64, 32), (129, 1000), (17, 2049), (1031, 257)]

@@ -9,10 +9,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 
 from engine.errors import ModelFormatError
 from engine.gguf_reader import open_gguf
-from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 
 
 @pytest.fixture(scope="module")

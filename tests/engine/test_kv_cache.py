@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from hf_reference import engine_model, single_thread  # noqa: F401
 
 from engine.kv_cache import KVCache, PrefixCache, common_prefix, kv_bytes
-from hf_reference import engine_model, single_thread  # noqa: F401
 
 
 def filled(tokens, layers=2, heads=1, hd=4):

@@ -7,11 +7,11 @@ import dataclasses
 import gguf
 import numpy as np
 import pytest
+from gguf_factory import Q, tiny_config, write_gguf, write_sparse_gguf
 
 from engine.errors import ModelFormatError
 from engine.model_info import inspect_model
 from engine.weights import load_weights
-from gguf_factory import Q, tiny_config, write_gguf, write_sparse_gguf
 
 
 @pytest.mark.parametrize("fixture", ["tiny_hf_model", "tiny_gguf_model"])
@@ -49,10 +49,10 @@ def test_quantized_expands(tmp_path):
 def test_qwen3_30b_shapes_header_only(tmp_path):
     """A Qwen3-30B-A3B-shaped bf16 GGUF (2 of its 48 layers, data a sparse hole): active expert bytes per token per
     layer = 8 experts x 3 x 2048 x 768 x 2 bytes (reference: 3.62 GB over 48 layers)."""
-    from engine.config import ModelConfig
-
     import json
     from pathlib import Path
+
+    from engine.config import ModelConfig
 
     published = Path(__file__).resolve().parents[1] / "data" / "qwen3-moe-configs.json"
     d = json.loads(published.read_text())["Qwen3-30B-A3B"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import CONFIGS, canonical_weights, hf_model, single_thread  # noqa: F401
 
 from engine.experts import TorchExperts
 from engine.model import Qwen3MoeModel, RoutingStats, layer_experts
-from hf_reference import CONFIGS, canonical_weights, hf_model, single_thread  # noqa: F401
 
 pytest.importorskip("transformers")
 
@@ -79,7 +79,8 @@ def test_greedy_32_tokens_identical_to_transformers_generate():
     assert ours == theirs
 
 
-# Configs whose routers pick at least 2 experts ("tied" routes each token to 1 of 9 experts: there a 1e-3 perturbation of
+# Configs whose routers pick at least 2 experts ("tied" routes each token to 1 of 9 experts: there a 1e-3 perturbation
+# of
 # a near-tied random router swaps a token's whole MoE output, which says nothing about the cache).
 TOP_K_2 = sorted(n for n, c in CONFIGS.items() if c.get("num_experts_per_tok", 2) >= 2)
 

@@ -6,11 +6,18 @@ import math
 
 import pytest
 import torch
+from hf_reference import single_thread  # noqa: F401
 
 from engine.errors import TesseraError
-from engine.sampling import (SamplingParams, apply_repetition_penalty, filter_min_p, filter_top_k, filter_top_p,
-                             make_generator, sample)
-from hf_reference import single_thread  # noqa: F401
+from engine.sampling import (
+    SamplingParams,
+    apply_repetition_penalty,
+    filter_min_p,
+    filter_top_k,
+    filter_top_p,
+    make_generator,
+    sample,
+)
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import threading
 
 import pytest
 import torch
+from hf_reference import single_thread  # noqa: F401
 
 import engine
 from engine.errors import BackendUnavailableError, ContextOverflowError, TesseraError
 from engine.sampling import SamplingParams
-from hf_reference import single_thread  # noqa: F401
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from gguf_factory import tiny_config, tokenizer_metadata, write_gguf
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer
 from engine.tokenizer_build import BUILTIN_CORPUS, build_tokenizer
-from gguf_factory import tiny_config, tokenizer_metadata, write_gguf
 
 TEXTS = [
     "Hello, world! It's a test; we'll see what they've done.",
@@ -56,7 +56,8 @@ def test_ids_identical_to_tokenizers(tok_folder, tok_gguf, kind):
         assert tok.encode(t) == ref.encode(t).ids, repr(t)
         assert tok.decode(tok.encode(t)) == ref.decode(ref.encode(t).ids, skip_special_tokens=False)
     for i in range(ref.get_vocab_size(with_added_tokens=True)):
-        assert tok.decode([i]) == ref.decode([i], skip_special_tokens=False) and tok.token_of(i) == ref.id_to_token(i), i
+        assert (tok.decode([i]) == ref.decode([i], skip_special_tokens=False)
+                and tok.token_of(i) == ref.id_to_token(i)), i
 
 
 @pytest.mark.parametrize("kind", ["hf", "gguf"])

@@ -8,12 +8,12 @@ import threading
 import numpy as np
 import pytest
 import torch
+from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 from safetensors.torch import load_file, save_file
 
-from engine.errors import Cancelled, ModelFormatError
 from engine.checkpoint_layout import gguf_tensors
+from engine.errors import Cancelled, ModelFormatError
 from engine.weights import load_weights
-from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 
 
 def test_gguf_to_canonical(tmp_path):
@@ -96,7 +96,8 @@ def test_hf_sharded_stacks_experts(tiny_hf_model):
     cfg = w.config
     for i in cfg.moe_layers:
         for proj in ("gate_proj", "up_proj", "down_proj"):
-            want = torch.stack([stored[f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"] for e in range(cfg.num_experts)])
+            want = torch.stack([stored[f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"]
+                                for e in range(cfg.num_experts)])
             assert torch.equal(w.tensors[f"model.layers.{i}.mlp.experts.{proj}"], want)
     assert torch.equal(w.tensors["model.embed_tokens.weight"], stored["model.embed_tokens.weight"])
 
@@ -115,7 +116,8 @@ def test_hf_matches_transformers_save(tmp_path):
     assert w.config.dense_layers == [2]
     stored = load_file(tmp_path / "m" / "model.safetensors")
     assert w.tensors["model.layers.0.mlp.experts.down_proj"].dtype == torch.bfloat16
-    assert torch.equal(w.tensors["model.layers.1.mlp.experts.down_proj"][3], stored["model.layers.1.mlp.experts.3.down_proj.weight"])
+    assert torch.equal(w.tensors["model.layers.1.mlp.experts.down_proj"][3],
+                       stored["model.layers.1.mlp.experts.3.down_proj.weight"])
     assert torch.equal(w.tensors["model.layers.2.mlp.up_proj.weight"], stored["model.layers.2.mlp.up_proj.weight"])
 
 

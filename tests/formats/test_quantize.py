@@ -1,5 +1,5 @@
-"""Tessera's quantizer (engine/quantize.py) against gguf.quants.dequantize, and the files make-model / convert write with
-llama-quantize's per-tensor type mix (engine/quant_mix.py)."""
+"""Tessera's quantizer (engine/quantize.py) against gguf.quants.dequantize, and the files make-model / convert write
+with llama-quantize's per-tensor type mix (engine/quant_mix.py)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_special_tokens_follow_the_bpe_vocabulary_in_qwen3_order(tok_dir):
     out, built = tok_dir
     raw = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert 256 < built.bpe_size <= 400
-    for i, (content, special) in enumerate(QWEN_ADDED_TOKENS):
+    for i, (content, _special) in enumerate(QWEN_ADDED_TOKENS):
         assert raw.token_to_id(content) == built.bpe_size + i
     assert raw.encode("<|im_start|><think>").ids == [built.bpe_size + 1, built.bpe_size + 24]
     cfg = json.loads((out / "tokenizer_config.json").read_text())
@@ -79,7 +79,8 @@ def test_chat_template_is_qwen3s(tok_dir):
     )
     assert (
         text
-        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     )
 
 

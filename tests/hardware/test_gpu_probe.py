@@ -1,6 +1,7 @@
 """GPU section. This machine has no CUDA device, so the real probe can only show the normal "no CUDA device" answer;
 the CUDA path's report assembly is exercised with a stand-in torch module (a test double of the few calls it makes —
-it proves field names, units and the copy/timing flow, not real bandwidth; tests/hardware runs on a GPU machine for that).
+it proves field names, units and the copy/timing flow, not real bandwidth; tests/hardware runs on a GPU machine for
+that).
 """
 
 from __future__ import annotations

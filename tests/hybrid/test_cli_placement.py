@@ -12,7 +12,8 @@ RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "placement"
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "engine", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "engine", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_explain_and_twin_generation(tiny_gguf_model):
@@ -37,5 +38,6 @@ def test_cuda_without_cuda_is_one_clear_error_line(tiny_gguf_model):
 
 
 def test_placement_and_device_flags_conflict(tiny_gguf_model):
-    r = cli("generate", tiny_gguf_model, "--prompt", "hi", "--placement", RESOURCES / "cpu-only.yaml", "--device", "cuda")
+    r = cli("generate", tiny_gguf_model, "--prompt", "hi", "--placement", RESOURCES / "cpu-only.yaml",
+            "--device", "cuda")
     assert r.returncode == 2 and "error: --placement:" in r.stderr

@@ -29,7 +29,8 @@ def routing(t, seed):
 
 
 class NoSkipExperts(TorchExperts):
-    """A CPU backend that does not accept -1 ids, like a kernel with a fixed k: exercises compaction and weight-0 fill."""
+    """A CPU backend that does not accept -1 ids, like a kernel with a fixed k: exercises compaction and weight-0
+    fill."""
 
     supports_skip = False
 

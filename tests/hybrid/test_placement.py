@@ -88,17 +88,20 @@ def test_shipped_rules_parse():
     [
         ("- match: {name: x}\n  replace: {class: default}\n  priority: 3\n", "rule 1 (line 1): unknown key 'priority'"),
         ("- match: {name: '^lm_head$'}\n  replace: {class: default, kwargs: {device: cuda}}\n", "unknown key 'device'"),
-        ("- match: {name: '^lm_head$'}\n  replace: {class: KExpertsCPU}\n", "class 'KExpertsCPU' cannot replace lm_head"),
+        ("- match: {name: '^lm_head$'}\n  replace: {class: KExpertsCPU}\n",
+         "class 'KExpertsCPU' cannot replace lm_head"),
         ("- match: {name: 'experts$'}\n  replace: {class: Experts, kwargs: {backend: AMX}}\n", "unknown backend 'AMX'"),
         ("- match: {name: 'experts$'}\n  replace: {class: Experts, kwargs: {generate_device: cuda}}\n",
          "generated on the CPU backend"),
         ("- match: {name: '('}\n  replace: {class: default}\n", "not a valid regular expression"),
         ("- match: {name: 'x'}\n", "`replace` is missing"),
         ("match: {name: 'x'}\n", "must be a YAML list"),
-        ("- match: {name: 'attn$'}\n  replace: {class: default, kwargs: {prefill_device: tpu}}\n", "unknown device 'tpu'"),
+        ("- match: {name: 'attn$'}\n  replace: {class: default, kwargs: {prefill_device: tpu}}\n",
+         "unknown device 'tpu'"),
         ("- match: {name: 'x', class: foo.Bar}\n  replace: {class: default}\n", "match.class 'foo.Bar'"),
         ("- [unclosed\n", "not valid YAML"),
-        ("\n- match: {name: x}\n  replace: {class: default}\n- match: {name: y}\n  replace: {class: default}\n  when: 1\n",
+        ("\n- match: {name: x}\n  replace: {class: default}\n"
+         "- match: {name: y}\n  replace: {class: default}\n  when: 1\n",
          "rule 2 (line 4)"),
     ],
 )
@@ -140,6 +143,7 @@ def test_experts_prefill_on_cuda_sets_layerwise_prefill_threshold():
 
 
 def test_attention_cannot_switch_device_between_phases():
-    text = "- match: {name: 'self_attn$'}\n  replace: {class: default, kwargs: {prefill_device: cuda, generate_device: cpu}}\n"
+    text = ("- match: {name: 'self_attn$'}\n"
+            "  replace: {class: default, kwargs: {prefill_device: cuda, generate_device: cpu}}\n")
     with pytest.raises(TesseraError, match="only the routed experts may prefill on another device"):
         plan(text)

@@ -47,7 +47,8 @@ def test_twin_logits_equal_all_cpu_for_any_budget(tiny_gguf_model, reference, bu
                     placement=PlacementSettings(device="cuda", gpu_experts_per_layer=budget), twin=True)
     try:
         assert type(s.model.experts).__name__ == "HotExpertCache"
-        assert f"{budget} experts per layer on CPU twin" in s.explain() or (budget == 0 and "no GPU expert" in s.explain())
+        assert (f"{budget} experts per layer on CPU twin" in s.explain()
+                or (budget == 0 and "no GPU expert" in s.explain()))
         torch.testing.assert_close(all_logits(s, TEXT_IDS), expected, rtol=1e-4, atol=1e-4)
     finally:
         s.close()

@@ -39,7 +39,8 @@ def random_blocks(qtype: Q, rows: int, K: int, rng: np.random.Generator, *, any_
             bits[(bits & 0x7C00) == 0x7C00] &= 0xBFFF  # clear one exponent bit of Inf/NaN patterns: finite
             scale = bits.view(np.float16)
         else:
-            scale = (rng.uniform(1e-3, 2e-2, raw.shape[:-1]) * rng.choice([-1.0, 1.0], raw.shape[:-1])).astype(np.float16)
+            scale = (rng.uniform(1e-3, 2e-2, raw.shape[:-1])
+                     * rng.choice([-1.0, 1.0], raw.shape[:-1])).astype(np.float16)
         raw[..., off:off + 2] = scale.view(np.uint8).reshape(*raw.shape[:-1], 2)
     return raw.reshape(*lead, rows, nb * size)
 

@@ -1,10 +1,10 @@
-"""`tessera-cli bench-moe --json` prints the object the issue specifies (tiny shape: this tests the command, not speed)."""
+"""`tessera-cli bench-moe --json` prints the object the issue specifies (tiny shape: this tests the command, not
+speed)."""
 
 import json
 
-from engine.cli import main
-
 import engine.backends as B
+from engine.cli import main
 
 
 def test_bench_moe_json_shape(capsys):

@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from native_cases import random_layer
 
 import engine.backends as B
 import engine.native as N
 from engine import _native
-
-from native_cases import random_layer
 
 E, H, I = 4, 32, 16
 
@@ -78,9 +77,11 @@ def test_pack_rejects_bad_weights(pool):
     with pytest.raises(TypeError, match="up: dtype differs from gate"):
         _native.backend("Reference").pack(layer.gate_proj, layer.up_proj.half(), layer.down_proj, out, pool)
     with pytest.raises(ValueError, match=r"down: expected shape \[4, 32, 16\]"):
-        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj, layer.down_proj.transpose(1, 2).contiguous(), out, pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj, layer.down_proj.transpose(1, 2).contiguous(),
+                                          out, pool)
     with pytest.raises(ValueError, match="up: must be C-contiguous"):
-        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj.transpose(0, 1).contiguous().transpose(0, 1), layer.down_proj, out, pool)
+        _native.backend("Reference").pack(layer.gate_proj, layer.up_proj.transpose(0, 1).contiguous().transpose(0, 1),
+                                          layer.down_proj, out, pool)
     with pytest.raises(ValueError, match="out: needs"):
         _native.backend("Reference").pack(layer.gate_proj, layer.up_proj, layer.down_proj, out[:64], pool)
     with pytest.raises(ValueError, match="backend: no backend named Nope"):

@@ -116,7 +116,8 @@ def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, caps
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     from engine.cli import main
 
-    extra = ["--prompt", "hi", "--max-tokens", "2"] if command == "generate" else ["--prompt-tokens", "4", "--gen-tokens", "2"]
+    extra = (["--prompt", "hi", "--max-tokens", "2"] if command == "generate"
+             else ["--prompt-tokens", "4", "--gen-tokens", "2"])
     assert main([command, str(tiny_gguf_model), "--backend", missing[0], *extra]) == 1
     reason = B.status()[missing[0]][1]
     assert f"error: backend {missing[0]}: {reason}" in capsys.readouterr().err

@@ -3,13 +3,12 @@ cache (engine.pack_cache: keyed by content and packing parameters; cold packs an
 
 import pytest
 import torch
+from native_cases import native_backends, nmse, random_layer
 
 import engine.backends as B
 import engine.native as N
 from engine.errors import BackendUnavailableError
 from engine.experts import ExpertBackend, TorchExperts
-
-from native_cases import native_backends, nmse, random_layer
 
 LAYERS = {1: random_layer(6, 40, 24, seed=1), 3: random_layer(6, 40, 24, seed=3)}
 
@@ -60,7 +59,8 @@ def test_submit_then_sync_equals_forward():
 def test_disk_cache_cold_then_warm(tmp_path):
     name = B.auto()[0]
     events = []
-    cold = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456", progress=events.append)
+    cold = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456",
+                          progress=events.append)
     assert cold.load_stats.packed_layers == 2 and cold.load_stats.cached_layers == 0
     assert [(e.done, e.total) for e in events] == [(1, 2), (2, 2)]
     files = sorted((tmp_path / "layers").glob("*.pack"))

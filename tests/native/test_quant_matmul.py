@@ -64,7 +64,8 @@ def test_matmul_against_float64_and_reference(pool, isa, qtype, T):
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_heavy_tailed_activations(pool, isa, qtype):
     """Outliers (one value per block 30x the rest, as in real hidden states) coarsen the int8 step of their block only;
-    the per-32 scale keeps the error bounded. Bound: 50x the Gaussian bound (the 30x outlier raises dx of every block)."""
+    the per-32 scale keeps the error bounded. Bound: 50x the Gaussian bound (the 30x outlier raises dx of every
+    block)."""
     rng = np.random.default_rng(7)
     K = _K(qtype)
     w = random_blocks(qtype, 16, K, rng)

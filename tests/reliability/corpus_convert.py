@@ -15,10 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from probe import Case, Tmpfs, can_mount, child_main
+
 from engine.convert import convert
 from engine.errors import TesseraError
 from engine.make_model import make_model
-from probe import Case, Tmpfs, can_mount, child_main
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-convert-probe-"))
 SRC = make_model(WORK / "src" / "model", fmt="hf", dtype="f32", seed=0)

@@ -15,13 +15,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from probe import Case, child_main
 
 import engine
 from engine.errors import TesseraError
 from engine.gguf_reader import open_gguf
 from engine.make_model import make_model
 from engine.sampling import SamplingParams
-from probe import Case, child_main
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-model-probe-"))
 GGUF = make_model(WORK / "base.gguf", fmt="gguf", dtype="f32", seed=0)

@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from probe import Case, Tmpfs, can_mount, child_main
 
 import engine.native as N
 from engine.backends import auto
 from engine.experts import LayerExperts
 from engine.pack_cache import PackCache
-from probe import Case, Tmpfs, can_mount, child_main
 
 E, H, I = 6, 64, 32
 WORK = Path(tempfile.mkdtemp(prefix="tessera-pack-probe-"))

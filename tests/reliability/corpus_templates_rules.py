@@ -11,9 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from probe import Case, child_main
+
 from engine.chat_template import render
 from engine.placement import load_plan, load_rules, plan_from_rules
-from probe import Case, child_main
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-rules-probe-"))
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -39,7 +40,8 @@ DEEP_IFS = "{% if true %}" * 5000 + "x" + "{% endif %}" * 5000
 FORMAT_OVERFLOW = "{{ '%2147483648d' % 1 }}"
 FORMAT_FILTER = "{{ '%*d'|format(2000000000, 1) }}"
 FORMAT_METHOD = "{{ '{:>2000000000}'.format(1) }}"
-LIST_GROWTH = "{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = ns.x + ns.x %}{% endfor %}{{ ns.x|length }}"
+LIST_GROWTH = ("{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = ns.x + ns.x %}{% endfor %}"
+               "{{ ns.x|length }}")
 
 
 def rules_file(name: str, data: bytes) -> Path:

@@ -5,9 +5,9 @@ time limit). Every case must load the right weights, bit for bit as a fresh pack
 from pathlib import Path
 
 import pytest
+from probe import assert_all_ok, run_corpus
 
 from engine.backends import available_names
-from probe import assert_all_ok, run_corpus
 
 HERE = Path(__file__).parent
 

@@ -17,8 +17,15 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from engine.cli import main as cli
-from engine.remote import (RemoteClient, RemoteDoneEvent, RemoteProtocolError, RemoteServerError, RemoteTimeoutError,
-                           RemoteUnavailableError, iter_sse)
+from engine.remote import (
+    RemoteClient,
+    RemoteDoneEvent,
+    RemoteProtocolError,
+    RemoteServerError,
+    RemoteTimeoutError,
+    RemoteUnavailableError,
+    iter_sse,
+)
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=120)
