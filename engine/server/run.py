@@ -44,6 +44,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise TesseraError("--port", f"cannot listen on {host}:{port}: {e.strerror}") from None
+    # Listen at once: a client that connects after "serving at URL" is printed, before uvicorn has started, waits in
+    # the backlog instead of being refused.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

@@ -4,8 +4,8 @@ and at run time for what an import pulls in.
 - engine/ never imports Qt, pyqtgraph, the app, or transformers (the test oracle is never a runtime dependency).
 - app/ reaches the engine and torch only through its two worker doors: app/worker.py (the chat engine, with
   app/serving.py, the half of it that serves the loaded model and runs on the worker thread, imported by nobody else)
-  and app/wizards/jobs.py (the wizards' background jobs), plus the wizards' screenshot driver. Views, widgets and dialogs
-  only emit and receive signals, and never mention the engine.
+  and app/wizards/jobs.py (the wizards' background jobs), plus the wizards' screenshot driver. Views, widgets and
+  dialogs only emit and receive signals, and never mention the engine.
 - No torch before a model loads: importing the window, the worker, the app's entry point or the wizards, and opening
   the wizards, imports no torch (the workers may import the engine's plain modules, engine.errors and engine.events).
 - Only engine/native.py and engine/backends.py (the backend list) import the compiled module engine._native.
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# app/wizards/__main__.py is the screenshot driver (not part of the running app): it makes a model with make-model first.
+# app/wizards/__main__.py is the screenshot driver (not part of the running app): it makes a model with make-model
+# first.
 APP_WORKERS = {"app/worker.py", "app/serving.py", "app/wizards/jobs.py", "app/wizards/__main__.py"}
 NATIVE_IMPORTERS = {"engine/native.py", "engine/backends.py"}
 
