@@ -124,6 +124,9 @@ if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')"
   fi
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# Tessera's own wheel is built here and installed once: keep it out of the user's pip cache (pip caches a wheel built
+# from a folder whose name looks like name-version, e.g. tessera-0.1.0), so uninstall.sh leaves HOME as it was.
+own=(--no-cache-dir)
 target="$source_dir"
 if [ "$system_site" = 1 ]; then
   # Offline: torch, PySide6 and the build tools come from the interpreter's site-packages; nothing is downloaded.
@@ -131,16 +134,17 @@ if [ "$system_site" = 1 ]; then
     || die "$python: --system-site-packages needs torch, PySide6, scikit-build-core and nanobind installed there"
   say "installing Tessera from $source_dir (no downloads)"
   if [ "$editable" = 1 ]; then
-    "${pip[@]}" install -q --no-deps --no-build-isolation --no-index -e "$target" >&2
+    "${pip[@]}" install -q "${own[@]}" --no-deps --no-build-isolation --no-index -e "$target" >&2
   else
-    "${pip[@]}" install -q --no-deps --no-build-isolation --no-index "$target" >&2
+    "${pip[@]}" install -q "${own[@]}" --no-deps --no-build-isolation --no-index "$target" >&2
   fi
 else
   say "installing torch: $torch_kind"
   "${pip[@]}" install -q --upgrade pip >&2
   "${pip[@]}" install -q "$torch_spec" ${torch_index:+--index-url "$torch_index"} >&2
   say "installing Tessera from $source_dir"
-  if [ "$editable" = 1 ]; then "${pip[@]}" install -q -e "$target" >&2; else "${pip[@]}" install -q "$target" >&2; fi
+  if [ "$editable" = 1 ]; then "${pip[@]}" install -q "${own[@]}" -e "$target" >&2
+  else "${pip[@]}" install -q "${own[@]}" "$target" >&2; fi
 fi
 [ -x "$venv/bin/tessera" ] || die "$venv/bin/tessera: the GUI entry point was not installed"
 
