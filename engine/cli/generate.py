@@ -57,21 +57,32 @@ def run(args) -> int:
     session = load_session(args)
     try:
         if args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
-            messages.append({"role": "user", "content": args.prompt})
-            events = session.chat(messages, params, enable_thinking=not args.no_thinking)
+            events = session.chat(_messages(args), params, enable_thinking=not args.no_thinking)
         else:
             events = session.generate(session.tokenizer.encode(args.prompt), params)
-        done = None
-        for event in events:
-            if hasattr(event, "metrics"):
-                done = event
-            elif not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+        done = _print_stream(args, events)
     finally:
         session.close()
     return _report(args, done)
+
+
+def _messages(args) -> list[dict]:
+    """--system (if given) and --prompt as chat messages."""
+    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+    messages.append({"role": "user", "content": args.prompt})
+    return messages
+
+
+def _print_stream(args, events):
+    """Writes the streamed text as it comes (not with --json); returns the closing event, the one with metrics."""
+    done = None
+    for event in events:
+        if hasattr(event, "metrics"):
+            done = event
+        elif not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    return done
 
 
 def _report(args, done) -> int:
@@ -89,19 +100,11 @@ def _run_remote(args, params) -> int:
 
     with remote_client(args) as client:
         if args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
-            messages.append({"role": "user", "content": args.prompt})
-            events = client.chat(messages, params, enable_thinking=not args.no_thinking)
+            events = client.chat(_messages(args), params, enable_thinking=not args.no_thinking)
         else:
             events = client.complete(args.prompt, params)
-        done = None
         try:
-            for event in events:
-                if hasattr(event, "metrics"):
-                    done = event
-                elif not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+            done = _print_stream(args, events)
         except RemoteError as e:
             print_partial_on_error(e)
             raise

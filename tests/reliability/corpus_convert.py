@@ -11,11 +11,10 @@ import os
 import resource
 import shutil
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
-from probe import Case, Tmpfs, can_mount, child_main
+from probe import Case, Tmpfs, can_mount, corpus_main
 
 from engine.convert import convert
 from engine.errors import TesseraError
@@ -205,8 +204,4 @@ def cases() -> dict[str, Case]:
 
 
 if __name__ == "__main__":
-    try:
-        child_main(cases)
-    finally:
-        shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(0)
+    corpus_main(cases, WORK)

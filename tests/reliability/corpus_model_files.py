@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from probe import Case, child_main
+from probe import Case, corpus_main
 
 import engine
 from engine.errors import TesseraError
@@ -316,8 +316,4 @@ def cases() -> dict[str, Case]:
 
 
 if __name__ == "__main__":
-    try:
-        child_main(cases)
-    finally:
-        shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(0)
+    corpus_main(cases, WORK)

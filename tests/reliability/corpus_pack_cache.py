@@ -9,12 +9,11 @@ import random
 import resource
 import shutil
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from probe import Case, Tmpfs, can_mount, child_main
+from probe import Case, Tmpfs, can_mount, corpus_main
 
 import engine.native as N
 from engine.backends import auto
@@ -326,8 +325,4 @@ def cases() -> dict[str, Case]:
 
 
 if __name__ == "__main__":
-    try:
-        child_main(cases)
-    finally:
-        shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(0)
+    corpus_main(cases, WORK)

@@ -5,13 +5,11 @@ test_templates_rules_probe.py in a child; every case must end in a named error (
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from probe import Case, child_main
+from probe import Case, corpus_main
 
 from engine.chat_template import render
 from engine.placement import load_plan, load_rules, plan_from_rules
@@ -136,8 +134,4 @@ def cases() -> dict[str, Case]:
 
 
 if __name__ == "__main__":
-    try:
-        child_main(cases)
-    finally:
-        shutil.rmtree(WORK, ignore_errors=True)
-    sys.exit(0)
+    corpus_main(cases, WORK)

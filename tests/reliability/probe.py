@@ -69,6 +69,17 @@ def _classify(case: Case) -> tuple[str, str]:
     return ("correct", "") if ok else ("silently wrong", "the result differs from the reference")
 
 
+def corpus_main(cases: Callable[[], dict[str, Case]], work: Path) -> None:
+    """A corpus module's `__main__`: run its cases in this child, then remove its scratch folder and exit 0."""
+    import shutil
+
+    try:
+        child_main(cases)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0)
+
+
 def child_main(cases: Callable[[], dict[str, Case]]) -> None:
     import threading
 
