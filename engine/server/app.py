@@ -59,6 +59,12 @@ def _usage(done: DoneEvent) -> dict:
             "prompt_tokens_details": {"cached_tokens": m.reused_tokens}}
 
 
+def _event_stream(chunks) -> StreamingResponse:
+    """Server-sent events from an async iterator of `data: ...` chunks, never cached or buffered by a proxy."""
+    return StreamingResponse(chunks, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -208,9 +214,7 @@ class OpenAIServer:
         parser = ChatOutputParser(think_open=think_open, tools=req.tools is not None)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.options.model_name}
         if req.stream:
-            return StreamingResponse(self._chat_stream(head, req, inbox, ticket, parser),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _event_stream(self._chat_stream(head, req, inbox, ticket, parser))
         deltas: list[Delta] = []
         done = await self._collect(request, inbox, ticket, lambda e: deltas.extend(
             parser.feed(e.text) if isinstance(e, TokenEvent) else parser.finish()))
@@ -278,8 +282,7 @@ class OpenAIServer:
         inbox, ticket = self._submit(events, cancel)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.options.model_name}
         if req.stream:
-            return StreamingResponse(self._completion_stream(head, req, inbox, ticket), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _event_stream(self._completion_stream(head, req, inbox, ticket))
         done = await self._collect(request, inbox, ticket, lambda e: None)
         if done is None:
             return Response(status_code=499)
