@@ -12,14 +12,6 @@ from app.worker import EngineWorker
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": 0}
 
 
-@pytest.fixture
-def real_worker(qtbot):
-    w = EngineWorker()
-    w.start()
-    yield w
-    w.shutdown()
-
-
 def load(qtbot, worker, path, backend="Auto") -> ModelState:
     errors: list[WorkerError] = []
     worker.failed.connect(errors.append)

@@ -10,7 +10,6 @@ import pytest
 from app_fakes import data_dir  # noqa: F401 - fixture
 
 import engine
-from app.worker import EngineWorker
 from engine.sampling import SamplingParams
 from engine.scheduler import EngineScheduler
 from engine.server.app import ServerOptions
@@ -33,51 +32,43 @@ def server():
     session.close()
 
 
-@pytest.fixture
-def worker(qtbot):
-    w = EngineWorker()
-    w.start()
-    yield w
-    w.shutdown()
-
-
-def test_remote_chat_matches_the_local_engine(qtbot, worker, server):
+def test_remote_chat_matches_the_local_engine(qtbot, real_worker, server):
     srv, session = server
-    with qtbot.waitSignal(worker.state_changed, timeout=30000) as sig:
-        worker.connect_remote(srv.url, "k", "")
+    with qtbot.waitSignal(real_worker.state_changed, timeout=30000) as sig:
+        real_worker.connect_remote(srv.url, "k", "")
     state = sig.args[0]
     assert state.loaded and state.backend == "remote" and state.name == "tessera-demo-moe (remote)"
     chunks = []
-    worker.tokens.connect(chunks.append)
-    with qtbot.waitSignal(worker.finished, timeout=60000) as sig:
-        worker.generate(ASK, GREEDY, True)
+    real_worker.tokens.connect(chunks.append)
+    with qtbot.waitSignal(real_worker.finished, timeout=60000) as sig:
+        real_worker.generate(ASK, GREEDY, True)
     result = sig.args[0]
     decode = [st for c in chunks for st in c.steps]
     assert decode and all(st.phase == "decode" and st.seconds >= 0 for st in decode)  # the tok/s graph's input
     local = list(session.chat(ASK, SamplingParams(temperature=0, top_k=0, top_p=1.0, max_tokens=120)))[-1]
     assert not result.error and result.text.strip() == local.text.split("</think>")[-1].strip()
     assert result.metrics["ttft_s"] > 0 and result.metrics["prompt_tokens"] == local.metrics.prompt_tokens
-    with qtbot.waitSignal(worker.finished, timeout=60000) as sig:
-        worker.generate(ASK, GREEDY, True)
+    with qtbot.waitSignal(real_worker.finished, timeout=60000) as sig:
+        real_worker.generate(ASK, GREEDY, True)
     assert sig.args[0].metrics["reused_tokens"] > 0  # the server's prefix cache, seen through cached_tokens
     errors = []
-    worker.failed.connect(errors.append)
-    with qtbot.waitSignal(worker.failed, timeout=10000):
-        worker.set_backend("Torch")
+    real_worker.failed.connect(errors.append)
+    with qtbot.waitSignal(real_worker.failed, timeout=10000):
+        real_worker.set_backend("Torch")
     assert "chosen on the server" in errors[-1].message
 
 
-def test_down_or_wrong_model_is_said_in_words(qtbot, worker, server):
+def test_down_or_wrong_model_is_said_in_words(qtbot, real_worker, server):
     srv, _ = server
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with qtbot.waitSignal(worker.failed, timeout=30000) as sig:
-        worker.connect_remote(f"http://127.0.0.1:{port}/v1", "", "")
+    with qtbot.waitSignal(real_worker.failed, timeout=30000) as sig:
+        real_worker.connect_remote(f"http://127.0.0.1:{port}/v1", "", "")
     assert sig.args[0].operation == "connect" and "is the server running" in sig.args[0].message
-    with qtbot.waitSignal(worker.failed, timeout=30000) as sig:
-        worker.connect_remote(srv.url, "k", "qwen3-235b")
+    with qtbot.waitSignal(real_worker.failed, timeout=30000) as sig:
+        real_worker.connect_remote(srv.url, "k", "qwen3-235b")
     assert "is not served there" in sig.args[0].message and "tessera-demo-moe" in sig.args[0].message
-    with qtbot.waitSignal(worker.failed, timeout=30000) as sig:
-        worker.connect_remote(srv.url, "wrong", "")
+    with qtbot.waitSignal(real_worker.failed, timeout=30000) as sig:
+        real_worker.connect_remote(srv.url, "wrong", "")
     assert "401" in sig.args[0].message
