@@ -54,12 +54,6 @@ def stored_shape(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> tupl
     return tuple(gguf.quant_shape_to_byte_shape(tuple(shape), qtype))
 
 
-def quantizable(shape: Sequence[int], qtype: gguf.GGMLQuantizationType) -> bool:
-    """Whether rows of `shape` split into whole blocks of `qtype`."""
-    block, _ = gguf.GGML_QUANT_SIZES[qtype]
-    return shape[-1] % block == 0
-
-
 QUANT_CHUNK_ELEMENTS = 1 << 24  # quantize this many values at a time, so a big expert tensor needs no f32 copy
 
 
