@@ -21,7 +21,7 @@ from engine.experts import LayerExperts
 from engine.pack_cache import PackCache
 
 E, H, I = 6, 64, 32
-WORK = Path(tempfile.mkdtemp(prefix="tessera-pack-probe-"))
+WORK = Path(tempfile.gettempdir()) / f"tessera-pack-probe-{os.getpid()}"  # made by cases(); removed by corpus_main
 BACKENDS = ["Reference"] + ([auto()[0]] if auto()[0] not in ("Torch", "Reference") else [])
 
 
@@ -305,6 +305,7 @@ MOUNTS = can_mount()
 
 
 def cases() -> dict[str, Case]:
+    WORK.mkdir(exist_ok=True)
     out: dict[str, Case] = {}
     for name in BACKENDS:
         for damage in (flip_64_blob_bytes, flip_one_header_byte, flip_one_blob_bit, truncate_half, append_bytes,
