@@ -14,6 +14,7 @@ token string; one that does is then a named error.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import TesseraError
@@ -21,11 +22,28 @@ from engine.errors import TesseraError
 PROTECTED_ROLES = ("user", "system", "tool")
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat rendered once: the prompt text (what the template printed, contents included) and its token ids."""
+
+    text: str
+    ids: list[int]
+
+
 def encode_chat(tokenizer, render, messages: list[dict[str, Any]], *, allow_special_tokens: bool = False) -> list[int]:
     """Ids for `render(messages)` (a function returning the prompt text); with allow_special_tokens, the plain
     whole-prompt tokenization (content may then contain control tokens on purpose)."""
+    return prepare_chat(tokenizer, render, messages, allow_special_tokens=allow_special_tokens).ids
+
+
+def prepare_chat(tokenizer, render, messages: list[dict[str, Any]], *,
+                 allow_special_tokens: bool = False) -> ChatPrompt:
+    """encode_chat's ids together with the prompt text, from one call of `render` (two only in the fallback for a
+    template that rewrites content), so a caller that also needs the text (the server looks for an open <think>)
+    does not render the template again."""
     if allow_special_tokens:
-        return tokenizer.encode(render(messages))
+        text = render(messages)
+        return ChatPrompt(text, tokenizer.encode(text))
     nonce = secrets.token_hex(8)
     markers: dict[str, str] = {}
     masked = []
@@ -37,7 +55,8 @@ def encode_chat(tokenizer, render, messages: list[dict[str, Any]], *, allow_spec
             m = {**m, "content": marker}
         masked.append(m)
     if not markers:
-        return tokenizer.encode(render(messages))
+        text = render(messages)
+        return ChatPrompt(text, tokenizer.encode(text))
     text = render(masked)
     if all(text.count(marker) == 1 for marker in markers):
         ids: list[int] = []
@@ -54,7 +73,9 @@ def encode_chat(tokenizer, render, messages: list[dict[str, Any]], *, allow_spec
             ids += tokenizer.encode(markers[marker], parse_special=False, add_bos=first)
             first = False
             rest = rest[cut + len(marker):]
-        return ids
+        for marker, content in markers.items():
+            text = text.replace(marker, content)  # each marker occurs once, and no content can hold one (the nonce)
+        return ChatPrompt(text, ids)
     specials = [t for t in getattr(tokenizer, "special_token_strings", lambda: [])() if t]
     for i, m in enumerate(messages):
         content = m.get("content")
@@ -63,4 +84,5 @@ def encode_chat(tokenizer, render, messages: list[dict[str, Any]], *, allow_spec
             if hit:
                 raise TesseraError(f"messages[{i}]", f"contains the control token {hit!r}, which this model's chat "
                                                      "template would read as markup; remove it or allow special tokens")
-    return tokenizer.encode(render(messages))
+    text = render(messages)
+    return ChatPrompt(text, tokenizer.encode(text))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.chat_tokens import ChatPrompt
 from engine.errors import Cancelled, TesseraError
 from engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
 from engine.generate import check_prompt, generate
@@ -195,12 +196,19 @@ class Session:
         tools: OpenAI-style function definitions, rendered by the model's template (Qwen3: a <tools> system block).
         User, system and tool content is tokenized without special tokens (a pasted `<|im_start|>` stays text and
         cannot forge a turn) unless allow_special_tokens (engine/chat_tokens.py)."""
-        from engine.chat_tokens import encode_chat
+        prompt = self.prepare_chat(messages, enable_thinking=enable_thinking, tools=tools,
+                                   allow_special_tokens=allow_special_tokens)
+        return self.generate(prompt.ids, params, cancel=cancel, on_step=on_step)
 
-        ids = encode_chat(self.tokenizer, lambda msgs: self.render_chat(msgs, enable_thinking=enable_thinking,
-                                                                         tools=tools),
-                          messages, allow_special_tokens=allow_special_tokens)
-        return self.generate(ids, params, cancel=cancel, on_step=on_step)
+    def prepare_chat(self, messages: list[dict], *, enable_thinking: bool = True, tools: list[dict] | None = None,
+                     allow_special_tokens: bool = False) -> ChatPrompt:
+        """The chat template rendered once and tokenized as `chat` does it: the prompt text and its ids. For callers
+        that need both (the server reads the text for an open <think>, then runs `generate(prompt.ids, ...)`)."""
+        from engine.chat_tokens import prepare_chat
+
+        return prepare_chat(self.tokenizer, lambda msgs: self.render_chat(msgs, enable_thinking=enable_thinking,
+                                                                          tools=tools),
+                            messages, allow_special_tokens=allow_special_tokens)
 
     def render_chat(self, messages: list[dict], *, enable_thinking: bool = True,
                     tools: list[dict] | None = None) -> str:

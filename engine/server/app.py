@@ -204,10 +204,11 @@ class OpenAIServer:
         req = parse_chat(body, served=self.options.model_name, context_length=session.context_length)
 
         def make_events(cancel):
-            prompt = session.render_chat(req.messages, enable_thinking=req.enable_thinking, tools=req.tools)
-            events = session.chat(req.messages, req.params, enable_thinking=req.enable_thinking, tools=req.tools,
-                                  cancel=cancel)
-            return events, prompt.rstrip().endswith(THINK_OPEN)
+            # one render: its text says whether the template opened <think>, its ids are what runs; message
+            # content is tokenized without special tokens (a client cannot forge turns inside its content)
+            prompt = session.prepare_chat(req.messages, enable_thinking=req.enable_thinking, tools=req.tools)
+            events = session.generate(prompt.ids, req.params, cancel=cancel)
+            return events, prompt.text.rstrip().endswith(THINK_OPEN)
 
         (events, think_open), cancel = await self._prepare(make_events)
         inbox, ticket = self._submit(events, cancel)

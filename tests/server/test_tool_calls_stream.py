@@ -12,6 +12,7 @@ import openai
 import pytest
 from server_support import NAME, running_server
 
+from engine.chat_tokens import ChatPrompt
 from engine.errors import TesseraError
 from engine.events import DoneEvent, RequestMetrics, TokenEvent
 
@@ -31,11 +32,11 @@ class ScriptedSession:
     def __init__(self, text: str, fail_after: int | None = None):
         self.text, self.fail_after, self.tools_seen = text, fail_after, []
 
-    def render_chat(self, messages, *, enable_thinking=True, tools=None):
-        return "<|im_start|>assistant\n"
-
-    def chat(self, messages, params, *, enable_thinking=True, tools=None, cancel=None, on_step=None):
+    def prepare_chat(self, messages, *, enable_thinking=True, tools=None, allow_special_tokens=False):
         self.tools_seen.append(tools)
+        return ChatPrompt("<|im_start|>assistant\n", [1, 2, 3])
+
+    def generate(self, prompt_ids, params, *, cancel=None, on_step=None):
         return self._stream()
 
     def _stream(self):
