@@ -217,7 +217,7 @@ class MainWindow(QMainWindow):
         # model panel
         # the worker's command methods only emit or set a flag; call them directly from this thread (a plain
         # connection to a method of an object living in the worker thread would be queued behind the running job)
-        self.model_panel.inspect_requested.connect(lambda path: w.inspect(path))
+        self.model_panel.inspect_requested.connect(self.inspect_model)
         self.model_panel.load_requested.connect(self.load_model)
         self.model_panel.cancel_requested.connect(lambda: w.cancel_load())
         self.model_panel.unload_requested.connect(lambda: w.unload())
@@ -302,9 +302,12 @@ class MainWindow(QMainWindow):
         if on_demo != (self.chat.intro is not None):
             self.chat.set_intro(paths.demo_examples() if on_demo else None)
 
+    def inspect_model(self, path: str) -> None:
+        """Read a model's header in the worker, its RAM sized for a load with the current settings."""
+        self.worker.inspect(path, self.settings.get("model/context_length"), self.settings.get("model/backend"))
+
     def on_inspected(self, summary: ModelSummary) -> None:
-        fit = estimate(summary.info, self.settings.get("model/context_length"), ram_available(),
-                       self.backend_list.vram_free_bytes if self.backend_list else 0)
+        fit = estimate(summary.info, ram_available(), self.backend_list.vram_free_bytes if self.backend_list else 0)
         self.fits[summary.path] = fit
         self.model_panel.show_summary(summary, fit.text)
 
@@ -406,6 +409,8 @@ class MainWindow(QMainWindow):
         self.settings_dialog = None
 
     def on_setting_changed(self, key: str, value) -> None:
+        if key in ("model/backend", "model/context_length") and self.model_panel.path:
+            self.inspect_model(self.model_panel.path)  # the fit estimate follows the backend and the context
         if key == "model/backend" and self.state.loaded:
             self.statusBar().showMessage(f"Repacking experts for {value}…")
             self.worker.set_backend(str(value))

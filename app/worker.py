@@ -58,10 +58,19 @@ class EngineApi:
         return engine.load(path, backend=backend, threads=threads, context_length=context_length, progress=progress,
                            cancel=cancel, placement=placement, twin=gpu_use == "twin")
 
-    def inspect(self, path: str) -> dict:
-        import engine
+    def inspect(self, path: str, *, context_length: int | None = None, backend: str = "Auto") -> dict:
+        """ModelInfo as a dict, with the type mix and the RAM of a load with these settings (engine.model_summary:
+        `type_mix`, `ram` with `total_bytes`, `ram_text`). A backend that cannot run here is sized as Auto: the load
+        itself names that error."""
+        from engine import backends
+        from engine.model_summary import facts, sized_for_load
 
-        return _as_dict(engine.inspect_model(path))
+        try:
+            backends.resolve(backend)
+        except TesseraError:
+            backend = backends.AUTO
+        info = sized_for_load(path, context_length=context_length, backend=backend)
+        return {**_as_dict(info), **facts(info)}
 
     def sampling_params(self, params: dict):
         from engine.sampling import SamplingParams
@@ -222,8 +231,10 @@ class EngineWorker(QObject):
     def unload(self) -> None:
         self._queue(self._do_unload)
 
-    def inspect(self, path: str) -> None:
-        self._queue(self._do_inspect, str(path))
+    def inspect(self, path: str, context_length: int = 0, backend: str = "Auto") -> None:
+        """Read the model's header; its RAM is sized for a load with this context length (0: the model's own) and
+        expert backend, as `load` would make it."""
+        self._queue(self._do_inspect, str(path), int(context_length or 0), str(backend))
 
     def make_test_model(self, out_path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
                         gpu_use: str = "off", gpu_experts: int = 0) -> None:
@@ -496,9 +507,10 @@ class EngineWorker(QObject):
             self.failed.emit(worker_error("serve", exc))
         self.serving.emit(ServeState(False))
 
-    def _do_inspect(self, path: str) -> None:
+    def _do_inspect(self, path: str, context_length: int, backend: str) -> None:
         try:
-            self.inspected.emit(ModelSummary(path, self._api.inspect(path)))
+            info = self._api.inspect(path, context_length=context_length or None, backend=backend)
+            self.inspected.emit(ModelSummary(path, info))
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("inspect", exc))
 

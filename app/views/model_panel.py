@@ -35,21 +35,23 @@ LABELS = {
     "hidden_size": "Hidden size",
     "context_length": "Context length",
     "max_position_embeddings": "Context length",
-    "tensor_types": "Tensor types",
+    "type_mix": "Types (share of the file)",
     "total_bytes": "Size on disk",
     "loaded_bytes": "Size in memory",
     "expert_bytes": "Expert weights",
     "active_bytes_per_token": "Weights read per token",
+    "expert_type": "Experts stored as",
 }
+UNLISTED = {"path", "ram_text"}  # the RAM of the load is the fit line's text, under the table
 
 
 def format_value(key: str, value) -> str:
-    if isinstance(value, (int, float)) and "bytes" in key:
+    if isinstance(value, (int, float)) and "bytes" in key:  # decimal units, as the RAM estimate's words use
         v = float(value)
-        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-            if v < 1024 or unit == "TiB":
+        for unit in ("B", "kB", "MB", "GB", "TB"):
+            if v < 1000 or unit == "TB":
                 return f"{v:.1f} {unit}" if unit != "B" else f"{int(v)} B"
-            v /= 1024
+            v /= 1000
     if isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -203,7 +205,7 @@ class ModelPanel(QWidget):
                 shown.add(label)
                 QTreeWidgetItem(self.meta, [label, format_value(key, summary.info[key])])
         for key, value in summary.info.items():
-            if key not in LABELS and key != "path" and isinstance(value, (int, float, str)) and value != "":
+            if key not in LABELS and key not in UNLISTED and isinstance(value, (int, float, str)) and value != "":
                 QTreeWidgetItem(self.meta, [key.replace("_", " "), format_value(key, value)])
         self.fit_label.setText(fit_text)
 

@@ -100,12 +100,20 @@ class FakeApi:
         self.sessions.append(s)
         return s
 
-    def inspect(self, path):
+    def inspect(self, path, *, context_length=None, backend="Auto"):
+        """The real one's keys (engine.model_summary adds type_mix, ram, ram_text); the sizing asked for is kept in
+        `inspected_for`."""
         if "bad" in str(path):
             raise ModelFormatError(str(path), "not a GGUF file (bad magic)")
+        self.inspected_for = (context_length, backend)
+        ram = {"backend": "AVX512" if backend == "Auto" else backend, "context_length": context_length or 2048,
+               "weights_bytes": 5_000_000, "packed_bytes": 2_000_000, "kv_bytes": 1_000_000, "transient_bytes": 0,
+               "total_bytes": 8_000_000}
         return {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
                 "num_key_value_heads": 2, "head_dim": 16, "total_bytes": 5_000_000, "loaded_bytes": 5_000_000,
-                "context_length": 2048}
+                "context_length": 2048, "type_bytes": {"F32": 5_000_000}, "tensor_types": {"F32": 30},
+                "type_mix": "F32 100 %", "ram": ram,
+                "ram_text": "about 8.00 MB: weights 5.00 MB + packed experts 2.00 MB + KV cache 1.00 MB"}
 
     def sampling_params(self, params):
         return dict(params)

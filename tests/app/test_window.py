@@ -284,8 +284,12 @@ def test_drop_a_model_file_inspects_it_and_shows_the_fit(harness, qtbot, tmp_pat
     qtbot.waitUntil(lambda: w.model_panel.meta.topLevelItemCount() > 0, timeout=3000)
     rows = {w.model_panel.meta.topLevelItem(i).text(0): w.model_panel.meta.topLevelItem(i).text(1)
             for i in range(w.model_panel.meta.topLevelItemCount())}
-    assert rows["Architecture"] == "qwen3moe" and rows["Experts"] == "8" and rows["Size on disk"] == "4.8 MiB"
-    assert w.model_panel.fit_label.text().startswith("Fits:") and "GiB RAM free" in w.model_panel.fit_label.text()
+    assert rows["Architecture"] == "qwen3moe" and rows["Experts"] == "8" and rows["Size on disk"] == "5.0 MB"
+    assert rows["Types (share of the file)"] == "F32 100 %" and "ram" not in rows and "type bytes" not in rows
+    assert w.model_panel.fit_label.text().startswith("Fits: this load needs about 8.00 MB: weights 5.00 MB + packed")
+    assert "GB RAM free" in w.model_panel.fit_label.text()
+    settings = (w.settings.get("model/context_length"), w.settings.get("model/backend"))
+    assert harness.api.inspected_for == settings  # sized for the load the settings ask for
     assert w.model_panel.load_button.isEnabled()
 
 
@@ -293,8 +297,8 @@ def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypat
     from app.fit import estimate
 
     w = harness.window
-    huge = {"loaded_bytes": 10**15, "num_hidden_layers": 94, "num_key_value_heads": 4, "head_dim": 128}
-    w.fits["/models/huge.gguf"] = estimate(huge, 4096, 16 * 2**30)
+    huge = {"ram": {"total_bytes": 10**15}, "ram_text": "about 1000000 GB: weights 1000000 GB"}
+    w.fits["/models/huge.gguf"] = estimate(huge, 16 * 10**9)
     asked = []
     monkeypatch.setattr(w, "confirm_load", lambda text: asked.append(text) or False)
     w.load_model("/models/huge.gguf")
