@@ -251,7 +251,8 @@ class ChatController(QObject):
         if previous and previous != self.model_name:
             attribution["continued_from"] = previous
         reply = self._append(Message("assistant", state="streaming", metrics=attribution))
-        request_id = self.worker.generate(history, sampling_from_settings(self.settings), self.thinking)
+        request_id = self.worker.generate(history, sampling_from_settings(self.settings), self.thinking,
+                                          allow_special_tokens=self.settings.get("chat/allow_special_tokens"))
         self._active = _Active(request_id, self.conversation_id, len(self.messages) - 1, reply)
         self.busy_changed.emit(True)
 

@@ -73,13 +73,15 @@ class LocalServer:
             self.scheduler.close()
 
     def chat(self, messages: list[dict], params, *, enable_thinking: bool = True,
-             cancel: threading.Event | None = None, on_step: Callable | None = None) -> Iterator:
+             cancel: threading.Event | None = None, on_step: Callable | None = None,
+             allow_special_tokens: bool = False) -> Iterator:
         """Session.chat's events, run in turn with the server's requests. on_step is called on the caller's thread
-        (the engine thread only queues the step figures), exactly as with a direct Session.chat."""
+        (the engine thread only queues the step figures), exactly as with a direct Session.chat. The app's own
+        allow_special_tokens applies to the app's chat only; the server's clients always get it off."""
         cancel = cancel or threading.Event()
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         events = self.session.chat(messages, params, enable_thinking=enable_thinking, cancel=cancel,
-                                   on_step=lambda m: inbox.put(("step", m)))
+                                   on_step=lambda m: inbox.put(("step", m)), allow_special_tokens=allow_special_tokens)
         ticket = self.scheduler.submit(events, cancel=cancel, on_event=lambda e: inbox.put(("event", e)),
                                        bounded=False)  # the app's own chat always gets a place in the queue
         return self._relay(inbox, ticket, on_step)

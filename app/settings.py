@@ -67,6 +67,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("sampling/max_tokens", 2048, "Max reply tokens", "Sampling", "", minimum=1, maximum=262144),
     Setting("chat/system_prompt", "", "System prompt", "Chat", "Sent first in every new conversation."),
     Setting("chat/thinking", True, "Thinking on by default", "Chat", "Qwen3 thinking mode (<think> blocks)."),
+    Setting("chat/allow_special_tokens", False, "Read control tokens in my messages", "Chat",
+            "Off: a control token typed or pasted in a message (<|im_start|>, <|im_end|>, <think>…) is plain text "
+            "and cannot open a turn or forge a system prompt. On: the local model reads it as markup, for people who "
+            "write raw turns on purpose. A remote server tokenizes by its own rules (Tessera's own server keeps this "
+            "off for its clients)."),
     Setting("ui/theme", "light", "Theme", "Appearance", "", choices=("light", "dark")),
     Setting("hardware/bandwidth_gbs", 0.0, "Measured memory bandwidth (GB/s)", "Hardware",
             "Filled in by the hardware wizard; 0 means not measured. Used by the bandwidth readout.",

@@ -197,12 +197,16 @@ class EngineWorker(QObject):
     def cancel_load(self) -> None:
         self._load_cancel.set()
 
-    def generate(self, messages: list[dict], params: dict, enable_thinking: bool = True) -> int:
-        """Queue a chat request; returns its id (the id on its TokenChunk and GenerationResult payloads)."""
+    def generate(self, messages: list[dict], params: dict, enable_thinking: bool = True,
+                 allow_special_tokens: bool = False) -> int:
+        """Queue a chat request; returns its id (the id on its TokenChunk and GenerationResult payloads).
+        allow_special_tokens: the local engine reads control tokens typed in messages (`<|im_start|>`) as markup;
+        off, they stay text. A remote server tokenizes by its own rules, so the flag does not travel there."""
         request_id = next(self._ids)
         with self._lock:
             self._cancels[request_id] = threading.Event()
-        self._queue(self._do_generate, request_id, [dict(m) for m in messages], dict(params), bool(enable_thinking))
+        self._queue(self._do_generate, request_id, [dict(m) for m in messages], dict(params), bool(enable_thinking),
+                    bool(allow_special_tokens))
         return request_id
 
     def stop(self) -> None:
@@ -327,7 +331,8 @@ class EngineWorker(QObject):
             return
         self._do_load(str(made), backend, threads, context_length, gpu_use, gpu_experts, cancel)
 
-    def _do_generate(self, request_id: int, messages: list, params: dict, enable_thinking: bool) -> None:
+    def _do_generate(self, request_id: int, messages: list, params: dict, enable_thinking: bool,
+                     allow_special_tokens: bool = False) -> None:
         with self._lock:
             cancel = self._cancels.get(request_id) or threading.Event()
         steps: list[StepSample] = []
@@ -368,7 +373,8 @@ class EngineWorker(QObject):
                             last = event.t
                         yield event
             else:
-                chat = self._server.chat if self._server is not None else self._session.chat  # shared while serving
+                local = self._server.chat if self._server is not None else self._session.chat  # shared while serving
+                chat = functools.partial(local, allow_special_tokens=allow_special_tokens)
             for event in chat(messages, sampling, enable_thinking=enable_thinking, cancel=cancel, on_step=on_step):
                 if isinstance(event, DoneEvent):
                     done = event

@@ -32,9 +32,10 @@ class FakeSession:
         self.reply_words = ["<think>", "\nlet", " me", " think", "\n</think>", "\n\nHello", " there", "!"]
         self.fail_next = False
 
-    def chat(self, messages, params, *, enable_thinking=True, cancel=None, on_step=None):
+    def chat(self, messages, params, *, enable_thinking=True, cancel=None, on_step=None, allow_special_tokens=False):
         self.calls.append({"messages": [dict(m) for m in messages], "params": params,
-                           "enable_thinking": enable_thinking, "backend": self.backend_name})
+                           "enable_thinking": enable_thinking, "backend": self.backend_name,
+                           "allow_special_tokens": allow_special_tokens})
         if self.fail_next:
             self.fail_next = False
             raise ModelFormatError("tensor blk.0.ffn_up_exps", "NaN in the weights")

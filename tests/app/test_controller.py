@@ -19,7 +19,7 @@ class StubWorker(QObject):
         super().__init__()
         self.requests = []
 
-    def generate(self, messages, params, enable_thinking=True):
+    def generate(self, messages, params, enable_thinking=True, allow_special_tokens=False):
         self.requests.append((messages, params, enable_thinking))
         return len(self.requests)
 
