@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from engine import _native
-from engine.backends import TORCH, resolve
+from engine.backends import AUTO, TORCH, resolve
 from engine.errors import TesseraError
 from engine.events import ProgressEvent
 from engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from engine.pack_cache import PackCache, layer_digest, layer_key
-from engine.quantized import widened
+from engine.quantized import QuantizedTensor, is_quantized, widened
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
@@ -101,9 +101,9 @@ def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
 def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
     """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`.
 
-    Quantized GGUF experts (engine.quantized.QuantizedTensor) are widened to float32 for this one layer and freed when
-    it is packed. When the native backends read GGML blocks themselves, this is the one place to hand them
-    `experts.gate_proj.raw` / `.qtype` (the blocks as the file stores them) instead of `widened(experts)`."""
+    Quantized GGUF experts (engine.quantized.QuantizedTensor) reach here only when `reads_blocks` says no (a bf16
+    backend chosen by name, or a type without a block kernel): they are widened to float32 for this one layer and
+    freed when it is packed."""
     kernel = _native.backend(backend)
     experts = widened(experts)  # float layers pass through unchanged
     gate = _as_native(experts.gate_proj, "gate_proj")  # [E, I, H]
@@ -115,7 +115,11 @@ def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
     return blob
 
 
-def packed_nbytes(backend: str, experts: LayerExperts) -> int:
+def packed_nbytes(backend: str, experts: LayerExperts, requested: str | None = None) -> int:
+    """Bytes of the packed copy make_backend(requested or backend, ...) makes of this layer: 0 when it reads a
+    quantized layer's blocks in place."""
+    if reads_blocks(requested or backend, backend, experts):
+        return 0
     E, I, H = experts.gate_proj.shape  # gate_proj [E, I, H]
     return packed_nbytes_for(backend, E, I, H, experts.gate_proj.dtype)  # quantized experts: packed from float32
 
@@ -162,49 +166,165 @@ class LoadStats:
     seconds: float = 0.0
     packed_layers: int = 0  # packed now (cold)
     cached_layers: int = 0  # memory-mapped from the disk cache (warm)
-    packed_bytes: int = 0
+    in_place_layers: int = 0  # quantized GGUF experts read as the file's blocks: neither packed nor cached
+    packed_bytes: int = 0  # bytes of packed copies (0 for layers read in place)
     cache_dir: str = ""
-    per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached"
-    notices: list[str] = field(default_factory=list)  # the packed-weight cache's one-line notices (engine.pack_cache)
+    quant_isa: str = ""  # the block kernels' ISA when some layer is read in place ("avx512_vnni", "avx2", "reference")
+    per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached" | "in place"
+    notices: list[str] = field(default_factory=list)  # one-line notices: the packed-weight cache's, what widening costs
+
+
+# ------------------------------------------------------------------------------------------- quantized layers: in place
+# A quantized GGUF's routed experts are read as the file's blocks (engine.quantized.QuantizedTensor: views of the
+# memory map) by the block kernels below, with no packed copy and no disk cache, on every backend except the bf16 ones
+# that have an int8 twin when a user names them: they were asked for bf16 weights, so they widen, after saying what it
+# costs and refusing when it will not fit (`_widening_notice`). Running those on the blocks too would make the name
+# mean nothing: AVX512 and AVX512Int8 would be the same kernels. AVX2 has no int8 twin; its quantized form is the avx2
+# block kernels. "Auto" always reads in place. The rule is `reads_blocks`; engine.model_info sizes loads with it.
+
+WIDENING_BACKENDS = {"AVX512": "AVX512Int8", "AMXBF16": "AMXInt8", "AMXBF16-emulated": "AMXInt8-emulated"}
+
+
+@functools.lru_cache(maxsize=1)
+def _block_kernel_types() -> frozenset[str]:
+    return frozenset(str(t["name"]) for t in _native.quant_types())
+
+
+def has_block_kernel(type_name: str) -> bool:
+    """Whether the block kernels read GGML type `type_name` ("Q4_K") in place."""
+    return type_name.upper() in _block_kernel_types()
+
+
+def reads_quantized_in_place(requested: str, concrete: str) -> bool:
+    """Whether backend `requested` (resolved to `concrete`) reads quantized experts as blocks rather than widening."""
+    return requested == AUTO or concrete not in WIDENING_BACKENDS
+
+
+def reads_blocks(requested: str, concrete: str, experts: LayerExperts) -> bool:
+    """Whether make_backend(requested) runs this layer on the file's blocks in place: a quantized layer, a backend that
+    reads blocks, and a block kernel for each of its three types (llama-quantize's fallbacks Q5_0, Q5_1, IQ4_NL have
+    none: such a layer is widened and packed)."""
+    projs = (experts.gate_proj, experts.up_proj, experts.down_proj)
+    return (is_quantized(experts) and reads_quantized_in_place(requested, concrete)
+            and all(isinstance(t, QuantizedTensor) and has_block_kernel(t.qtype.name) for t in projs))
+
+
+class PackedLayer:
+    """One layer packed for a native backend: a 64-byte-aligned blob, packed now or read from the disk cache."""
+
+    def __init__(self, kernel, blob: np.ndarray):
+        self.kernel, self.blob = kernel, blob
+        self.nbytes = int(blob.nbytes)
+
+    def forward(self, ids, w, x, out, pool) -> None:
+        self.kernel.forward(self.blob, ids, w, x, out, pool)
+
+    def submit(self, ids, w, x, out, pool) -> None:
+        self.kernel.forward_submit(self.blob, ids, w, x, out, pool)
+
+
+class BlockLayer:
+    """One layer of quantized GGUF experts read in place: gate, up [E, I, row_bytes(H)] and down [E, H, row_bytes(I)]
+    uint8 views of the file with a GGML type each, run by the block kernels of `isa` (docs/INTERFACES.md, "Quantized
+    weights"). Holds no copy. The block scales were checked for NaN/Inf when the loader read the file
+    (engine.weights: check_scales on every quantized tensor), so they are not scanned again here."""
+
+    nbytes = 0  # no packed copy
+
+    def __init__(self, experts: LayerExperts, isa: str):
+        g, u, d = experts.gate_proj, experts.up_proj, experts.down_proj
+        self.types = (int(g.qtype), int(u.qtype), int(d.qtype))
+        self.raw = (g.raw, u.raw, d.raw)  # [E, I, B], [E, I, B], [E, H, B] uint8
+        self.isa = isa
+
+    def _args(self, ids, w, x, out, pool):
+        (tg, tu, td), (g, u, d) = self.types, self.raw
+        return tg, g, tu, u, td, d, ids, w, x, out, pool, self.isa
+
+    def forward(self, ids, w, x, out, pool) -> None:
+        _native.quant_moe_forward(*self._args(ids, w, x, out, pool))
+
+    def submit(self, ids, w, x, out, pool) -> None:
+        _native.quant_moe_forward_submit(*self._args(ids, w, x, out, pool))
+
+
+def free_ram() -> int:
+    """Bytes the OS can give this process now without swapping (psutil's `available`: free plus reclaimable cache)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _widening_notice(requested: str, concrete: str, layers: dict[int, LayerExperts], widen: list[int]) -> str:
+    """What widening these quantized layers costs, in one line, said before anything is widened; a TesseraError naming
+    the backend when the packed copy plus the float32 copy of one layer (packing's transient) exceeds free RAM."""
+    from engine import backends
+
+    packed = transient = 0
+    types: set[str] = set()
+    for layer in widen:
+        le = layers[layer]
+        E, I, H = le.gate_proj.shape  # gate_proj [E, I, H]
+        packed += packed_nbytes_for(concrete, E, I, H, torch.float32)
+        transient = max(transient, 3 * E * I * H * 4)  # gate, up, down of one layer as float32 while it is packed
+        types |= {t.qtype.name for t in (le.gate_proj, le.up_proj, le.down_proj) if isinstance(t, QuantizedTensor)}
+    kept = {b["name"]: b["weights"] for b in backends.compiled()}.get(concrete, "")
+    kept = "float32" if kept == "as loaded" else kept
+    what = f"this file's {'/'.join(sorted(types))} experts ({len(widen)} layers)"
+    if reads_quantized_in_place(requested, concrete):
+        why = f"no block kernel reads {'/'.join(sorted(t for t in types if not has_block_kernel(t)))}"
+        instead = "a file quantized to " + ", ".join(sorted(_block_kernel_types())) + " is read in place"
+    else:
+        twin = WIDENING_BACKENDS[concrete]
+        twin_ok = twin in backends.available_names(include_emulated=True)
+        why = "it keeps bf16 weights"
+        instead = (f"choose {twin} or Auto, which read the blocks in place" if twin_ok
+                   else "choose Auto, which reads the blocks in place")
+    free = free_ram()
+    cost = (f"widens {what} to {packed / 1e9:.2f} GB of packed {kept} (+{transient / 1e9:.2f} GB while packing a "
+            f"layer; {why}); {free / 1e9:.2f} GB are free")
+    if packed + transient > free:
+        raise TesseraError(f"backend {concrete}", f"{cost}: {instead}")
+    return f"backend {concrete} {cost}; {instead}"
 
 
 # --------------------------------------------------------------------------------------------------------- the backend
 
 
 class NativeExperts(ExpertBackend):
-    """An `ExpertBackend` running every MoE layer through one native backend on its own thread pool."""
+    """An `ExpertBackend` running every MoE layer through native kernels on its own thread pool: each layer is a
+    `PackedLayer` (the backend's packed copy) or a `BlockLayer` (a quantized file's blocks, read in place)."""
 
-    def __init__(self, name: str, reason: str, packed: dict[int, np.ndarray], pool, stats: LoadStats):
+    def __init__(self, name: str, reason: str, layers: dict[int, PackedLayer | BlockLayer], pool, stats: LoadStats):
         self.name = name
         self.reason = reason
-        self.kernel = _native.backend(name)  # the handle: no name lookup per call
-        self.packed = packed
+        self.layers = layers
         self.pool = pool
         self.threads = pool.size
         self.load_stats = stats
         self._pending: tuple | None = None
 
     def _args(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
-        if layer not in self.packed:
-            raise KeyError(f"layer {layer} has no packed experts in backend {self.name}")
+        if layer not in self.layers:
+            raise KeyError(f"layer {layer} has no experts in backend {self.name}")
         x = x.detach().to(torch.float32).contiguous()  # [T, H]
         ids = topk_ids.detach().to(torch.int64).contiguous()  # [T, k]
         w = topk_weights.detach().to(torch.float32).contiguous()  # [T, k]
         out = torch.empty_like(x)  # [T, H]
-        return x, ids, w, out
+        return ids, w, x, out
 
     def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        x, ids, w, out = self._args(layer, x, topk_ids, topk_weights)
-        self.kernel.forward(self.packed[layer], ids, w, x, out, self.pool)
+        ids, w, x, out = self._args(layer, x, topk_ids, topk_weights)
+        self.layers[layer].forward(ids, w, x, out, self.pool)
         return out
 
     def submit(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
-        """Starts forward on the pool and returns at once (overlap with GPU work); `sync()` returns the output."""
+        """Starts forward on the pool and returns at once (overlap with GPU work); `sync()` returns the output. Both
+        kinds of layer run asynchronously (kernel.forward_submit, quant_moe_forward_submit)."""
         if self._pending is not None:
             raise RuntimeError("NativeExperts.submit: call sync() before the next submit")
         args = self._args(layer, x, topk_ids, topk_weights)
-        x, ids, w, out = args
-        self.kernel.forward_submit(self.packed[layer], ids, w, x, out, self.pool)
+        self.layers[layer].submit(*args, self.pool)
         self._pending = args  # keeps the tensors alive until sync
 
     def sync(self) -> torch.Tensor:
@@ -227,53 +347,70 @@ def make_backend(
     model_id: str | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
 ):
-    """Packs `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives TorchExperts)
-    and returns an ExpertBackend.
+    """Readies `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives
+    TorchExperts) and returns an ExpertBackend.
 
-    With `cache_dir` and `model_id` (how `tessera-cli cache list` names the model: its path), packed layers go through
-    the disk cache of engine.pack_cache: keyed by the content of each layer and every packing parameter, verified
-    before use, repacked when damaged, skipped when the folder cannot be written, kept to a budget.
+    A quantized GGUF layer is read in place when `reads_blocks` says so: nothing packed, nothing cached, the block
+    kernels of `quant_isa_for_backend`. Other layers are packed; with `cache_dir` and `model_id` (how `tessera-cli cache
+    list` names the model: its path) through the disk cache of engine.pack_cache: keyed by the content of each layer and
+    every packing parameter, verified before use, repacked when damaged, skipped when the folder cannot be written, kept
+    to a budget. Quantized layers that must be widened first are sized against free RAM before any is widened
+    (`_widening_notice`: a notice, or a TesseraError when they will not fit).
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
     """
     concrete, reason = resolve(name)
     if concrete == TORCH:
         return TorchExperts(layers, reason=reason)
-    pool = make_pool(threads)
-    stats = LoadStats(cache_dir=str(cache_dir or ""))
-    cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None else None
     t0 = time.perf_counter()
     order = sorted(layers)
-    sizes = {layer: packed_nbytes(concrete, layers[layer]) for layer in order}
+    in_place = {layer for layer in order if reads_blocks(name, concrete, layers[layer])}
+    to_pack = [layer for layer in order if layer not in in_place]
+    widen = [layer for layer in to_pack if is_quantized(layers[layer])]
+    notices = [_widening_notice(name, concrete, layers, widen)] if widen else []  # raises before anything is held
+    pool = make_pool(threads)
+    stats = LoadStats(cache_dir=str(cache_dir or ""), notices=notices)
+    if in_place:
+        stats.quant_isa = quant_isa_for_backend(concrete)
+    if progress is not None and notices:
+        progress(ProgressEvent("pack", 0, len(order), notices[0]))
+    cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None and to_pack else None
+    sizes = {layer: packed_nbytes(concrete, layers[layer], name) for layer in to_pack}
     keys: dict[int, str] = {}
     if cache is not None and cache.usable:
         identity = packing_identity(concrete)
-        keys = {layer: layer_key(identity, layers[layer], layer_digest(layers[layer], pool.size)) for layer in order}
-        cache.make_room([keys[layer] for layer in order], [sizes[layer] for layer in order], model_id, concrete)
-    packed: dict[int, np.ndarray] = {}
+        keys = {layer: layer_key(identity, layers[layer], layer_digest(layers[layer], pool.size)) for layer in to_pack}
+        cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
+    kernel = _native.backend(concrete)
+    ready: dict[int, PackedLayer | BlockLayer] = {}
     for n, layer in enumerate(order):
         experts = layers[layer]
-        blob = None
-        if layer in keys:
-            blob = cache.load(keys[layer], sizes[layer], _native.aligned_empty,
-                              lambda b, e=experts: _check_dims(concrete, b, e), what=f"layer {layer}")
-        if blob is not None:
-            stats.cached_layers += 1
-            stats.per_layer[layer] = "cached"
+        if layer in in_place:
+            ready[layer] = BlockLayer(experts, stats.quant_isa)
+            stats.in_place_layers += 1
+            stats.per_layer[layer] = "in place"
         else:
-            blob = pack_layer(concrete, experts, pool)
-            if layer in keys and _packed_as_keyed(concrete, blob, identity):
-                cache.store(keys[layer], blob)
-            stats.packed_layers += 1
-            stats.per_layer[layer] = "packed"
-        packed[layer] = blob
-        stats.packed_bytes += int(blob.nbytes)
+            blob = None
+            if layer in keys:
+                blob = cache.load(keys[layer], sizes[layer], _native.aligned_empty,
+                                  lambda b, e=experts: _check_dims(concrete, b, e), what=f"layer {layer}")
+            if blob is not None:
+                stats.cached_layers += 1
+                stats.per_layer[layer] = "cached"
+            else:
+                blob = pack_layer(concrete, experts, pool)
+                if layer in keys and _packed_as_keyed(concrete, blob, identity):
+                    cache.store(keys[layer], blob)
+                stats.packed_layers += 1
+                stats.per_layer[layer] = "packed"
+            ready[layer] = PackedLayer(kernel, blob)
+        stats.packed_bytes += ready[layer].nbytes
         if progress is not None:
             progress(ProgressEvent("pack", n + 1, len(order), f"{concrete}: layer {layer} {stats.per_layer[layer]}"))
     if cache is not None:
-        cache.record(model_id, concrete, [keys[layer] for layer in order if layer in keys])
-        stats.notices = list(cache.notices)
+        cache.record(model_id, concrete, [keys[layer] for layer in to_pack if layer in keys])
+        stats.notices += list(cache.notices)
     stats.seconds = time.perf_counter() - t0
-    return NativeExperts(concrete, reason, packed, pool, stats)
+    return NativeExperts(concrete, reason, ready, pool, stats)
 
 
 # ------------------------------------------------------------------------------------ quantized GGUF kernels (issue 12)

@@ -45,7 +45,7 @@ def inputs(T=5, k=2, seed=0):
 
 def outputs(backend) -> list[torch.Tensor]:
     x, ids, w = inputs()
-    return [backend.forward(n, x, ids, w) for n in sorted(backend.packed)]
+    return [backend.forward(n, x, ids, w) for n in sorted(backend.layers)]
 
 
 _REFERENCE: dict = {}
