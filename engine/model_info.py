@@ -50,6 +50,7 @@ class ModelInfo:
     tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> number of tensors
     type_bytes: dict[str, int] = field(default_factory=dict)  # type name -> bytes stored in that type
     expert_type: str = ""  # stored type of the routed experts (BF16, Q8_0, ...), "mixed" when layers differ
+    expert_types: tuple[str, ...] = ()  # every stored type among the routed experts (Q4_K, Q6_K for a Q4_K_M file)
     num_tensors: int = 0
     total_bytes: int = 0
     loaded_bytes: int = 0
@@ -127,7 +128,8 @@ def _info(path: str, fmt: str, name: str, cfg: ModelConfig, sizes: _Sizes) -> Mo
         tie_word_embeddings=cfg.tie_word_embeddings,
         tensor_types=dict(sorted(types.items())),
         type_bytes=dict(sorted(type_bytes.items())),
-        expert_type=expert_types.pop() if len(expert_types) == 1 else "mixed",
+        expert_type=next(iter(expert_types)) if len(expert_types) == 1 else "mixed",
+        expert_types=tuple(sorted(expert_types)),
         num_tensors=len(sizes),
         total_bytes=total,
         loaded_bytes=sum(s[3] for s in sizes),
@@ -145,9 +147,11 @@ class RamEstimate:
     backend: str  # the expert backend it is sized for ("Auto" resolved)
     context_length: int
     weights_bytes: int  # the tensors as the loader holds them (ModelInfo.loaded_bytes)
-    packed_bytes: int  # the native backend's packed copy of the routed experts (0 for Torch)
+    packed_bytes: int  # the native backend's packed copy of the routed experts (0 for Torch, and for quantized
+    # experts a native backend reads in place)
     kv_bytes: int  # the bf16 KV cache at context_length, plus its float32 scratch of one layer
     transient_bytes: int  # the largest temporary while loading: one layer of quantized experts widened for packing
+    # (0 when they are read in place)
 
     @property
     def total_bytes(self) -> int:
@@ -157,7 +161,9 @@ class RamEstimate:
 def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto") -> RamEstimate:
     """RAM a load of the model described by `info` takes with expert backend `backend` and a KV cache of
     `context_length` positions (default: the model's). Weights as engine.weights holds them (the same held_bytes rule),
-    the packed copy from engine.native's own packed-size function, the KV cache from engine.kv_cache's."""
+    the packed copy from engine.native's own packed-size function and its in-place rule (quantized experts that the
+    block kernels read take no packed copy and no float32 layer; a file where only some layers have a type without a
+    block kernel is sized as if every layer were widened), the KV cache from engine.kv_cache's."""
     import torch
 
     from engine.backends import TORCH, resolve
@@ -171,10 +177,13 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
     E, I, H = info.num_experts, info.moe_intermediate_size, info.hidden_size
     packed = transient = 0
     if concrete != TORCH and moe_layers:
-        from engine.native import packed_nbytes_for
+        from engine.native import has_block_kernel, packed_nbytes_for, reads_quantized_in_place
 
         quantized = info.expert_type not in ("F32", "F16", "BF16")  # block types, or a mix of them (q4_k_m)
-        dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(info.expert_type, torch.float32)
-        packed = moe_layers * packed_nbytes_for(concrete, E, I, H, dtype)
-        transient = 3 * E * I * H * 4 if quantized else 0  # gate, up, down of one layer as float32
+        types = info.expert_types or (info.expert_type,)
+        in_place = quantized and reads_quantized_in_place(backend, concrete) and all(map(has_block_kernel, types))
+        if not in_place:
+            dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(info.expert_type, torch.float32)
+            packed = moe_layers * packed_nbytes_for(concrete, E, I, H, dtype)
+            transient = 3 * E * I * H * 4 if quantized else 0  # gate, up, down of one layer as float32
     return RamEstimate(concrete, ctx, info.loaded_bytes, packed, kv, transient)
