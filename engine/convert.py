@@ -196,6 +196,12 @@ def prepack(gguf_path: str | Path, backend: str, progress: Callable[[ProgressEve
     try:
         if session.backend_name == "Torch":
             return f"prepack: nothing packed, backend {backend} resolved to Torch ({session.backend_reason})"
+        from engine.native import NativeExperts
+
+        experts = session.model.experts
+        stats = experts.load_stats if isinstance(experts, NativeExperts) else None
+        if stats is not None and stats.packed_layers + stats.cached_layers == 0:
+            return f"prepack: nothing to pack: {session.backend_name} reads this file's quantized experts in place"
         return f"prepack: experts packed for {session.backend_name} into the packed-weight cache"
     finally:
         session.close()
