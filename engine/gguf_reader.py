@@ -119,6 +119,33 @@ class GGUFFile:
         self.close()
 
 
+# What a file that is not GGUF often is, by how it starts, and what to do about it.
+_KNOWN_STARTS = (
+    (b"version https://git-lfs", "a Git LFS pointer: the model itself was never downloaded (run `git lfs pull`)"),
+    (b"<!doctype html", "a web page: the download saved an error or sign-in page instead of the model"),
+    (b"<html", "a web page: the download saved an error or sign-in page instead of the model"),
+    (b"PK\x03\x04", "a zip archive: unpack it first"),
+)
+
+
+def not_gguf_message(head: bytes) -> str:
+    """Why a file whose first bytes are `head` is not GGUF, for people: its first four bytes as text when they are
+    printable (else as hex), and what the file looks like when it is a common mistake."""
+    first = head[:4]
+    if len(first) == 4 and all(32 <= b < 127 for b in first):
+        shown = f"'{first.decode('ascii')}'"
+    else:
+        shown = "the bytes " + (" ".join(f"{b:02x}" for b in first) or "(none)")
+    message = f"starts with {shown}, not 'GGUF': this is not a GGUF file"
+    lowered = head.lower()
+    for start, what in _KNOWN_STARTS:
+        if lowered.startswith(start.lower()):
+            return f"{message}; it looks like {what}"
+    if len(head) >= 10 and head[8:10] == b'{"':  # u64 header length, then the JSON header
+        return f"{message}; it looks like a safetensors file: open the model's folder instead"
+    return message
+
+
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     return GGUFFile(path)
 
@@ -179,7 +206,9 @@ class _Parser:
                 raise self.fail(f"unknown array item type {itype} in {self.where}")
             if count * item_min > self.size - self.pos:
                 raise self.fail(
-                    f"absurd array length {count} in {self.where} at offset {self.pos}: it cannot fit in the file"
+                    f"the file is truncated or corrupt at byte {self.pos}, in {self.where}: an array of {count} items"
+                    f" needs at least {count * item_min} bytes, and only {self.size - self.pos} are left in the file"
+                    f" ({self.size} bytes)"
                 )
             if itype in _NUMPY_TYPES:
                 start = self.need(count * item_min)
@@ -219,8 +248,7 @@ class _Parser:
     def parse(self) -> tuple[int, dict[str, Any], dict[str, GGUFTensorInfo], int, int]:
         self.where = "the header (magic)"
         if self.size < 4 or struct.unpack_from("<I", self.mv, 0)[0] != GGUF_MAGIC:
-            head = bytes(self.mv[:4])
-            raise self.fail(f"not a GGUF file (magic is {head!r}, expected b'GGUF')")
+            raise self.fail(not_gguf_message(bytes(self.mv[:64])))
         self.pos = 4
         self.where = "the header (version)"
         version = self.scalar("<I")
@@ -232,13 +260,14 @@ class _Parser:
         tensor_count = self.scalar("<Q")
         self.where = "the header (kv_count)"
         kv_count = self.scalar("<Q")
-        for what, count, min_bytes, region in (
-            ("kv_count", kv_count, _MIN_KV_BYTES, "the metadata"),
-            ("tensor_count", tensor_count, _MIN_TENSOR_INFO_BYTES, "the tensor table"),
+        for what, at, count, min_bytes, region in (
+            ("kv_count", 16, kv_count, _MIN_KV_BYTES, "the metadata"),
+            ("tensor_count", 8, tensor_count, _MIN_TENSOR_INFO_BYTES, "the tensor table"),
         ):
             if count * min_bytes > self.size - self.pos:
                 if count > self.size:  # not even one byte per entry: a corrupt count, not a short file
-                    raise self.fail(f"absurd {what} {count}: that many entries cannot fit in the file")
+                    raise self.fail(f"the file is corrupt at byte {at}: the header's {what} says {count} entries, more"
+                                    f" than its {self.size} bytes could hold")
                 raise self.fail(
                     f"truncated in {region}: {what} {count} needs at least {count * min_bytes} bytes after offset"
                     f" {self.pos}, the file has {self.size}"
@@ -318,7 +347,8 @@ class _Parser:
                 raise self.fail(f"{subject}: dimension {d} in {dims} is not positive")
             n *= d
             if n > MAX_ELEMENTS:
-                raise self.fail(f"{subject}: absurd dimensions {dims}")
+                raise self.fail(f"{subject}: the file is corrupt: its dimensions {dims} make more than {MAX_ELEMENTS}"
+                                " elements")
         if dims[0] % quants.block_size(qtype):
             raise self.fail(
                 f"{subject}: row length {dims[0]} is not a multiple of the {qtype.name} block size"

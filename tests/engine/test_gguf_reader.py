@@ -124,8 +124,33 @@ def _patched(good, tmp_path, offset, fmt, value):
 
 
 def test_wrong_magic(good, tmp_path):
-    with pytest.raises(ModelFormatError, match="not a GGUF file"):
+    with pytest.raises(ModelFormatError) as e:
         open_gguf(_patched(good, tmp_path, 0, "<I", 0x12345678))
+    assert e.value.message == "starts with the bytes 78 56 34 12, not 'GGUF': this is not a GGUF file"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"# Tessera rules\nlayers 0-3: gpu\n", "starts with '# Te', not 'GGUF': this is not a GGUF file"),
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 12\n",
+         "starts with 'vers', not 'GGUF': this is not a GGUF file; it looks like a Git LFS pointer: the model itself "
+         "was never downloaded (run `git lfs pull`)"),
+        (b"<!DOCTYPE html><html><body>Sign in</body></html>",
+         "starts with '<!DO', not 'GGUF': this is not a GGUF file; it looks like a web page: the download saved an "
+         "error or sign-in page instead of the model"),
+        (struct.pack("<Q", 30) + b'{"w": {"dtype": "F32"}}' + b" " * 7,
+         "starts with the bytes 1e 00 00 00, not 'GGUF': this is not a GGUF file; it looks like a safetensors file: "
+         "open the model's folder instead"),
+    ],
+)
+def test_not_gguf_is_said_in_words(tmp_path, content, message):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(content)
+    with pytest.raises(ModelFormatError) as e:
+        open_gguf(p)
+    assert e.value.subject == str(p) and e.value.message == message
+    assert "b'" not in str(e.value)  # no Python bytes repr
 
 
 def test_bad_version(good, tmp_path):
@@ -137,7 +162,8 @@ def test_bad_version(good, tmp_path):
 
 @pytest.mark.parametrize("offset,field", [(8, "tensor_count"), (16, "kv_count")])
 def test_absurd_counts(good, tmp_path, offset, field):
-    with pytest.raises(ModelFormatError, match=f"absurd {field}"):
+    with pytest.raises(ModelFormatError, match=f"the file is corrupt at byte {offset}: the header's {field} says "
+                                               f"{1 << 60} entries, more than its .* bytes could hold"):
         open_gguf(_patched(good, tmp_path, offset, "<Q", 1 << 60))
 
 
@@ -148,7 +174,9 @@ def test_absurd_string_and_array_lengths(good, tmp_path):
     ref = gguf.GGUFReader(good)
     field = ref.fields["tokenizer.ggml.tokens"]
     length_offset = field.offset + 8 + len("tokenizer.ggml.tokens") + 4 + 4
-    with pytest.raises(ModelFormatError, match="absurd array length .*key tokenizer.ggml.tokens"):
+    with pytest.raises(ModelFormatError, match=rf"the file is truncated or corrupt at byte {length_offset + 8}, in the "
+                       rf"metadata \(key tokenizer.ggml.tokens\): an array of {1 << 50} items needs at least "
+                       rf"{8 << 50} bytes, and only \d+ are left in the file \(\d+ bytes\)"):
         open_gguf(_patched(good, tmp_path, length_offset, "<Q", 1 << 50))
     assert f.metadata["tokenizer.ggml.tokens"][3] == "🙂"
 
