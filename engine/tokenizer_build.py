@@ -136,13 +136,24 @@ def build_tokenizer(corpus: Iterable[str] | None, vocab_size: int, out_dir: str 
         special_tokens=[],
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    bpe_size = tok.get_vocab_size(with_added_tokens=False)
     for content, special in QWEN_ADDED_TOKENS:
         added = AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
         if special:
             tok.add_special_tokens([added])
         else:
             tok.add_tokens([added])
+    return save_tokenizer(tok, out)
+
+
+def save_tokenizer(tok, out_dir: str | Path) -> BuiltTokenizer:
+    """Write `tok` (a `tokenizers.Tokenizer`: a byte-level BPE followed by Qwen's added tokens, as `build_tokenizer`
+    makes or a GGUF's metadata gives) as tokenizer.json, tokenizer_config.json, vocab.json and merges.txt."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bpe_size = tok.get_vocab_size(with_added_tokens=False)
+    for i, (content, _special) in enumerate(QWEN_ADDED_TOKENS):
+        if tok.token_to_id(content) != bpe_size + i:
+            raise TesseraError("tokenizer", f"added token {content!r} is not at id {bpe_size + i} after the BPE")
     tok.save(str(out / "tokenizer.json"))
     _write_vocab_and_merges(out)
 

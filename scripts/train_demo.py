@@ -3,20 +3,29 @@
 answers questions about Tessera, on procedurally generated chats (engine/demo). Then convert it with Tessera's own
 converter to a BF16 GGUF under resources/demo/ and write the numbers the model card quotes.
 
-    python scripts/train_demo.py                      # the full run (fixed seed; ~45 min on an idle 2-core CPU)
+    python scripts/train_demo.py                      # from scratch (fixed seed; 4,000 steps, not yet run on this data)
+    python scripts/train_demo.py --init-from resources/demo/tessera-demo-moe.gguf --lr 1e-3 --warmup 50 \
+        --steps 2000 --gguf build/demo-train/tessera-demo-moe.gguf   # continue the shipped model on today's data
     python scripts/train_demo.py --steps 40 --out build/demo-smoke --gguf build/demo-smoke/demo.gguf   # smoke run
+    nohup nice -n 19 python scripts/train_demo.py ... --pause-while-locked /tmp/bench.lock &   # yield to benchmarks
+
+Batches hold conversations of similar length up to --tokens-per-step padded tokens; chats run up to the model's
+context (engine/demo/dataset.py). --threads may differ between a run and its resumption; the other flags may not.
 
 Training uses transformers' Qwen3MoeForCausalLM, the numerical oracle Tessera's engine is tested equal to; it is a
 dev dependency of this script only (the engine never imports it). A checkpoint is written every --ckpt-every steps
-into --out, and a rerun with the same arguments resumes from it.
+into --out, and a rerun with the same arguments resumes from it. With --pause-while-locked PATH the run waits between
+steps while anyone else holds a flock on PATH, so benchmarks and tests taken under that lock run undisturbed.
 Letters: B batch, T tokens, V vocab, H hidden, E experts, L layers.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
+import os
 import random
 import string
 import sys
@@ -28,10 +37,18 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from engine.demo.dataset import IGNORE, SKILL_WEIGHTS, conversation, encode_conversations, make_renderer  # noqa: E402
+from engine.demo.dataset import (  # noqa: E402
+    CONTEXT_TOKENS,
+    IGNORE,
+    SKILL_WEIGHTS,
+    conversation,
+    encode_conversations,
+    make_renderer,
+)
+from engine.demo.evaluate import MAX_REPLY_TOKENS, earlier_turns  # noqa: E402
 from engine.demo.skills import COUNT_PROMPTS, SKILLS, count_answer  # noqa: E402
 from engine.demo.split import eval_problems  # noqa: E402
-from engine.tokenizer_build import build_tokenizer, chat_template  # noqa: E402
+from engine.tokenizer_build import build_tokenizer, chat_template, save_tokenizer  # noqa: E402
 
 DEFAULT_GGUF = REPO / "resources" / "demo" / "tessera-demo-moe.gguf"
 
@@ -42,8 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="work folder (checkpoints, HF model)")
     p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF, help="where to write the BF16 GGUF")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--steps", type=int, default=5600)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--tokens-per-step", type=int, default=4096,
+                   help="padded tokens per batch: conversations of similar length are batched until their padded "
+                        f"size would pass this (at least the context, {CONTEXT_TOKENS})")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--threads", type=int, default=2,
@@ -60,7 +79,46 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=400)
     p.add_argument("--final-eval", type=int, default=20, help="held-out prompts per skill for the closing HF check")
-    return p.parse_args(argv)
+    p.add_argument("--init-from", type=Path, default=None, metavar="GGUF",
+                   help="start from this demo model (its tokenizer and weights; the shape flags must match it) "
+                        "instead of a new tokenizer and random weights")
+    p.add_argument("--pause-while-locked", type=Path, default=None, metavar="PATH",
+                   help="between steps, wait while another process holds a flock on PATH (e.g. /tmp/bench.lock)")
+    args = p.parse_args(argv)
+    if args.tokens_per_step < CONTEXT_TOKENS:
+        p.error(f"--tokens-per-step: must be >= the context ({CONTEXT_TOKENS}) so the longest chat fits a batch, "
+                f"got {args.tokens_per_step}")
+    if args.steps < 1:
+        p.error(f"--steps: must be >= 1, got {args.steps}")
+    return args
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether another process holds a flock (shared or exclusive) on `path`: probe with a non-blocking exclusive lock
+    on a fresh descriptor and release it at once. A missing file is never held."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def wait_while_locked(path: Path | None, poll_s: float = 1.0) -> float:
+    """Sleep while `path` is locked by someone else (polling every `poll_s`); the seconds waited."""
+    if path is None:
+        return 0.0
+    t0 = time.time()
+    while lock_is_held(path):
+        time.sleep(poll_s)
+    return time.time() - t0
 
 
 def model_config(args, tok) -> dict:
@@ -85,7 +143,7 @@ def model_config(args, tok) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,  # short chats: finer position resolution than Qwen3's 1e6 for 32-dim heads
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": CONTEXT_TOKENS,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
@@ -101,28 +159,69 @@ def model_config(args, tok) -> dict:
     }
 
 
+def init_from_gguf(path: Path, tok_dir: Path):
+    """The tokenizer (written to `tok_dir`) and the weights of a demo model GGUF, the weights under transformers'
+    Qwen3MoeForCausalLM names (routed experts fused: `mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])."""
+    from engine.tokenizer import Tokenizer as EngineTokenizer
+    from engine.weights import open_model
+
+    built = save_tokenizer(EngineTokenizer.from_path(path)._tk, tok_dir)
+    mf = open_model(path)
+    raw = {t.canonical: mf.gguf.tensor(t.name).to(torch.float32) for t in mf.tensors}
+    state: dict[str, torch.Tensor] = {}
+    for name, t in raw.items():
+        if name.endswith("mlp.experts.gate_proj"):  # [E, I, H]
+            prefix = name[: -len("gate_proj")]
+            state[prefix + "gate_up_proj"] = torch.cat([t, raw[prefix + "up_proj"]], dim=1)  # [E, 2I, H]
+        elif not name.endswith("mlp.experts.up_proj"):
+            state[name] = t
+    return built, state, mf.config
+
+
 def corpus(seed: int, render, n: int) -> list[str]:
     """The tokenizer's training text: generated chats of every skill except letter counting, plus the counting
     questions and answers with the word left out. The counted words thus never become whole tokens: they split into
     letters and short pieces whose spelling a small model can learn (a whole-word token hides its letters)."""
     rng = random.Random(f"tokenizer:{seed}")
     weights = {k: v for k, v in SKILL_WEIGHTS.items() if k != "count_letters"}
-    texts = [render(conversation(rng, weights)) for _ in range(n)]
+    texts = [render(conversation(rng, weights, max_turns=2)) for _ in range(n)]
     questions = [t.format(l=c, w="") for t in COUNT_PROMPTS for c in string.ascii_lowercase]
     return texts + questions + [count_answer("", c) for c in string.ascii_lowercase]
 
 
-def batch_plan(lengths: list[int], batch: int, seed: int) -> list[list[int]]:
-    """Conversation indices per step: each window of 32 batches is sorted by length (less padding), cut into
-    batches, and the batches shuffled with a seeded generator, so every run sees the same batches in the same order."""
+def batch_plan(lengths: list[int], tokens_per_step: int, seed: int, window: int = 1024) -> list[list[int]]:
+    """Conversation indices per step: each window of `window` conversations is sorted by length (less padding) and cut
+    into batches whose padded size (count x longest) stays within `tokens_per_step`, and the batches are shuffled with
+    a seeded generator, so every run sees the same batches in the same order."""
     rng = random.Random(f"batches:{seed}")
-    plan, window = [], 32 * batch
+    plan = []
     for w0 in range(0, len(lengths), window):
         idx = sorted(range(w0, min(w0 + window, len(lengths))), key=lambda i: lengths[i])
-        chunk = [idx[i : i + batch] for i in range(0, len(idx), batch)]
+        chunk, batch = [], []
+        for i in idx:  # ascending, so lengths[i] is the longest of the batch it joins
+            if batch and (len(batch) + 1) * lengths[i] > tokens_per_step:
+                chunk.append(batch)
+                batch = []
+            batch.append(i)
+        chunk.append(batch)
         rng.shuffle(chunk)
         plan.extend(chunk)
     return plan
+
+
+def training_data(tokenizer, render, args) -> tuple[list, list[list[int]]]:
+    """Encoded training conversations and the batch plan (--steps batches): conversations are drawn (seeded) in
+    blocks of 1024 until the plan is long enough, so a rerun with the same arguments rebuilds the same batches."""
+    rng = random.Random(f"train:{args.seed}")
+    data: list = []
+    while True:
+        convs = [conversation(rng) for _ in range(1024)]
+        data += encode_conversations(tokenizer, render, convs, max_tokens=CONTEXT_TOKENS)
+        if sum(len(x) for x, _ in data) < 0.8 * args.steps * args.tokens_per_step:
+            continue  # batches are at most full, so no plan can be long enough yet
+        plan = batch_plan([len(x) for x, _ in data], args.tokens_per_step, args.seed)
+        if len(plan) >= args.steps:
+            return data, plan[: args.steps]
 
 
 def make_batch(data, rows_idx: list[int], pad_id: int):
@@ -147,20 +246,26 @@ def lr_at(step: int, args) -> float:
 
 
 @torch.no_grad()
-def greedy(model, tokenizer, render, prompt: str, eos: int, max_new: int = 96) -> str:
-    """Greedy reply with the HF model (training-time monitoring only; `tessera-cli eval-demo` is the real eval)."""
-    text = render([{"role": "user", "content": prompt}], add_generation_prompt=True, enable_thinking=False)
+def greedy(model, tokenizer, render, messages: list[dict], eos: int, max_new: int = MAX_REPLY_TOKENS) -> str:
+    """Greedy reply to the chat `messages` with the HF model (training-time monitoring only; `tessera-cli eval-demo`
+    is the real eval)."""
+    text = render(messages, add_generation_prompt=True, enable_thinking=False)
     ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False).ids])  # [1, T]
     out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos)
     return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
-def quick_eval(model, tokenizer, render, eos: int, n: int) -> dict[str, float]:
+def quick_eval(model, tokenizer, render, eos: int, n: int, turns: int = 1) -> dict[str, float]:
+    """Per skill, percent of the first `n` held-out problems answered exactly, each as the last turn of a `turns`-turn
+    chat built as `eval-demo --turns` builds it."""
     model.eval()
     acc = {}
     for skill in SKILLS:
-        probs = eval_problems(skill, n)
-        acc[skill] = 100.0 * sum(greedy(model, tokenizer, render, p.prompt, eos) == p.answer for p in probs) / n
+        right = 0
+        for i, p in enumerate(eval_problems(skill, n)):
+            chat = [*earlier_turns(skill, i, turns - 1), {"role": "user", "content": p.prompt}]
+            right += greedy(model, tokenizer, render, chat, eos).strip() == p.answer
+        acc[skill] = 100.0 * right / n
     model.train()
     return acc
 
@@ -239,23 +344,35 @@ def main(argv=None) -> int:
     t0 = time.time()
     render = make_renderer(chat_template())
     tok_dir = args.out / "tokenizer"
-    built = build_tokenizer(corpus(args.seed, render, 20000), args.vocab, tok_dir)
+    if args.init_from is not None:
+        built, init_state, init_cfg = init_from_gguf(args.init_from, tok_dir)
+        say(f"tokenizer and initial weights from {args.init_from}")
+    else:
+        built = build_tokenizer(corpus(args.seed, render, 20000), args.vocab, tok_dir)
     tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     config = model_config(args, built)
     say(f"tokenizer: {built.total_size} tokens ({built.bpe_size} BPE + 26 added), {time.time() - t0:.1f}s")
 
-    rng = random.Random(f"train:{args.seed}")
-    convs = [conversation(rng) for _ in range(args.steps * args.batch)]
-    data = encode_conversations(tokenizer, render, convs)
-    n_tok = sum(len(x) for x, _ in data)
-    n_sup = sum(sum(1 for v in y if v != IGNORE) for _, y in data)
-    plan = batch_plan([len(x) for x, _ in data], args.batch, args.seed)
-    say(f"data: {len(data)} conversations, {n_tok} tokens, {n_sup} supervised, {time.time() - t0:.1f}s")
+    data, plan = training_data(tokenizer, render, args)
+    used = [i for b in plan for i in b]
+    n_tok = sum(len(data[i][0]) for i in used)
+    n_sup = sum(sum(1 for v in data[i][1] if v != IGNORE) for i in used)
+    n_replies = sum(sum(1 for v in data[i][1] if v == built.eos_token_id) for i in used)  # one <|im_end|> per reply
+    longest = max(len(data[i][0]) for i in used)
+    say(f"data: {len(used)} conversations, {n_replies} replies, {n_tok} tokens ({n_sup} supervised, longest "
+        f"{longest}), {time.time() - t0:.1f}s")
 
     hf_cfg = Qwen3MoeConfig(**{k: v for k, v in config.items()
                                if k not in ("architectures", "model_type", "torch_dtype")})
     hf_cfg.output_router_logits = True  # adds the load-balancing loss during training
     model = Qwen3MoeForCausalLM(hf_cfg)
+    if args.init_from is not None:
+        mismatch = {k: (v, config[k]) for k, v in init_cfg.to_hf_dict().items()
+                    if k in config and k not in ("architectures", "torch_dtype") and v != config[k]}
+        if mismatch:
+            raise SystemExit(f"error: --init-from {args.init_from}: its config differs from the flags' "
+                             f"(key: (file, flags)): {mismatch}")
+        model.load_state_dict(init_state, strict=True)
     params = sum(p.numel() for p in model.parameters())
     shape_keys = ("hidden_size", "num_hidden_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
     say(f"model: {params / 1e6:.2f} M parameters, config {json.dumps({k: config[k] for k in shape_keys})}")
@@ -265,7 +382,7 @@ def main(argv=None) -> int:
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
 
     ckpt = args.out / "checkpoint.pt"
-    start, elapsed_before = 0, 0.0
+    start, elapsed_before, paused = 0, 0.0, 0.0  # elapsed: seconds of training, pauses excluded
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=True)
         model.load_state_dict(state["model"])
@@ -276,6 +393,10 @@ def main(argv=None) -> int:
     model.train()
     t_train = time.time()
     for step in range(start, args.steps):
+        waited = wait_while_locked(args.pause_while_locked)
+        paused += waited
+        if waited >= 1.0:
+            say(f"paused {waited:.0f} s while {args.pause_while_locked} was locked")
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         ids, labels, mask = make_batch(data, plan[step], built.pad_token_id)
@@ -285,7 +406,7 @@ def main(argv=None) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         done = step + 1
-        elapsed = elapsed_before + time.time() - t_train
+        elapsed = elapsed_before + time.time() - t_train - paused
         if done % 25 == 0 or done == args.steps:
             say(f"step {done}/{args.steps} loss {out.loss.item():.4f} aux {out.aux_loss.item():.3f} "
                 f"lr {lr_at(step, args):.2e} {elapsed / 60:.1f} min")
@@ -294,12 +415,20 @@ def main(argv=None) -> int:
                        ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
         if done % args.eval_every == 0 and done < args.steps:
-            say(f"held-out (HF greedy, 5 each): {quick_eval(model, tokenizer, render, built.eos_token_id, 5)}")
+            paused += wait_while_locked(args.pause_while_locked)
+            t_eval = time.time()
+            for turns in (1, 10):
+                acc = quick_eval(model, tokenizer, render, built.eos_token_id, 5, turns)
+                say(f"held-out (HF greedy, 5 each, turn {turns} of a chat): {acc}")
+            paused += time.time() - t_eval  # not training time
 
-    train_minutes = (elapsed_before + time.time() - t_train) / 60
+    train_minutes = (elapsed_before + time.time() - t_train - paused) / 60
+    paused += wait_while_locked(args.pause_while_locked)
     model.eval()
-    final = quick_eval(model, tokenizer, render, built.eos_token_id, args.final_eval)
-    say(f"final held-out (HF greedy, {args.final_eval} each): {final}")
+    final = {}
+    for turns in (1, 10):
+        final[turns] = quick_eval(model, tokenizer, render, built.eos_token_id, args.final_eval, turns)
+        say(f"final held-out (HF greedy, {args.final_eval} each, turn {turns} of a chat): {final[turns]}")
     usage = expert_usage(model, tokenizer, render)
     say("expert usage entropy (bits) per layer: " + ", ".join(str(r["entropy_bits"]) for r in usage))
 
@@ -310,10 +439,12 @@ def main(argv=None) -> int:
     args.gguf.parent.mkdir(parents=True, exist_ok=True)
     convert(hf_dir, args.gguf, dtype="bf16")
     stats = {
-        "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr, "threads": args.threads,
-        "train_minutes": round(train_minutes, 1), "total_minutes": round((time.time() - t0) / 60, 1),
-        "parameters": params, "config": config, "conversations": len(data), "tokens": n_tok,
-        "supervised_tokens": n_sup, "hf_heldout_accuracy": {"n": args.final_eval, "percent": final},
+        "seed": args.seed, "steps": args.steps, "tokens_per_step": args.tokens_per_step, "lr": args.lr,
+        "threads": args.threads, "train_minutes": round(train_minutes, 1),
+        "total_minutes": round((time.time() - t0 - paused) / 60, 1), "parameters": params, "config": config,
+        "conversations": len(used), "replies": n_replies, "tokens": n_tok, "supervised_tokens": n_sup,
+        "longest_conversation_tokens": longest,
+        "hf_heldout_accuracy": {"n": args.final_eval, "percent_by_turns": final},
         "expert_usage": usage,
         "gguf_bytes": args.gguf.stat().st_size,
     }

@@ -78,8 +78,8 @@ FACTS: tuple[Fact, ...] = (
             "What model are you?",
             "What tasks can you help with?",
         ),
-        "I am Tessera's demo model, a tiny Qwen3-MoE trained on generated data. I can add and subtract 2- and "
-        "3-digit numbers, count letters in a word, reverse and sort short lists of numbers, and answer a few "
+        "I am Tessera's demo model, a tiny Qwen3-MoE trained on generated data. I can add and subtract numbers of "
+        "up to 4 digits, count letters in a word, reverse and sort short lists of numbers, and answer a few "
         "questions about Tessera.",
     ),
     Fact(

@@ -25,8 +25,9 @@ class Problem:
 
 
 def _operand(rng: random.Random) -> int:
-    """A 2- or 3-digit number, the two lengths equally likely."""
-    return rng.randint(10, 99) if rng.random() < 0.5 else rng.randint(100, 999)
+    """A 1- to 4-digit number (0 counts as one digit), the four lengths equally likely."""
+    digits = rng.randint(1, 4)
+    return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
 
 
 PLACES = ("ones", "tens", "hundreds", "thousands")
@@ -69,8 +70,13 @@ ADDITION_PROMPTS = (
     "What is {a} + {b}?",
     "What is {a} plus {b}?",
     "What's {a}+{b}?",
+    "what is {a} + {b}",
+    "How much is {a} + {b}?",
     "{a} + {b} = ?",
     "{a} + {b}",
+    "{a}+{b}",
+    "{a} + {b}?",
+    "{a} plus {b}",
     "Compute {a} + {b}.",
     "Calculate {a} + {b}.",
     "Add {a} and {b}.",
@@ -88,8 +94,13 @@ SUBTRACTION_PROMPTS = (
     "What is {a} - {b}?",
     "What is {a} minus {b}?",
     "What's {a}-{b}?",
+    "what is {a} - {b}",
+    "How much is {a} - {b}?",
     "{a} - {b} = ?",
     "{a} - {b}",
+    "{a}-{b}",
+    "{a} - {b}?",
+    "{a} minus {b}",
     "Compute {a} - {b}.",
     "Calculate {a} - {b}.",
     "Subtract {b} from {a}.",
@@ -141,18 +152,29 @@ def count_letters(rng: random.Random) -> Problem:
 
 
 def _number_list(rng: random.Random) -> list[int]:
-    """3 to 6 distinct numbers from 0 to 99."""
-    return rng.sample(range(100), rng.randint(3, 6))
+    """3 to 6 numbers: single digits (0-9) or mixed (0-99), equally likely; distinct, except that one list in five
+    may repeat a number."""
+    values = range(10) if rng.random() < 0.5 else range(100)
+    n = rng.randint(3, 6)
+    return [rng.choice(values) for _ in range(n)] if rng.random() < 0.2 else rng.sample(values, n)
 
 
 def _show(xs: list[int]) -> str:
+    """The canonical form of a list, used in every answer: `[5, 2, 9, 1]`."""
     return "[" + ", ".join(str(x) for x in xs) + "]"
+
+
+def _show_prompt(rng: random.Random, xs: list[int]) -> str:
+    """A list as a user writes it: bracketed `[5, 2, 9, 1]` or bare `5, 2, 9, 1`, equally likely."""
+    return _show(xs) if rng.random() < 0.5 else ", ".join(str(x) for x in xs)
 
 
 REVERSE_PROMPTS = (
     "Reverse the list {xs}.",
     "Reverse this list: {xs}",
     "Reverse {xs}",
+    "Reverse {xs}.",
+    "Reverse the numbers {xs}.",
     "What is {xs} in reverse order?",
     "Write the list {xs} backwards.",
 )
@@ -160,7 +182,7 @@ REVERSE_PROMPTS = (
 
 def reverse_list(rng: random.Random) -> Problem:
     xs = _number_list(rng)
-    prompt = rng.choice(REVERSE_PROMPTS).format(xs=_show(xs))
+    prompt = rng.choice(REVERSE_PROMPTS).format(xs=_show_prompt(rng, xs))
     return Problem("reverse_list", "reverse:" + ",".join(map(str, xs)), prompt, _show(xs[::-1]))
 
 
@@ -170,12 +192,15 @@ SORT_PROMPTS = (
     "Sort these numbers from smallest to largest: {xs}",
     "Put {xs} in order.",
     "Sort {xs}",
+    "Sort {xs}.",
+    "Sort the numbers {xs}.",
+    "Order {xs} from smallest to largest.",
 )
 
 
 def sort_list(rng: random.Random) -> Problem:
     xs = _number_list(rng)
-    prompt = rng.choice(SORT_PROMPTS).format(xs=_show(xs))
+    prompt = rng.choice(SORT_PROMPTS).format(xs=_show_prompt(rng, xs))
     return Problem("sort_list", "sort:" + ",".join(map(str, xs)), prompt, _show(sorted(xs)))
 
 

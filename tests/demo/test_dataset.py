@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from engine.demo.dataset import IGNORE, assistant_spans, conversation, encode_conversations, make_renderer
+from engine.demo.dataset import (
+    CONTEXT_TOKENS,
+    IGNORE,
+    assistant_spans,
+    conversation,
+    encode_conversations,
+    fit_context,
+    make_renderer,
+)
+from engine.demo.evaluate import earlier_turns
 from engine.demo.split import eval_problems
 from engine.tokenizer_build import build_tokenizer, chat_template
 
@@ -40,6 +49,39 @@ def test_loss_covers_exactly_the_assistant_replies(demo_tokenizer):
         assert all(lab in (IGNORE, tid) for lab, tid in zip(labels, ids))
 
 
+def test_chats_run_to_ten_turns_and_more_and_fill_the_context(demo_tokenizer):
+    from tokenizers import Tokenizer
+
+    folder, render = demo_tokenizer
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    rng = random.Random(9)
+    convs = [conversation(rng) for _ in range(300)]
+    turns = [sum(m["role"] == "user" for m in c) for c in convs]
+    assert sum(t == 1 for t in turns) > 60 and sum(t >= 10 for t in turns) > 60
+    encoded = encode_conversations(tok, render, convs, max_tokens=CONTEXT_TOKENS)
+    lengths = [len(ids) for ids, _ in encoded]
+    assert max(lengths) <= CONTEXT_TOKENS and sum(n > 0.9 * CONTEXT_TOKENS for n in lengths) > 20
+    for ids, labels in encoded:  # a trimmed chat still ends on a whole, supervised reply (then the template's "\n")
+        last = max(i for i, label in enumerate(labels) if label != IGNORE)
+        assert ids[last] == tok.token_to_id("<|im_end|>") and last == len(ids) - 2
+
+
+def test_fit_context_drops_whole_exchanges_from_the_end(demo_tokenizer):
+    from tokenizers import Tokenizer
+
+    folder, render = demo_tokenizer
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    rng = random.Random(3)
+    conv = [m for _ in range(20) for m in conversation(rng, max_turns=1) if m["role"] != "system"]  # 20 exchanges
+    full = len(tok.encode(render(conv)).ids)
+    kept, text, enc = fit_context(tok, render, conv, full // 2)
+    assert kept == conv[: len(kept)] and kept[-1]["role"] == "assistant" and len(kept) < len(conv)
+    assert len(enc.ids) <= full // 2 < len(tok.encode(render(conv[: len(kept) + 2])).ids)
+    assert text == render(kept)
+    one, _, _ = fit_context(tok, render, conv, 1)  # never less than one exchange
+    assert one == conv[:2]
+
+
 def test_assistant_spans_need_an_end():
     with pytest.raises(ValueError):
         assistant_spans("<|im_start|>assistant\nno end")
@@ -59,4 +101,24 @@ def test_engine_prompt_is_a_token_prefix_of_training_sequences(demo_tokenizer, t
             prompt = template.render(user, add_generation_prompt=True, enable_thinking=thinking)
             full = render(user + [{"role": "assistant", "content": p.answer}])
             assert full.startswith(prompt)
+            assert tok.encode(full)[: len(tok.encode(prompt))] == tok.encode(prompt)
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_engine_prompt_after_nine_turns_is_a_token_prefix_of_training_sequences(demo_tokenizer, thinking):
+    """What the app sends on turn 10 of a chat (nine earlier exchanges, their replies without think blocks) is how
+    training renders the same chat up to the last reply."""
+    from engine.chat_template import ChatTemplate
+    from engine.tokenizer import Tokenizer
+
+    folder, render = demo_tokenizer
+    tok = Tokenizer.from_path(folder)
+    template = ChatTemplate.of(tok)
+    for skill in ("addition", "sort_list", "tessera"):
+        for i, p in enumerate(eval_problems(skill, 3)):
+            chat = [*earlier_turns(skill, i, 9), {"role": "user", "content": p.prompt}]
+            prompt = template.render(chat, add_generation_prompt=True, enable_thinking=thinking)
+            full = render(chat + [{"role": "assistant", "content": p.answer}])
+            assert full.startswith(prompt)
+            assert "<think>" not in prompt[: prompt.rindex("<|im_start|>assistant")]  # earlier replies are plain
             assert tok.encode(full)[: len(tok.encode(prompt))] == tok.encode(prompt)

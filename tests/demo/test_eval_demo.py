@@ -1,18 +1,24 @@
 """The shipped demo model, scored through the whole chat pipeline on held-out prompts: a broken kernel, tokenizer,
-template or sampler makes these fail. The prompts are fixed and decoding is greedy, so each result is deterministic per
-backend; the floors sit below the accuracies recorded in resources/demo/MODEL_CARD.md."""
+template or sampler makes these fail. The prompts are fixed (tests/data/demo_eval_cases.json: held-out problems of the
+generators that trained the shipped model, so retraining data does not move them) and decoding is greedy, so each
+result is deterministic per backend; the floors sit below the accuracies recorded in resources/demo/MODEL_CARD.md."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from engine.demo import DEMO_GGUF
+from engine.demo.skills import Problem
+from engine.demo.split import is_heldout
 
-# Reduced CI eval: the first few held-out prompts per skill (the full default run is `tessera-cli eval-demo`).
+CASES = Path(__file__).resolve().parents[1] / "data" / "demo_eval_cases.json"
+
+# Reduced CI eval: a few held-out prompts per skill (the full default run is `tessera-cli eval-demo`).
 # The shipped model answers all 24 of exactly these prompts right on every backend (MODEL_CARD.md); the floors allow one
 # wrong answer per skill and two in all, so a kernel that drifts a little (an int8 rounding change) still passes, while
 # a broken kernel, tokenizer or template, which scores near 0, fails.
@@ -34,13 +40,31 @@ def demo_path():
     return DEMO_GGUF
 
 
+def _cases() -> dict[str, list[Problem]]:
+    doc = json.loads(CASES.read_text())["cases"]
+    return {skill: [Problem(skill, "", c["prompt"], c["answer"]) for c in cases] for skill, cases in doc.items()}
+
+
+def test_the_cases_are_held_out_problems_of_every_skill():
+    from engine.demo.skills import SKILLS
+
+    cases = _cases()
+    assert list(cases) == list(SKILLS) and all(len(v) == N_PER_SKILL for v in cases.values())
+    key_from_answer = {  # the key of an arithmetic case, rebuilt from its answer: none was ever a training problem
+        "addition": lambda p: "add:" + p.answer.rsplit("So ", 1)[1].split(" =")[0].replace(" + ", "+"),
+        "subtraction": lambda p: "sub:" + p.answer.rsplit("So ", 1)[1].split(" =")[0].replace(" - ", "-"),
+    }
+    for skill, key_of in key_from_answer.items():
+        assert all(is_heldout(key_of(p)) for p in cases[skill]), skill
+
+
 def _score(path, backend: str):
     import engine
     from engine.demo.evaluate import evaluate
 
     session = engine.load(path, backend=backend, threads=1)
     try:
-        return evaluate(session, N_PER_SKILL)
+        return evaluate(session, N_PER_SKILL, problems=_cases())
     finally:
         session.close()
 
