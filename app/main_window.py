@@ -276,6 +276,7 @@ class MainWindow(QMainWindow):
         self.state = state
         self.status.set_state(state)
         self.model_panel.set_state(state)
+        self._settings_mode()
         self._show_demo_intro(state)
         self.graphs.twin = "twin" in state.device  # "cpu (twin of the GPU half)"
         self.controller.set_model(state.loaded, state.name, state.context_length)
@@ -395,16 +396,27 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> SettingsDialog:
         if self.settings_dialog is None:
             self.settings_dialog = SettingsDialog(self.settings, self.backend_list, self.state.loaded, self)
-            if self.state.backend == "remote":
-                self.settings_dialog.disable_local("Chatting through a remote server, which chooses its own backend, "
-                                                   "threads, context and GPU use: these apply to local models only.")
             self.settings_dialog.finished.connect(self._settings_closed)
+            self.settings_dialog.clear_cache_requested.connect(self.worker.clear_pack_cache)
+            self.worker.pack_cache.connect(self.settings_dialog.show_pack_cache)
             self.worker.query_backends()
+        self._settings_mode()
+        self.worker.query_pack_cache()
         self.settings_dialog.show()
         self.settings_dialog.raise_()
         return self.settings_dialog
 
+    def _settings_mode(self) -> None:
+        """The open settings dialog follows the engine in use: local-only settings are disabled with the reason
+        while a remote server is in use, and enabled again when a local model (or none) takes over."""
+        if self.settings_dialog is not None:
+            remote = self.state.loaded and self.state.backend == "remote"
+            self.settings_dialog.set_remote("Chatting through a remote server, which chooses its own backend, threads, "
+                                            "context and GPU use and reads control tokens by its own rules: these "
+                                            "settings apply to local models only." if remote else "")
+
     def _settings_closed(self, _result: int) -> None:
+        self.worker.pack_cache.disconnect(self.settings_dialog.show_pack_cache)
         self.settings_dialog.deleteLater()
         self.settings_dialog = None
 

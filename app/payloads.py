@@ -104,3 +104,15 @@ class BackendList:
     vram_free_bytes: int = 0
     vram_total_bytes: int = 0
     cuda_reason: str = ""  # why there is no usable CUDA device ("" when there is one)
+
+
+@dataclass(frozen=True)
+class PackCacheInfo:
+    """The packed-weight cache as the settings dialog shows it (the worker's `pack_cache` signal)."""
+
+    folder: str
+    held_bytes: int = 0
+    text: str = ""  # "12.34 GB" (engine.pack_cache.human_bytes), or why the size is unknown
+    freed_bytes: int = -1  # bytes a Clear removed; -1 when this is only the size
+    freed_text: str = ""
+    error: str = ""

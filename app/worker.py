@@ -29,6 +29,7 @@ from app.payloads import (
     LoadProgress,
     ModelState,
     ModelSummary,
+    PackCacheInfo,
     StepSample,
     TokenChunk,
     WorkerError,
@@ -102,6 +103,16 @@ class EngineApi:
         return (f"no CUDA device is available: torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
                 "NVIDIA GPU or driver")
 
+    def pack_cache(self, clear: bool) -> tuple[str, int, int]:
+        """The packed-weight cache's folder and bytes held, after clearing it when asked (bytes freed, else -1)."""
+        from engine.pack_cache import PackCache, default_root
+
+        cache = PackCache(default_root())
+        if not cache.usable:
+            return str(cache.root), 0, 0 if clear else -1
+        freed = cache.clear() if clear else -1
+        return str(cache.root), cache.held_bytes(), freed
+
     def make_test_model(self, out_path: str, progress) -> str:
         from engine.make_model import make_model
 
@@ -140,6 +151,7 @@ class EngineWorker(QObject):
     backends = Signal(object)  # BackendList
     serving = Signal(object)  # app.serving.ServeState
     remote_checked = Signal(object)  # dict: {"ok", "url", "models", "seconds", "error"} from test_remote
+    pack_cache = Signal(object)  # PackCacheInfo, from query_pack_cache / clear_pack_cache
 
     # the one command signal: a call (functools.partial of a _do_* method) queued into the worker thread
     _call = Signal(object)
@@ -249,6 +261,15 @@ class EngineWorker(QObject):
 
     def query_backends(self) -> None:
         self._queue(self._do_query_backends)
+
+    def query_pack_cache(self) -> None:
+        """The packed-weight cache's size; the answer comes on `pack_cache`."""
+        self._queue(self._do_pack_cache, False)
+
+    def clear_pack_cache(self) -> None:
+        """Delete every packed copy (each model packs again at its next load); the answer comes on `pack_cache`. A
+        loaded model keeps running: its packed experts are in memory."""
+        self._queue(self._do_pack_cache, True)
 
     # ---- the worker thread
     @Slot(object)
@@ -519,6 +540,16 @@ class EngineWorker(QObject):
             self.inspected.emit(ModelSummary(path, info))
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("inspect", exc))
+
+    def _do_pack_cache(self, clear: bool) -> None:
+        try:
+            from engine.pack_cache import human_bytes
+
+            folder, held, freed = self._api.pack_cache(clear)
+            self.pack_cache.emit(PackCacheInfo(folder, held, human_bytes(held), freed, human_bytes(max(freed, 0))))
+        except Exception as exc:  # noqa: BLE001 - e.g. a read-only cache folder: said next to the button
+            err = worker_error("cache", exc)
+            self.pack_cache.emit(PackCacheInfo("", text="size unknown", error=err.text))
 
     def _do_query_backends(self) -> None:
         try:

@@ -43,6 +43,7 @@ LABELS = {
     "expert_type": "Experts stored as",
 }
 UNLISTED = {"path", "ram_text"}  # the RAM of the load is the fit line's text, under the table
+RECENT_TIP = "Double-click (or Enter) loads a recent model"
 
 
 def format_value(key: str, value) -> str:
@@ -72,6 +73,7 @@ class ModelPanel(QWidget):
         self.loaded = False
         self.loaded_path = ""  # the model loaded now ("" when none)
         self.unreadable = False  # the chosen model's header could not be read: Load stays disabled
+        self.remote = ""  # why the local controls are greyed out while chatting through a remote server ("": local)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
 
@@ -90,6 +92,11 @@ class ModelPanel(QWidget):
         self.path_label.setWordWrap(True)
         self.path_label.setAccessibleName("Chosen model")
         layout.addWidget(self.path_label)
+        self.remote_label = QLabel()
+        self.remote_label.setWordWrap(True)
+        self.remote_label.setAccessibleName("Why the local model controls are disabled")
+        self.remote_label.setVisible(False)
+        layout.addWidget(self.remote_label)
         self.meta = QTreeWidget()
         self.meta.setHeaderLabels(["Property", "Value"])
         self.meta.setRootIsDecorated(False)
@@ -132,7 +139,7 @@ class ModelPanel(QWidget):
         self.recent = QListWidget()
         self.recent.setAccessibleName("Recent models")
         self.recent.setMaximumHeight(110)
-        self.recent.setToolTip("Double-click (or Enter) loads a recent model")
+        self.recent.setToolTip(RECENT_TIP)
         self.recent.itemActivated.connect(self._load_recent)  # double-click or Enter: choose and load
         layout.addWidget(self.recent)
 
@@ -179,9 +186,9 @@ class ModelPanel(QWidget):
     def _update_load_button(self) -> None:
         """Load for a new choice, Reload for the model loaded now; disabled while nothing readable is chosen."""
         self.load_button.setText("Reload" if self.loaded and self.path == self.loaded_path else "Load")
-        self.load_button.setEnabled(bool(self.path) and not self.unreadable)
-        self.load_button.setToolTip("This model's header could not be read: fix the file or choose another"
-                                    if self.unreadable else "")
+        self.load_button.setEnabled(bool(self.path) and not self.unreadable and not self.remote)
+        self.load_button.setToolTip(self.remote or ("This model's header could not be read: fix the file or choose "
+                                                    "another" if self.unreadable else ""))
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
         urls = event.mimeData().urls()
@@ -248,7 +255,20 @@ class ModelPanel(QWidget):
             self.path_label.setText(state.path)  # also replaces "Making …" once the test model has loaded
             if state.info and not self.meta.topLevelItemCount():
                 self.show_summary(ModelSummary(state.path, state.info), self.fit_label.text())
+        self._set_remote(state.path if state.loaded and state.backend == "remote" else "")
         self._update_load_button()
+
+    def _set_remote(self, url: str) -> None:
+        """Chatting through the server at `url`: the local model controls are greyed out, with the reason; Unload
+        disconnects. url "": a local model (or none), every control as usual."""
+        self.remote = (f"Chatting through the remote server at {url}, which chooses and runs the model: unload "
+                       "(disconnect) to open a local model here.") if url else ""
+        for w in (self.open_file_button, self.open_dir_button, self.recent, self.meta):
+            w.setEnabled(not url)
+            w.setToolTip(self.remote or (RECENT_TIP if w is self.recent else ""))
+        self.remote_label.setText(self.remote)
+        self.remote_label.setVisible(bool(url))
+        self.unload_button.setText("Disconnect" if url else "Unload")
 
     def show_inspect_error(self, text: str) -> None:
         """The chosen model cannot be read: say why, and keep Load disabled until another one is chosen."""

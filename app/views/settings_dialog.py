@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -17,8 +17,10 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
     QTabWidget,
     QTreeWidget,
@@ -27,14 +29,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.payloads import BackendList
+from app.payloads import BackendList, PackCacheInfo
 from app.settings import TABLE, Setting, Settings
 
 BACKEND_KEY = "model/backend"
 GPU_KEY = "gpu/use"
+# settings that shape only a model run here: disabled, with the reason, while chatting through a remote server
+LOCAL_ONLY = ("model/backend", "model/threads", "model/context_length", "gpu/use", "gpu/expert_cache",
+              "chat/allow_special_tokens")
 
 
 class SettingsDialog(QDialog):
+    clear_cache_requested = Signal()  # the window asks the worker (the dialog never touches the engine)
+
     def __init__(self, settings: Settings, backends: BackendList | None = None, model_loaded: bool = False,
                  parent: QWidget | None = None):
         super().__init__(parent)
@@ -42,7 +49,13 @@ class SettingsDialog(QDialog):
         self.setAccessibleName("Settings")
         self.settings = settings
         self.editors: dict[str, QWidget] = {}
+        self.tips: dict[str, str] = {}  # each editor's own tooltip (a remote server's reason replaces it meanwhile)
         layout = QVBoxLayout(self)
+        self.remote_note = QLabel()
+        self.remote_note.setWordWrap(True)
+        self.remote_note.setAccessibleName("Why some settings are disabled")
+        self.remote_note.setVisible(False)
+        layout.addWidget(self.remote_note)
         self.tabs = QTabWidget()
         layout.addWidget(self.tabs)
         forms: dict[str, QFormLayout] = {}
@@ -57,6 +70,7 @@ class SettingsDialog(QDialog):
             editor.setAccessibleName(spec.label)
             tip = spec.help + (" Takes effect at the next model load." if spec.reload else "")
             editor.setToolTip(tip.strip())
+            self.tips[spec.key] = tip.strip()
             self.editors[spec.key] = editor
             label = QLabel(spec.label + ("  ⟳" if spec.reload and model_loaded else ""))
             label.setBuddy(editor)
@@ -77,6 +91,7 @@ class SettingsDialog(QDialog):
         self.backend_table.setColumnWidth(0, 110)
         self.backend_table.setAccessibleName("Backends available on this computer")
         forms["Model"].addRow(self.backend_table)
+        forms["Model"].addRow("Packed-weight cache", self._pack_cache_row())
         if model_loaded:
             legend = QLabel("⟳ takes effect at the next model load; a backend change repacks the loaded model now.")
             legend.setWordWrap(True)
@@ -98,19 +113,50 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
         self.buttons = buttons
 
-    def disable_local(self, reason: str) -> None:
-        """A remote server is in use: the settings that only shape a local model are disabled, with the reason."""
-        local = ("model/backend", "model/threads", "model/context_length", "gpu/use", "gpu/expert_cache")
-        for key in local:
+    def _pack_cache_row(self) -> QWidget:
+        row = QWidget()
+        box = QHBoxLayout(row)
+        box.setContentsMargins(0, 0, 0, 0)
+        self.cache_label = QLabel("Measuring…")
+        self.cache_label.setAccessibleName("Packed-weight cache size")
+        self.cache_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.cache_button = QPushButton("Clear")
+        self.cache_button.setAccessibleName("Clear the packed-weight cache")
+        self.cache_button.setToolTip("Delete the packed expert copies kept between loads; each model packs again at "
+                                     "its next load. A loaded model keeps running.")
+        self.cache_button.setEnabled(False)  # until the size is known
+        self.cache_button.clicked.connect(self._clear_cache)
+        box.addWidget(self.cache_label, 1)
+        box.addWidget(self.cache_button)
+        return row
+
+    def _clear_cache(self) -> None:
+        self.cache_button.setEnabled(False)
+        self.cache_label.setText("Clearing…")
+        self.clear_cache_requested.emit()
+
+    def show_pack_cache(self, info: PackCacheInfo) -> None:
+        """The worker's answer: the cache's size and folder (after a Clear, what it freed), or why it is unknown."""
+        if info.error:
+            self.cache_label.setText(f"{info.text}: {info.error}")
+            self.cache_button.setEnabled(False)
+            return
+        freed = f" (cleared {info.freed_text})" if info.freed_bytes >= 0 else ""
+        self.cache_label.setText(f"{info.text}{freed}")
+        self.cache_label.setToolTip(info.folder)
+        self.cache_button.setEnabled(info.held_bytes > 0)
+
+    def set_remote(self, reason: str) -> None:
+        """reason: a remote server is in use, and the settings that only shape a local model are disabled with it as
+        their tooltip and in a note at the top; "": a local model (or none), and they are enabled again. The window
+        calls this each time the dialog is shown and whenever the engine changes while it is open."""
+        for key in LOCAL_ONLY:
             editor = self.editors.get(key)
             if editor is not None:
-                editor.setEnabled(False)
-                editor.setToolTip(reason)
-        note = QLabel(reason)
-        note.setWordWrap(True)
-        note.setAccessibleName("Why some settings are disabled")
-        self.layout().insertWidget(0, note)
-        self.remote_note = note
+                editor.setEnabled(not reason)
+                editor.setToolTip(reason or self.tips.get(key, ""))
+        self.remote_note.setText(reason)
+        self.remote_note.setVisible(bool(reason))
 
     def _editor(self, spec: Setting) -> QWidget:
         if spec.choices or spec.runtime_choices:
@@ -227,3 +273,4 @@ class SettingsDialog(QDialog):
     def restore_defaults(self) -> None:
         for key in self.editors:
             self._show(key, self.settings.default(key))
+

@@ -128,6 +128,14 @@ class FakeApi:
     def make_test_model(self, out_path, progress):
         return out_path
 
+    pack_cache_bytes = 3_000_000_000  # what the packed-weight cache holds
+
+    def pack_cache(self, clear):
+        freed = self.pack_cache_bytes if clear else -1
+        if clear:
+            self.pack_cache_bytes = 0
+        return "/home/user/.cache/tessera/packed", self.pack_cache_bytes, freed
+
 
 # ---- fixtures shared by the app tests (import them into a test module to use them)
 import pytest  # noqa: E402

@@ -1,0 +1,104 @@
+"""Issue 14: while chatting through a remote server, the model panel's local controls and the local-only settings are
+greyed out with the reason, and they follow every change of engine (remote -> local -> remote) while the settings
+dialog is open, not only when it is built. Issue 13: Settings shows the packed-weight cache's size with a Clear
+button, answered by the worker (the dialog never touches the engine)."""
+
+from __future__ import annotations
+
+import pytest
+from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
+
+from app import paths
+from app.main_window import MainWindow
+from app.payloads import ModelState
+from app.settings import Settings
+from app.store import ConversationStore
+from app.views.settings_dialog import LOCAL_ONLY
+from app.worker import EngineWorker
+
+REMOTE = ModelState(True, "http://gpu-box:8000/v1", "Qwen3-235B-A22B (remote)", "remote",
+                    "an OpenAI-compatible server at http://gpu-box:8000/v1", "remote")
+LOCAL = ModelState(True, "/models/a.gguf", "a.gguf", "AVX512", "as asked", "cpu", 2, 2048)
+
+
+def make_window(qtbot, worker) -> MainWindow:
+    window = MainWindow(Settings(paths.settings_path()), ConversationStore(paths.database_path()), worker)
+    qtbot.addWidget(window)
+    return window
+
+
+@pytest.fixture
+def window(qtbot, data_dir):  # noqa: F811
+    worker = EngineWorker(FakeApi())
+    worker.start()
+    w = make_window(qtbot, worker)
+    yield w
+    w.close()
+    worker.shutdown()
+
+
+def local_only_enabled(dialog) -> set[bool]:
+    return {dialog.editors[k].isEnabled() for k in LOCAL_ONLY}
+
+
+def test_settings_follow_the_engine_while_the_dialog_is_open(window):
+    dialog = window.open_settings()
+    assert local_only_enabled(dialog) == {True} and dialog.remote_note.isHidden()
+    threads_tip = dialog.editors["model/threads"].toolTip()
+    window.on_state(REMOTE)  # what the worker's state_changed delivers after connect_remote
+    assert local_only_enabled(dialog) == {False} and not dialog.remote_note.isHidden()
+    assert "remote server" in dialog.remote_note.text()
+    assert dialog.editors["model/threads"].toolTip() == dialog.remote_note.text()
+    assert dialog.editors["sampling/temperature"].isEnabled()  # sent to the server with each request
+    window.on_state(LOCAL)
+    assert local_only_enabled(dialog) == {True} and dialog.remote_note.isHidden()
+    assert dialog.editors["model/threads"].toolTip() == threads_tip
+    window.on_state(REMOTE)
+    dialog.close()  # built again on the next open, in the mode of that moment
+    again = window.open_settings()
+    assert local_only_enabled(again) == {False} and "remote server" in again.remote_note.text()
+    again.close()
+
+
+def test_model_panel_greys_out_local_controls_with_the_reason(window):
+    panel = window.model_panel
+    window.on_state(REMOTE)
+    local_controls = (panel.open_file_button, panel.open_dir_button, panel.recent, panel.load_button)
+    assert not any(w.isEnabled() for w in local_controls)
+    assert "remote server at http://gpu-box:8000/v1" in panel.remote_label.text() and not panel.remote_label.isHidden()
+    assert panel.load_button.toolTip() == panel.remote_label.text() == panel.open_file_button.toolTip()
+    assert panel.unload_button.isEnabled() and panel.unload_button.text() == "Disconnect"
+    window.on_state(ModelState(False))  # disconnected: a local model can be opened again
+    assert panel.open_file_button.isEnabled() and panel.recent.isEnabled() and panel.remote_label.isHidden()
+    assert panel.unload_button.text() == "Unload" and panel.open_file_button.toolTip() == ""
+
+
+def test_pack_cache_size_and_clear_through_the_worker(qtbot, data_dir, tmp_path, monkeypatch):  # noqa: F811
+    root = tmp_path / "packed"
+    monkeypatch.setenv("TESSERA_PACK_CACHE_DIR", str(root))
+    (root / "layers").mkdir(parents=True)
+    (root / "models").mkdir()
+    (root / "layers" / "a.pack").write_bytes(b"x" * 1500)
+    (root / "layers" / "b.pack").write_bytes(b"y" * 2500)
+    (root / "models" / "m.json").write_text("{}")
+    (root / "notes.txt").write_text("not the cache's")  # a user's file in the folder stays
+    worker = EngineWorker()  # the real engine's PackCache on that folder
+    worker.start()
+    window = make_window(qtbot, worker)
+    try:
+        with qtbot.waitSignal(worker.pack_cache, timeout=30000) as sig:
+            dialog = window.open_settings()
+        assert sig.args[0].held_bytes == 4000 and sig.args[0].folder == str(root)
+        qtbot.waitUntil(lambda: dialog.cache_label.text() == "4.00 kB", timeout=5000)
+        assert dialog.cache_label.toolTip() == str(root)
+        assert dialog.cache_button.isEnabled()
+        with qtbot.waitSignal(worker.pack_cache, timeout=30000) as sig:
+            dialog.cache_button.click()
+        assert sig.args[0].freed_bytes >= 4000 and sig.args[0].held_bytes == 0
+        qtbot.waitUntil(lambda: dialog.cache_label.text().startswith("0 bytes (cleared 4."), timeout=5000)
+        assert not dialog.cache_button.isEnabled()  # nothing left to clear
+        assert not list((root / "layers").iterdir()) and (root / "notes.txt").exists()
+        dialog.close()
+    finally:
+        window.close()
+        worker.shutdown()
