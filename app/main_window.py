@@ -343,7 +343,8 @@ class MainWindow(QMainWindow):
         if error.cancelled:
             self._loading = False
             self.model_panel.show_error(error.text)
-            self.statusBar().showMessage("Loading cancelled.", 5000)
+            kept = f" {self.state.name} stays loaded." if self.state.loaded else ""
+            self.statusBar().showMessage("Loading cancelled." + kept, 5000)
             self.model_ready.emit(False)
         elif error.operation == "load" and _needs_cuda(error) and self.settings.get("gpu/use") == "cuda":
             self._loading = False

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -40,6 +40,18 @@ from engine.events import DoneEvent, ProgressEvent, StepMetrics
 if TYPE_CHECKING:
     from engine.session import Session
 
+
+class _LoadArgs(NamedTuple):
+    """What a model was loaded with, to load it again the same way (EngineWorker._reload_previous)."""
+
+    path: str
+    backend: str
+    threads: int
+    context_length: int
+    gpu_use: str
+    gpu_experts: int
+
+
 CHUNK_SECONDS = 0.03  # batch streamed tokens: at most ~33 UI updates per second
 PROGRESS_SECONDS = 0.05
 
@@ -56,8 +68,21 @@ class EngineApi:
         placement = None
         if gpu_use in ("cuda", "twin"):  # "twin": the GPU half runs on the CPU with the same code path
             placement = PlacementSettings(device="cuda", gpu_experts_per_layer=gpu_experts)
-        return engine.load(path, backend=backend, threads=threads, context_length=context_length, progress=progress,
-                           cancel=cancel, placement=placement, twin=gpu_use == "twin")
+        import torch
+
+        threads_before = torch.get_num_threads()  # engine.load sets torch's (process-wide) thread count
+        try:
+            return engine.load(path, backend=backend, threads=threads, context_length=context_length,
+                               progress=progress, cancel=cancel, placement=placement, twin=gpu_use == "twin")
+        except BaseException:
+            torch.set_num_threads(threads_before)  # the model that stays loaded keeps its threads
+            raise
+
+    def ram_available(self) -> int:
+        """Bytes of RAM free now (psutil's `available`: what can be had without swapping)."""
+        from app.fit import ram_available
+
+        return ram_available()
 
     def inspect(self, path: str, *, context_length: int | None = None, backend: str = "Auto") -> dict:
         """ModelInfo as a dict, with the type mix and the RAM of a load with these settings (engine.model_summary:
@@ -163,6 +188,7 @@ class EngineWorker(QObject):
         self._server = None  # app.serving.LocalServer while "Serve this model" is on; the chat then goes through it
         self._remote = None  # engine.remote.RemoteClient when the Remote engine is chosen instead of a local model
         self._path = ""
+        self._load_args: _LoadArgs | None = None  # how the loaded model was loaded (its backend kept current)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}  # request id -> stop flag
@@ -199,9 +225,10 @@ class EngineWorker(QObject):
 
     def load(self, path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
              gpu_use: str = "off", gpu_experts: int = 0) -> None:
-        """Load a model (the loaded one goes first). threads 0: one per physical core; context_length 0: the model's
-        own, and a larger wish is clamped to it by the engine. gpu_use "off", "cuda" or "twin" (the GPU half on the
-        CPU), with `gpu_experts` experts per layer in the hot-expert cache."""
+        """Load a model; the loaded one stays until the new one has loaded, and stays for good if it fails or is
+        cancelled (it is closed first only where both do not fit, _no_room_for_both). threads 0: one per physical
+        core; context_length 0: the model's own, and a larger wish is clamped to it by the engine. gpu_use "off",
+        "cuda" or "twin" (the GPU half on the CPU), with `gpu_experts` experts per layer in the hot-expert cache."""
         self._load_cancel = threading.Event()
         self._queue(self._do_load, str(path), str(backend), int(threads), int(context_length), str(gpu_use),
                     int(gpu_experts), self._load_cancel)
@@ -300,39 +327,107 @@ class EngineWorker(QObject):
 
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
                  cancel: threading.Event) -> None:
-        if self._session is not None and not self._can_load(path, gpu_use, cancel):
-            return  # the loaded model stays (the reason went out on `failed`)
+        """Load `path`; the model loaded now (or the remote server) keeps working until the new one has loaded. A
+        load that fails or is cancelled, whether before the first tensor or in the middle of them, leaves it as it
+        was, so nothing changes in the window but the error."""
+        args = _LoadArgs(path, backend, threads, context_length, gpu_use, gpu_experts)
+        old = self._session
+        if old is not None:
+            info = self._can_load(path, gpu_use, cancel, context_length, backend)
+            if info is None:
+                return  # the loaded model stays (the reason went out on `failed`)
+            close_first = self._no_room_for_both(info, gpu_use)
+            if close_first:  # said before the long wait, and again in the error if the load fails
+                self.progress.emit(LoadProgress("load", close_first, 0, 0))
+                self._stop_serving()
+                self._close_session()
+        else:
+            close_first = ""
+        try:
+            if cancel.is_set():
+                raise Cancelled()
+            session = self._api.load(path, backend=backend, threads=threads or None,
+                                     context_length=context_length or None, progress=self._progress_cb("load"),
+                                     cancel=cancel, gpu_use=gpu_use, gpu_experts=gpu_experts)
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
+            before_failure = self._state()
+            error = worker_error("load", exc)
+            if error.cancelled:
+                error = dataclasses.replace(error, subject=path)
+            if old is not None and not close_first:
+                kept = Path(self._path).name
+                self.failed.emit(dataclasses.replace(error, message=f"{error.message}; {kept} stays loaded"))
+                return
+            if old is not None:
+                error = self._reload_previous(error)
+            self.failed.emit(error)
+            if self._state() != before_failure or not before_failure.loaded:  # a remote server stays, unsaid
+                self.state_changed.emit(self._state())
+            return
+        # the new model is in: now the old one (or the remote server) goes, and what served it
         self._stop_serving()
         self._close_remote()
-        if self._session is not None:  # one model at a time: the old one goes first
+        self._close_session()
+        self._session, self._path, self._load_args = session, path, args
+        self.state_changed.emit(self._state())
+
+    def _no_room_for_both(self, info: dict, gpu_use: str) -> str:
+        """"" when the new model can load beside the loaded one; otherwise why the loaded one is closed first.
+
+        Loading beside it means that for the length of the load RAM holds both: the loaded model as it is and the
+        new one as `info["ram"]` sizes it (engine.model_info.estimate_ram: weights as held, packed experts, KV
+        cache, loading peak). That is done only when the new one fits in the RAM free now (the loaded model is
+        already counted as used). Otherwise, and whenever either model uses CUDA (two models in one GPU's memory
+        would fail where one fits), the loaded model is closed first, the user is told so while the load runs, and
+        if the new one then fails it is loaded again from its file (_reload_previous)."""
+        previous = self._load_args
+        old_name = Path(self._path).name
+        if gpu_use == "cuda" or (previous is not None and previous.gpu_use == "cuda"):
+            return f"closing {old_name} first: two models do not share the GPU's memory"
+        ram = info.get("ram") or {}
+        need = int(ram.get("total_bytes") or info.get("loaded_bytes") or 0)
+        free = self._api.ram_available()
+        if need <= free:
+            return ""
+        need_text = info.get("ram_text") or f"about {need / 1e9:.1f} GB"
+        return (f"closing {old_name} first: both do not fit in RAM (this load needs {need_text}; "
+                f"{free / 1e9:.1f} GB RAM free)")
+
+    def _close_session(self) -> None:
+        if self._session is not None:
             session, self._session = self._session, None
             try:
                 session.close()
-            except Exception as exc:  # noqa: BLE001 - report it, and load the new model anyway
+            except Exception as exc:  # noqa: BLE001 - report it; the next model loads anyway
                 self.failed.emit(worker_error("unload", exc))
-        try:
-            if cancel.is_set():
-                raise Cancelled()
-            self._session = self._api.load(path, backend=backend, threads=threads or None,
-                                           context_length=context_length or None,
-                                           progress=self._progress_cb("load"), cancel=cancel,
-                                           gpu_use=gpu_use, gpu_experts=gpu_experts)
-            self._path = path
-        except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
-            self._session = None
-            error = worker_error("load", exc)
-            self.failed.emit(dataclasses.replace(error, subject=path) if error.cancelled else error)
-            self.state_changed.emit(ModelState(False))
-            return
-        self.state_changed.emit(self._state())
 
-    def _can_load(self, path: str, gpu_use: str, cancel: threading.Event) -> bool:
-        """Before the loaded model is closed: can `path` load at all (its header reads, CUDA is there when asked)?
-        If not, say why on `failed` and keep the loaded model."""
+    def _reload_previous(self, error: WorkerError) -> WorkerError:
+        """After a failed load for which the previous model was closed first (no room for both): load that one
+        again, with the settings it had, and say so in `error`. Not cancellable: it is the way back."""
+        previous, name = self._load_args, Path(self._path).name
+        self.progress.emit(LoadProgress("load", f"loading {name} again", 0, 0))
+        try:
+            self._session = self._api.load(previous.path, backend=previous.backend,
+                                           threads=previous.threads or None,
+                                           context_length=previous.context_length or None,
+                                           progress=self._progress_cb("load"), cancel=threading.Event(),
+                                           gpu_use=previous.gpu_use, gpu_experts=previous.gpu_experts)
+        except Exception as exc:  # noqa: BLE001 - both failures are said
+            self._path, self._load_args = "", None
+            again = worker_error("load", exc)
+            return dataclasses.replace(error, message=f"{error.message}; {name} could not be loaded again either "
+                                                      f"({again.text})")
+        return dataclasses.replace(error, message=f"{error.message}; {name} was loaded again")
+
+    def _can_load(self, path: str, gpu_use: str, cancel: threading.Event, context_length: int = 0,
+                  backend: str = "Auto") -> dict | None:
+        """Before the loaded model is touched: can `path` load at all (its header reads, CUDA is there when asked)?
+        Its header facts, with the RAM this load needs; or None, when it cannot load: then why went out on
+        `failed`, and the loaded model stays."""
         try:
             if cancel.is_set():
                 raise Cancelled()
-            self._api.inspect(path)
+            info = self._api.inspect(path, context_length=context_length or None, backend=backend)
             if gpu_use == "cuda":
                 reason = self._api.cuda_missing()
                 if reason:
@@ -340,8 +435,8 @@ class EngineWorker(QObject):
         except Exception as exc:  # noqa: BLE001 - reported; the thread and the loaded model stay
             error = worker_error("load", exc)
             self.failed.emit(dataclasses.replace(error, subject=path) if error.cancelled else error)
-            return False
-        return True
+            return None
+        return info
 
     def _do_make(self, out_path: str, backend: str, threads: int, context_length: int, gpu_use: str,
                  gpu_experts: int, cancel: threading.Event) -> None:
@@ -441,6 +536,8 @@ class EngineWorker(QObject):
                 self._server.call(lambda session: session.set_backend(name, progress=progress))
             else:
                 self._session.set_backend(name, progress=progress)
+            if self._load_args is not None:
+                self._load_args = self._load_args._replace(backend=name)
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("backend", exc))
         self.state_changed.emit(self._state())

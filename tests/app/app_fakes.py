@@ -94,6 +94,8 @@ class FakeApi:
         for i in range(5):
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
+            if "damaged" in str(path) and i == 3:  # passes inspect; fails while reading the tensors
+                raise ModelFormatError(str(path), "tensor blk.1.ffn_up_exps.weight: block 37 has a NaN or Inf scale")
             time.sleep(self.load_delay / 5)
             if progress:
                 progress(ProgressEvent("tensors", i + 1, 5, f"tensor {i}"))
@@ -115,6 +117,11 @@ class FakeApi:
                 "context_length": 2048, "type_bytes": {"F32": 5_000_000}, "tensor_types": {"F32": 30},
                 "type_mix": "F32 100 %", "ram": ram,
                 "ram_text": "about 8.00 MB: weights 5.00 MB + packed experts 2.00 MB + KV cache 1.00 MB"}
+
+    ram_free = 64_000_000_000  # what ram_available reports; a test lowers it to leave no room for two models
+
+    def ram_available(self):
+        return self.ram_free
 
     def sampling_params(self, params):
         return dict(params)
