@@ -12,13 +12,24 @@ Where the computation happens is chosen here, never in the model:
   torch on an f32 copy made per call at every T from 1 to 512 (and an f32 copy kept resident for T <= 16), so it is
   used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that torch runs on an f32
   upcast made per call.
-- any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype.
+- GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
+  kept as the file's blocks, never widened; `engine.native.quant_matmul` multiplies them in place (activations to int8
+  per 32 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
+  (TESSERA_DENSE_QUANT_MAX_T overrides), beyond which the blocks are dequantized per call (`quant_dequantize`) and torch
+  multiplies. Measured on the 2-core development machine (docs/BENCHMARKS.md, scripts/bench_quant_dense.py, Q4_K,
+  Q6_K, Q8_0 on the 30B-A3B attention and lm_head shapes): quant_matmul beats dequantize-per-call + torch 10-40x at
+  T=1, 3-10x at T=16, 1.0-3.4x at T=128 and ties it at T=512 (0.8-1.4x: its cost grows linearly with T, each token a
+  mat-vec), while the per-call widening holds a transient f32 copy (1.24 GB for the 30B lm_head). So the threshold is
+  the 512-token prefill chunk: every call the model makes runs on the blocks; only a longer call widens.
+- any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype; a QuantizedMatrix is
+  widened once, at construction, to bf16 on that device (a few rows at a time: no f32 copy of it is ever made).
 
 Letters: T tokens, K input features, N output features.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,11 +38,23 @@ import torch
 
 from engine import native
 from engine.errors import TesseraError
+from engine.quantized import QuantizedMatrix
 
 NATIVE_DTYPES = (torch.bfloat16, torch.float16)
 
 
 NATIVE_MAX_TOKENS = int(native.tuning()["dense_native_max_tokens"])  # TESSERA_DENSE_NATIVE_MAX_T, default 512
+NATIVE_PATHS = ("native", "native-quant")  # the paths that run on the dense pool
+
+
+def _quant_max_tokens() -> int:
+    raw = os.environ.get("TESSERA_DENSE_QUANT_MAX_T", "512")
+    if not raw.strip().isdigit():
+        raise TesseraError("TESSERA_DENSE_QUANT_MAX_T", f"must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
+QUANT_NATIVE_MAX_TOKENS = _quant_max_tokens()  # TESSERA_DENSE_QUANT_MAX_T, default 512 (the prefill chunk)
 
 _pools: dict[int, object] = {}
 _pools_lock = threading.Lock()
@@ -56,7 +79,11 @@ def _bf16_exact(w: torch.Tensor) -> bool:
 class Linear:
     """y = x @ weight.T for one stored weight `[N, K]`; `name` names it in errors."""
 
-    def __init__(self, weight: torch.Tensor, device: torch.device | str = "cpu", name: str = "weight"):
+    def __init__(self, weight: torch.Tensor | QuantizedMatrix, device: torch.device | str = "cpu",
+                 name: str = "weight"):
+        if isinstance(weight, QuantizedMatrix):
+            self._init_quantized(weight, torch.device(device), name)
+            return
         if weight.dim() != 2:
             raise TesseraError(f"tensor {name}", f"expected a 2-D [out, in] weight, got shape {list(weight.shape)}")
         if weight.dtype not in (torch.float32, *NATIVE_DTYPES):
@@ -75,7 +102,27 @@ class Linear:
         )
         self._pool = dense_pool() if self.path == "native" else None
 
+    def _init_quantized(self, weight: QuantizedMatrix, device: torch.device, name: str) -> None:
+        self.name, self.device = name, device
+        self.out_features, self.in_features = weight.shape
+        if device.type == "cpu":
+            self.weight, self.path = weight, "native-quant"  # the file's blocks, read in place
+        else:  # one bf16 copy on the device, widened a chunk of rows at a time
+            self.weight, self.path = weight.widen(torch.bfloat16, device, dense_pool()), "torch-device"
+        self._pool = dense_pool() if self.path == "native-quant" else None
+
+    def _quant(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N] f32, on the blocks
+        x = x.to(torch.float32).contiguous()  # [T, K]
+        if x.shape[0] > QUANT_NATIVE_MAX_TOKENS:  # a long call: widen per call, torch's GEMM (module docstring)
+            return x @ self.weight.widen(torch.float32, "cpu", self._pool).T  # [T, N]
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
+        if x.shape[0]:
+            native.quant_matmul(self.weight.qtype, self.weight.raw, x, out, self._pool)
+        return out
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] f32 -> [T, N] f32
+        if self.path == "native-quant":
+            return self._quant(x)
         if self.path == "torch-f32":
             return x @ self.weight.T  # [T, N]
         if self.path == "torch-device":
@@ -89,23 +136,46 @@ class Linear:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the weight as held (a QuantizedMatrix: its blocks)."""
+        if isinstance(self.weight, QuantizedMatrix):
+            return self.weight.nbytes
         return self.weight.numel() * self.weight.element_size()
 
     def __repr__(self) -> str:
-        return f"Linear({self.name}, {self.out_features}x{self.in_features} {self.weight.dtype}, {self.path})"
+        kind = self.weight.qtype.name if isinstance(self.weight, QuantizedMatrix) else self.weight.dtype
+        return f"Linear({self.name}, {self.out_features}x{self.in_features} {kind}, {self.path})"
+
+
+def embedding_rows(table: torch.Tensor | QuantizedMatrix, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [T] of an embedding table [V, H] as float32 [T, H], on the table's device: a QuantizedMatrix
+    dequantizes only those rows (exactly gguf.quants.dequantize, on the dense pool); a float table converts the rows
+    it picks (exact for f16/bf16)."""
+    if isinstance(table, QuantizedMatrix):
+        return table.rows(ids, dense_pool())  # [T, H]
+    return table[ids.to(table.device)].to(torch.float32)  # [T, H]
+
+
+def place_table(table: torch.Tensor | QuantizedMatrix, device: torch.device | str) -> torch.Tensor | QuantizedMatrix:
+    """An embedding table as a model on `device` holds it: on the CPU as loaded (blocks stay blocks); elsewhere a
+    QuantizedMatrix is widened once to bf16 there (a chunk of rows at a time), a tensor moved as it is."""
+    device = torch.device(device)
+    if isinstance(table, QuantizedMatrix):
+        return table if device.type == "cpu" else table.widen(torch.bfloat16, device, dense_pool())
+    return table.to(device)
 
 
 def step_torch_threads(linears: Iterable[Linear], experts) -> int | None:
     """The torch thread count of a forward step, decided once per model (and again when its experts change): 1 when
     the step's heavy work is all native: the routed experts on a native pool (an ExpertBackend with a `pool`), no
-    dense weight on a GPU, and >= 90 % of the dense weight bytes on the native path (GGUF files keep the small routers
-    in f32, which torch multiplies well on one thread). What torch still does then (norms, RoPE, attention over the
-    cache, softmax/top-k) is small, and torch's OpenMP team, spinning between its parallel regions, takes the cores
-    from the native pools: measured on the 2-core development machine, a 4-layer Qwen3-30B-A3B-shaped bf16 model
-    decoded at ~95-120 ms/step with one torch thread vs ~165-180 ms with two, and prefilled 128 tokens in ~0.9-1.0 s
-    vs ~1.5-2.9 s. Anything else (f32 models, a GPU, torch experts) gives None: torch keeps its thread count."""
+    dense weight on a GPU, and >= 90 % of the dense weight bytes on a native path (bf16 mat-vec or quantized blocks;
+    GGUF files keep the small routers in f32, which torch multiplies well on one thread). What torch still does then
+    (norms, RoPE, attention over the cache, softmax/top-k) is small, and torch's OpenMP team, spinning between its
+    parallel regions, takes the cores from the native pools: measured on the 2-core development machine, a 4-layer
+    Qwen3-30B-A3B-shaped bf16 model decoded at ~95-120 ms/step with one torch thread vs ~165-180 ms with two, and
+    prefilled 128 tokens in ~0.9-1.0 s vs ~1.5-2.9 s. Anything else (f32 models, a GPU, torch experts) gives None:
+    torch keeps its thread count."""
     linears = list(linears)
-    native_bytes = sum(lin.nbytes for lin in linears if lin.path == "native")
+    native_bytes = sum(lin.nbytes for lin in linears if lin.path in NATIVE_PATHS)
     all_native = (
         experts.pool is not None
         and native_bytes > 0

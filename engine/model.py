@@ -2,7 +2,8 @@
 
 Order: RMSNorm, RoPE, Attention (per-head q/k norm, GQA, KV cache), Router, MoE, dense MLP, Block, Model.
 Norm weights are converted to float32 once at construction; the 2-D dense weights (attention projections, router,
-dense MLP, lm_head) stay as stored inside `engine.dense.Linear`, which chooses how to multiply by them; the routed
+dense MLP, lm_head) stay as stored (float, or a GGUF's quantized blocks) inside `engine.dense.Linear`, which chooses how
+to multiply by them, and so does the embedding table (`engine.dense.embedding_rows` looks rows up); the routed
 experts stay as stored and are computed by an `engine.experts.ExpertBackend`. The model only calls both (no backend
 branches here).
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.dense import Linear, step_torch_threads, torch_threads
+from engine.dense import Linear, embedding_rows, place_table, step_torch_threads, torch_threads
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -193,10 +194,16 @@ class Qwen3MoeModel:
         self.devices = devices
         self.kv_dtype = kv_dtype  # of every KVCache new_cache makes
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
-        # The embedding table stays as stored (rows are converted when looked up, which is exact for f16/bf16).
-        self.embed_tokens = t["model.embed_tokens.weight"].to(devices.embed)  # [V, H]
-        head = t["model.embed_tokens.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
-        self.lm_head = Linear(head, devices.head, "lm_head.weight")  # [V, H]; tied on one device: the table itself
+        # The embedding table stays as stored: rows are converted when looked up (exact for f16/bf16), a quantized
+        # table (QuantizedMatrix) dequantizes just the looked-up rows; on a GPU a quantized table is bf16 there.
+        self.embed_tokens = place_table(t["model.embed_tokens.weight"], devices.embed)  # [V, H]
+        if not cfg.tie_word_embeddings:
+            head = t["lm_head.weight"]
+        elif torch.device(devices.head) == torch.device(devices.embed):
+            head = self.embed_tokens  # tied on one device: the table itself (its blocks, on the CPU), no second copy
+        else:
+            head = t["model.embed_tokens.weight"]
+        self.lm_head = Linear(head, devices.head, "lm_head.weight")  # [V, H]
         self.norm = _f32(t["model.norm.weight"], devices.head)  # [H]
         self.layers = [
             Block(cfg, i, _sub(t, f"model.layers.{i}."), self.rope, devices.layer(i))
@@ -237,7 +244,7 @@ class Qwen3MoeModel:
         if T > 1:  # query t (at position start+t) sees keys 0..start+t
             mask = torch.arange(start + T)[None, :] <= positions[:, None]  # [T, S] bool
         on_device = {}  # device -> (cos, sin, mask) copied there once per step
-        x = self.embed_tokens[input_ids.to(self.embed_tokens.device)].to(torch.float32)  # [T, H]
+        x = embedding_rows(self.embed_tokens, input_ids)  # [T, H] f32
         for block in self.layers:
             if block.device not in on_device:
                 on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ModelInfo:
     """Header facts about a model. Byte counts: `total_bytes` as stored on disk, `loaded_bytes` in memory after load
-    (engine.quantized.held_bytes: quantized routed experts stay as their blocks, other quantized tensors become
-    float32), `type_bytes` the stored bytes per type (with `tensor_types`, the file's type mix), `expert_bytes` the
-    routed experts' share of total_bytes, and
+    (engine.quantized.held_bytes: quantized routed experts and 2-D weights stay as their blocks; only a 2-D weight of
+    a type the dense kernels do not read becomes float32), `type_bytes` the stored bytes per type (with
+    `tensor_types`, the file's type mix), `expert_bytes` the routed experts' share of total_bytes, and
     `active_bytes_per_token` the weight bytes one decoded token reads: k/E of the experts plus every other matrix
     except the embedding table (of which one row is read)."""
 
@@ -78,7 +78,7 @@ def inspect_model(
         if model.gguf is not None:
             g = model.gguf.info(t.name)
             n = math.prod(g.shape)
-            loaded = held_bytes(g.ggml_type, n, g.nbytes, t.stacked)  # the loader's rule (engine.quantized)
+            loaded = held_bytes(g.ggml_type, n, g.nbytes, t.stacked, len(g.shape))  # the loader's rule
             sizes.append((g.type_name, n, g.nbytes, loaded, t.stacked, embedding))
         else:
             for src in t.sources:

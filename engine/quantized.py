@@ -6,9 +6,14 @@ for: `t[e]` one expert ([rows, cols] float32, exactly `gguf.quants.dequantize` o
 So the pure-torch experts (engine.experts.TorchExperts) widen one expert at a time on use and the process holds about
 the file, not a float32 copy of every layer.
 
-`keeps_blocks(qtype, routed_expert)` is the loader's rule for which tensors stay as blocks; engine.model_info sizes a
-load with the same rule (`held_bytes`). `widened(layer)` is the float copy of one layer the native backends pack from
-until they read the blocks themselves (see engine.native.pack_layer).
+`QuantizedMatrix` holds one 2-D weight (attention, dense MLP, lm_head, the embedding table) as its blocks [N, B]: a
+view of the map, multiplied in place by `engine.native.quant_matmul` (engine.dense.Linear) and dequantized a few rows at
+a time for an embedding lookup (`rows`). Only the types those kernels read (`DENSE_BLOCK_TYPES`) stay blocks; the
+32-value fallbacks llama-quantize writes for rows that do not split into 256 (Q5_0, Q5_1, IQ4_NL) become float32.
+
+`keeps_blocks(qtype, routed_expert, ndim)` is the loader's rule for which tensors stay as blocks; engine.model_info
+sizes a load with the same rule (`held_bytes`). `widened(layer)` is the float copy of one layer the native backends
+pack from until they read the blocks themselves (see engine.native.pack_layer).
 
 Letters: E experts, R rows, C columns (elements), B bytes of one stored row.
 """
@@ -25,15 +30,23 @@ from engine.experts import LayerExperts
 T = quants.T
 
 
-def keeps_blocks(qtype: T, routed_expert: bool) -> bool:
-    """Whether the loader keeps a tensor as its stored blocks: the routed experts of a block-quantized type.
-    (Everything else quantized is widened to float32 at load; float types are used as stored.)"""
-    return routed_expert and qtype in quants.QUANT_TYPES
+# The types engine.native.quant_matmul / quant_dequantize read (tests/engine/test_quant_dense.py checks the list
+# against engine.native.quant_types()).
+DENSE_BLOCK_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
 
 
-def held_bytes(qtype: T, elements: int, stored_bytes: int, routed_expert: bool) -> int:
+def keeps_blocks(qtype: T, routed_expert: bool, ndim: int = 2) -> bool:
+    """Whether the loader keeps a tensor as its stored blocks: a routed expert of any block-quantized type
+    (QuantizedTensor), or a 2-D weight of a type the native dense kernels read (QuantizedMatrix). Anything else
+    quantized is widened to float32 at load; float types are used as stored."""
+    if routed_expert:
+        return qtype in quants.QUANT_TYPES
+    return ndim == 2 and qtype in DENSE_BLOCK_TYPES
+
+
+def held_bytes(qtype: T, elements: int, stored_bytes: int, routed_expert: bool, ndim: int = 2) -> int:
     """Bytes a tensor takes once loaded: as stored for float types and for kept blocks, 4 per element when widened."""
-    if qtype in quants.FLOAT_TYPES or keeps_blocks(qtype, routed_expert):
+    if qtype in quants.FLOAT_TYPES or keeps_blocks(qtype, routed_expert, ndim):
         return stored_bytes
     return 4 * elements
 
@@ -80,6 +93,63 @@ class QuantizedTensor:
 
     def __repr__(self) -> str:
         return f"QuantizedTensor({self.name}, {self.qtype.name}, {list(self.shape)})"
+
+
+class QuantizedMatrix:
+    """A 2-D weight [N, K] (the nn.Linear layout; an embedding table [V, H]) of a type in DENSE_BLOCK_TYPES, read in
+    place from `raw` [N, B] (uint8, usually a view of the memory-mapped file). Never widened as a whole on the CPU."""
+
+    def __init__(self, raw: np.ndarray, qtype: T, shape: tuple[int, ...], name: str):
+        if qtype not in DENSE_BLOCK_TYPES:
+            names = ", ".join(t.name for t in DENSE_BLOCK_TYPES)
+            raise ValueError(f"{name}: {qtype.name} is not a type the dense kernels read ({names})")
+        if len(shape) != 2 or raw.dtype != np.uint8 or tuple(raw.shape) != quants.byte_shape(qtype, tuple(shape)):
+            raise ValueError(f"{name}: raw {raw.dtype} {list(raw.shape)} does not hold {qtype.name} {list(shape)}")
+        if not raw.flags.c_contiguous:
+            raise ValueError(f"{name}: raw blocks must be C-contiguous")
+        self.raw, self.qtype, self.name = raw, qtype, name
+        self.shape = torch.Size(shape)
+        self.device = torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes as stored (and as held: the blocks are not copied)."""
+        return int(self.raw.nbytes)
+
+    def dim(self) -> int:
+        return 2
+
+    def is_floating_point(self) -> bool:
+        """False: the storage is blocks of integers (with f16 scales, checked finite at load by check_scales), so the
+        NaN/Inf scan of engine.finite does not apply."""
+        return False
+
+    def rows(self, ids: torch.Tensor, pool) -> torch.Tensor:
+        """Rows `ids` ([T] int64) as float32 [T, K], exactly `gguf.quants.dequantize` of their blocks; only those rows
+        are read. IndexError for an id outside [-N, N)."""
+        picked = self.raw[ids.to("cpu", torch.int64).numpy()]  # [T, B] a copy of just these rows
+        out = torch.empty((picked.shape[0], self.shape[1]), dtype=torch.float32)  # [T, K]
+        if picked.shape[0]:
+            from engine import native
+
+            native.quant_dequantize(self.qtype, picked, out, pool)
+        return out
+
+    def widen(self, dtype: torch.dtype, device: torch.device | str, pool, chunk_rows: int = 4096) -> torch.Tensor:
+        """The whole matrix as `dtype` [N, K] on `device` (a CUDA placement's one copy), dequantized `chunk_rows` rows
+        at a time so no float32 copy of the whole matrix is ever held."""
+        from engine import native
+
+        out = torch.empty(tuple(self.shape), dtype=dtype, device=device)  # [N, K]
+        buf = torch.empty((min(chunk_rows, self.shape[0]), self.shape[1]), dtype=torch.float32)  # [chunk, K]
+        for start in range(0, self.shape[0], chunk_rows):
+            block = self.raw[start : start + chunk_rows]  # [n, B]
+            native.quant_dequantize(self.qtype, block, buf[: block.shape[0]], pool)
+            out[start : start + block.shape[0]].copy_(buf[: block.shape[0]])
+        return out
+
+    def __repr__(self) -> str:
+        return f"QuantizedMatrix({self.name}, {self.qtype.name}, {list(self.shape)})"
 
 
 def is_quantized(layer: LayerExperts) -> bool:

@@ -8,9 +8,10 @@ tokenizer all take the opened `ModelFile`, so loading reads each header once.
 Routed experts are stacked per layer: gate_proj/up_proj [E, I, H], down_proj [E, H, I] (GGUF stores them stacked
 already; HF stores `model.layers.{i}.mlp.experts.{e}.{proj}.weight` one by one and they are copied into one tensor).
 Stored dtypes are kept (bf16 stays bf16, zero-copy from the memory map). Block-quantized GGUF tensors have their f16
-block scales checked for NaN/Inf first (a named error: tensor and block); the routed experts then stay as their blocks
-(engine.quantized.QuantizedTensor, a view of the memory map, dequantized an expert at a time when used), every other
-quantized tensor becomes float32.
+block scales checked for NaN/Inf first (a named error: tensor and block); then they stay as their blocks, views of the
+memory map: the routed experts as engine.quantized.QuantizedTensor (dequantized an expert at a time when used), the
+2-D weights (attention, dense MLP, lm_head, embedding) as QuantizedMatrix (multiplied in place by the native kernels,
+engine.dense). Only a 2-D weight of a type those kernels do not read (Q5_0, Q5_1, IQ4_NL) becomes float32.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from engine.config import ModelConfig
 from engine.errors import Cancelled, ModelFormatError
 from engine.events import ProgressEvent
 from engine.gguf_reader import GGUFModel, open_gguf_model
-from engine.quantized import QuantizedTensor, check_scales, keeps_blocks
+from engine.quantized import QuantizedMatrix, QuantizedTensor, check_scales, keeps_blocks
 from engine.safetensors_reader import PICKLE_SUFFIXES, HFCheckpoint, open_hf_folder, refuse_pickle
 
 Progress = Callable[[ProgressEvent], None] | None
@@ -40,12 +41,13 @@ class ModelWeights:
     """A config plus every parameter under its canonical name (see docs/INTERFACES.md)."""
 
     config: ModelConfig
-    tensors: dict[str, torch.Tensor | QuantizedTensor]  # routed experts of quantized GGUFs stay QuantizedTensor
+    # quantized GGUFs: routed experts stay QuantizedTensor, 2-D weights QuantizedMatrix (engine.quantized)
+    tensors: dict[str, torch.Tensor | QuantizedTensor | QuantizedMatrix]
     source: str = ""
 
     @property
     def nbytes(self) -> int:
-        """Bytes the tensors hold (a QuantizedTensor: its blocks)."""
+        """Bytes the tensors hold (a QuantizedTensor or QuantizedMatrix: its blocks)."""
         return sum(t.nbytes for t in self.tensors.values())
 
 
@@ -122,8 +124,9 @@ def _gguf_tensor(f: GGUFModel, t: GGUFTensor, source: str) -> torch.Tensor | Qua
     if g.ggml_type in quants.QUANT_TYPES:
         raw = f.raw(t.name)  # [..., row bytes] uint8 view of the map
         check_scales(raw, g.ggml_type, source, t.name)
-        if keeps_blocks(g.ggml_type, t.stacked):
-            return QuantizedTensor(raw, g.ggml_type, tuple(g.shape), t.name)
+        if keeps_blocks(g.ggml_type, t.stacked, len(g.shape)):
+            cls = QuantizedTensor if t.stacked else QuantizedMatrix
+            return cls(raw, g.ggml_type, tuple(g.shape), t.name)
     return f.tensor(t.name)
 
 

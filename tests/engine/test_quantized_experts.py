@@ -15,7 +15,7 @@ from engine.errors import ModelFormatError
 from engine.experts import TorchExperts
 from engine.model import layer_experts
 from engine.model_info import estimate_ram, inspect_model
-from engine.quantized import QuantizedTensor, held_bytes, widened
+from engine.quantized import QuantizedMatrix, QuantizedTensor, held_bytes, widened
 from engine.weights import load_weights
 
 Q = gguf.GGMLQuantizationType
@@ -43,8 +43,8 @@ def test_experts_stay_blocks_and_dequantize_exactly(q4km):
             assert torch.equal(t[torch.tensor([4, 1])], torch.from_numpy(want[[4, 1]]))
     # Q4_K and Q6_K both appear among the experts (q4_k_m: ffn_down of layers 2, 3 is Q6_K).
     assert {w.tensors[f"model.layers.{i}.mlp.experts.down_proj"].qtype for i in range(4)} == {Q.Q4_K, Q.Q6_K}
-    # Everything else quantized is float32, as before.
-    assert w.tensors["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
+    # The 2-D weights stay blocks too (engine.quantized.QuantizedMatrix; tests/engine/test_quant_dense.py).
+    assert isinstance(w.tensors["model.layers.0.self_attn.q_proj.weight"], QuantizedMatrix)
     assert w.nbytes == inspect_model(q4km).loaded_bytes
 
 
@@ -118,11 +118,11 @@ def test_inspect_reports_the_type_mix_and_a_ram_estimate(q4km):
         by_type[Q(t.tensor_type).name] = by_type.get(Q(t.tensor_type).name, 0) + int(t.n_bytes)
     assert info.type_bytes == dict(sorted(by_type.items())) and sum(info.type_bytes.values()) == info.total_bytes
     assert set(info.tensor_types) == {"F32", "Q4_K", "Q6_K"}
-    # Held as the loader holds them: experts as stored, other quantized matrices as float32.
+    # Held as the loader holds them: every quantized tensor as its blocks (Q4_K/Q6_K all have kernels), so as stored.
     held = sum(
         held_bytes(Q(t.tensor_type), int(np.prod(t.shape)), int(t.n_bytes), "_exps" in t.name) for t in reader.tensors
     )
-    assert info.loaded_bytes == held < info.total_bytes * 4
+    assert info.loaded_bytes == held == info.total_bytes
     ram = info.ram
     assert ram is not None and ram.backend == "Torch" and ram.packed_bytes == ram.transient_bytes == 0
     cfg = (info.num_hidden_layers, info.num_key_value_heads, info.head_dim)

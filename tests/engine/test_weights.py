@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.checkpoint_layout import gguf_tensors
 from engine.errors import Cancelled, ModelFormatError
+from engine.quantized import QuantizedMatrix
 from engine.weights import load_weights
 
 
@@ -37,7 +38,9 @@ def test_gguf_dtypes(tmp_path):
                                                                "blk.1.attn_q.weight": Q.Q8_0}))  # fmt: skip
     assert w.config.tie_word_embeddings and "lm_head.weight" not in w.tensors
     assert w.tensors["model.layers.0.mlp.experts.up_proj"].dtype == torch.bfloat16
-    assert w.tensors["model.layers.1.self_attn.q_proj.weight"].dtype == torch.float32
+    q = w.tensors["model.layers.1.self_attn.q_proj.weight"]  # kept as its blocks (engine.quantized.QuantizedMatrix)
+    assert isinstance(q, QuantizedMatrix) and q.qtype == Q.Q8_0 and q.shape == (cfg.num_attention_heads
+                                                                                 * cfg.head_dim, cfg.hidden_size)
 
 
 def test_gguf_errors(tmp_path):
