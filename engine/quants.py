@@ -23,8 +23,8 @@ FLOAT_TYPES: dict[T, np.dtype] = {
     T.F16: np.dtype(np.float16),
     T.BF16: np.dtype(np.uint16),
 }
-# Block-quantized types (routed experts stay as blocks, engine.quantized; other tensors are dequantized to float32 at
-# load): the ones llama-quantize's Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K
+# Block-quantized types (kept as blocks by the loader, engine.quantized.keeps_blocks: routed experts of every one,
+# 2-D weights of the types the dense kernels read): the ones llama-quantize's Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K
 # and IQ4_XS presets write, with the fallbacks it uses for rows that do not split into 256 (Q5_0, Q5_1, IQ4_NL).
 QUANT_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)
 SUPPORTED: tuple[T, ...] = (*FLOAT_TYPES, *QUANT_TYPES)
