@@ -299,6 +299,10 @@ class ModelConfig:
             names = set(tensor_names)
             if isinstance(num_layers, int) and 0 < num_layers <= _LIMITS["num_hidden_layers"]:
                 dense = [i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in names]
+            # llama.cpp's rule for qwen3moe, followed exactly (llama-model.cpp, LLM_ARCH_QWEN3MOE): `output` is
+            # TENSOR_NOT_REQUIRED and, when absent, token_embd is used in its place (TENSOR_DUPLICATED); no metadata
+            # key says "tied". A header that merely lost output.weight (tensor_count one too low) is refused before
+            # this by gguf_reader's coverage check: the tensors must account for the data section to the file's end.
             tied = "output.weight" not in names
         eos = get("eos_token_id", None)
         ffn = get("intermediate_size", None if dense else 0)
