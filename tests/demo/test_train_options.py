@@ -102,3 +102,20 @@ def test_init_from_the_shipped_gguf_gives_the_engine_s_model(td, tmp_path):
         assert events[-1].token_ids == want[0, len(ids):].tolist()
     finally:
         session.close()
+
+
+def test_a_rerun_rebuilds_the_same_conversations_and_batches(td, tmp_path):
+    from tokenizers import Tokenizer
+
+    from engine.demo.dataset import CONTEXT_TOKENS, make_renderer
+    from engine.tokenizer_build import chat_template
+
+    built, _state, _cfg = td.init_from_gguf(DEMO_GGUF, tmp_path / "tok")
+    tok = Tokenizer.from_file(str(built.out_dir / "tokenizer.json"))
+    render = make_renderer(chat_template())
+    args = td.parse_args(["--steps", "30", "--tokens-per-step", str(CONTEXT_TOKENS)])
+    data, plan = td.training_data(tok, render, args)
+    again, plan_again = td.training_data(tok, render, args)
+    assert len(plan) == 30 and plan == plan_again
+    assert [data[i] for b in plan for i in b] == [again[i] for b in plan for i in b]
+    assert max(len(data[i][0]) for b in plan for i in b) <= CONTEXT_TOKENS
