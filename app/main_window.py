@@ -464,7 +464,9 @@ class MainWindow(QMainWindow):
     # ---- misc
     def open_wizard(self, kind: str):
         if kind == "hardware":
-            wizard = HardwareWizard(self, model_path=self.state.path or None)
+            wizard = HardwareWizard(self, model_path=self.state.path or None,
+                                    context_length=self.settings.get("model/context_length"),
+                                    backend=self.settings.get("model/backend"))
             wizard.report_ready.connect(self.on_hardware_report)
         else:
             wizard = ConvertWizard(self)

@@ -88,14 +88,9 @@ class EngineApi:
         """ModelInfo as a dict, with the type mix and the RAM of a load with these settings (engine.model_summary:
         `type_mix`, `ram` with `total_bytes`, `ram_text`). A backend that cannot run here is sized as Auto: the load
         itself names that error."""
-        from engine import backends
         from engine.model_summary import facts, sized_for_load
 
-        try:
-            backends.resolve(backend)
-        except TesseraError:
-            backend = backends.AUTO
-        info = sized_for_load(path, context_length=context_length, backend=backend)
+        info = sized_for_load(path, context_length=context_length, backend=runnable_backend(backend))
         return {**_as_dict(info), **facts(info)}
 
     def sampling_params(self, params: dict):
@@ -142,6 +137,18 @@ class EngineApi:
         from engine.make_model import make_model
 
         return str(make_model(out_path, preset="tiny", fmt="gguf", dtype="f32", seed=0, progress=progress))
+
+
+def runnable_backend(name: str) -> str:
+    """`name` when it is a backend that runs here, else Auto: what a RAM estimate is sized for when the setting names a
+    backend this machine lacks (the load itself then says why it cannot use it)."""
+    from engine import backends
+
+    try:
+        backends.resolve(name)
+    except TesseraError:
+        return backends.AUTO
+    return name
 
 
 def _as_dict(obj: Any) -> dict:

@@ -117,17 +117,19 @@ class IntroPage(QWizardPage):
 
 
 class ProbePage(JobPage):
-    def __init__(self, intro: IntroPage, parent=None, *, seconds_override: float | None = None):
+    def __init__(self, intro: IntroPage, parent=None, *, seconds_override: float | None = None,
+                 load_settings: dict | None = None):
         super().__init__("Measuring",
                          "CPU features first, then memory bandwidth with all cores and with one, then GPUs.", parent)
         self._intro = intro
         self._seconds_override = seconds_override
+        self._load_settings = load_settings or {}  # context_length, backend: a model file's RAM is sized for them
 
     def make_job(self) -> jobs.Job:
         o = self._intro.options()
         seconds = self._seconds_override or o["seconds"]
-        return jobs.Job(jobs.hardware_probe(seconds=seconds, model=o["model"], preset=o["preset"], gpu=o["gpu"]),
-                        self)
+        return jobs.Job(jobs.hardware_probe(seconds=seconds, model=o["model"], preset=o["preset"], gpu=o["gpu"],
+                                            **self._load_settings), self)
 
 
 class ResultPage(QWizardPage):
@@ -188,14 +190,17 @@ class HardwareWizard(QWizard):
 
     report_ready = Signal(dict)
 
-    def __init__(self, parent=None, *, model_path: str | None = None, seconds: float | None = None):
+    def __init__(self, parent=None, *, model_path: str | None = None, seconds: float | None = None,
+                 context_length: int | None = None, backend: str = "Auto"):
+        """`context_length` and `backend`: the app's settings, so a model's RAM reads as in the model panel."""
         super().__init__(parent)
         self.setWindowTitle("Tessera — hardware check")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.setOption(QWizard.WizardOption.NoBackButtonOnLastPage, False)
         self.resize(820, 640)
         self.intro = IntroPage(model_path=model_path)
-        self.probe_page = ProbePage(self.intro, seconds_override=seconds)
+        self.probe_page = ProbePage(self.intro, seconds_override=seconds,
+                                    load_settings={"context_length": context_length, "backend": backend})
         self.result_page = ResultPage(self.probe_page)
         for page in (self.intro, self.probe_page, self.result_page):
             self.addPage(page)

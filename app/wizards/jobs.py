@@ -16,7 +16,7 @@ from typing import Any
 
 from PySide6.QtCore import QThread, Signal
 
-from app.worker import worker_error
+from app.worker import runnable_backend, worker_error
 from engine.events import ProgressEvent
 
 
@@ -55,14 +55,17 @@ class Job(QThread):
                 self.succeeded.emit(result)
 
 
-def hardware_probe(*, seconds: float, model: str | None, preset: str | None, gpu: bool):
-    """A job function: the hardware report plus its Markdown and JSON renderings."""
+def hardware_probe(*, seconds: float, model: str | None, preset: str | None, gpu: bool,
+                   context_length: int | None = None, backend: str = "Auto"):
+    """A job function: the hardware report plus its Markdown and JSON renderings. A model file's RAM is sized for the
+    app's settings (`context_length`, default the check's; `backend`), as the model panel sizes it."""
 
     def fn(progress, cancel) -> dict:
         from engine import hardware
 
-        report = hardware.probe(seconds=seconds, model=model, preset=preset, gpu=gpu, progress=progress,
-                                cancel=cancel)
+        report = hardware.probe(seconds=seconds, model=model, preset=preset, gpu=gpu,
+                                context_length=context_length or hardware.MODEL_CONTEXT,
+                                backend=runnable_backend(backend), progress=progress, cancel=cancel)
         return {"report": report, "markdown": hardware.to_markdown(report), "json": hardware.to_json(report)}
 
     return fn

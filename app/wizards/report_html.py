@@ -39,7 +39,7 @@ def summary_html(report: dict) -> str:
     if m:
         fit = "fits in RAM" if m["fits_ram"] else "does <b>not</b> fit in RAM"
         parts.append(f"<p><b>{escape(m['name'])}</b>: {fit}; expected decode speed at most "
-                     f"<b>{m['decode_tok_s_upper_bound']:.1f} tokens/s</b> (bandwidth roofline, an upper bound).</p>")
+                     f"<b>{m['decode_tok_s_ceiling']:.1f} tokens/s</b> (bandwidth roofline, an upper bound).</p>")
     n = len(report["remedies"])
     parts.append(f"<p>{'Nothing to fix.' if n == 0 else f'{n} thing(s) to look at below.'}</p>")
     return "".join(parts)
@@ -93,17 +93,19 @@ def report_html(report: dict) -> str:
         h.append(f"<h3>Model: {escape(m['name'])}</h3><table>")
         h.append(_row("Size", f"{_count(m['total_params'])} parameters, {_count(m['active_params'])} active per token"))
         h.append(_row("Placement", escape(m["placement"])))
-        h.append(_row("RAM", f"needs about {_size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB available "
-                             + _chip("fits" if m["fits_ram"] else "does not fit", m["fits_ram"])))
+        if "type_mix" in m:  # a model file: its types, and the engine's estimate of this load (as the model panel)
+            h.append(_row("Types", escape(m["type_mix"])))
+            h.append(_row("RAM", f"this load needs {escape(m['ram_text'])}; {m['ram_available_gb']:.1f} GB available "
+                                 + _chip("fits" if m["fits_ram"] else "does not fit", m["fits_ram"])))
+        else:
+            h.append(_row("RAM", f"needs about {_size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB "
+                                 "available " + _chip("fits" if m["fits_ram"] else "does not fit", m["fits_ram"])))
         if "fits_vram" in m:
             h.append(_row("VRAM", f"needs about {m['vram_needed_gb']:.1f} GB, {m['vram_free_gb']:.1f} GB free "
                                   + _chip("fits" if m["fits_vram"] else "does not fit", m["fits_vram"])))
-        h.append(_row("Decode", f"at most <b>{m['decode_tok_s_upper_bound']:.1f} tokens/s</b>: "
-                                f"{_size(m['active_expert_bytes_per_token'])} of {escape(m['expert_format'])} expert "
-                                f"weights per token / {mem['read_bandwidth_gbs']:.1f} GB/s"))
-        if "decode_tok_s_upper_bound_cpu_only" in m:
-            h.append(_row("", f"at most {m['decode_tok_s_upper_bound_cpu_only']:.1f} tokens/s counting the attention "
-                              "and output weights the CPU also reads without a GPU"))
+        h.append(_row("Decode", f"at most <b>{m['decode_tok_s_ceiling']:.1f} tokens/s</b>: "
+                                f"{_size(m['ceiling_bytes_per_token'])} per token ({escape(m['ceiling_counts'])}) / "
+                                f"{mem['read_bandwidth_gbs']:.1f} GB/s"))
         h.append("</table>")
     h.append("<h3>Remedies</h3>")
     if not report["remedies"]:

@@ -19,6 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="a GGUF file or Hugging Face folder to estimate fit and speed for")
     target.add_argument("--preset", choices=list(PUBLISHED),
                         help="estimate fit and speed for a published Qwen3-MoE model")
+    from engine import backends
+    from engine.hardware import MODEL_CONTEXT
+
+    names = backends.names()
+    p.add_argument("--context-length", type=int, default=MODEL_CONTEXT, metavar="N",
+                   help=f"with --model: size the KV cache for N tokens (default {MODEL_CONTEXT}, the app's default "
+                        "setting; clamped to the model's own, as a load does)")
+    p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
+                   help=f"with --model: size the load for this expert backend ({', '.join(names)}; default Auto), "
+                        "its packed copy of the experts included")
     p.add_argument("--seconds", type=float, default=None,
                    help="length of the multi-threaded bandwidth measurement (default 3; the one-thread run takes half)")
     p.add_argument("--quick", action="store_true",
@@ -37,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise TesseraError("--seconds", f"must be positive, got {args.seconds}")
     if args.threads is not None and args.threads < 1:
         raise TesseraError("--threads", f"must be at least 1, got {args.threads}")
+    if args.context_length < 2:
+        raise TesseraError("--context-length", f"must be 2 or more, got {args.context_length}")
     seconds = args.seconds or (hardware.QUICK_SECONDS if args.quick else hardware.DEFAULT_SECONDS)
     tty = sys.stderr.isatty()
 
@@ -45,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"\r[{ev.done:2d}/{ev.total}] {ev.stage}: {ev.detail}"[:100].ljust(100), end="", file=sys.stderr)
 
     report = hardware.probe(seconds=seconds, threads=args.threads, model=args.model, preset=args.preset,
-                            gpu=not args.no_gpu, progress=progress)
+                            gpu=not args.no_gpu, context_length=args.context_length, backend=args.backend,
+                            progress=progress)
     if tty:
         print("\r" + " " * 100 + "\r", end="", file=sys.stderr)
     text = hardware.to_json(report) if args.json else hardware.to_markdown(report)

@@ -8,7 +8,8 @@
   gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
   gpu_status: str            ("no CUDA device: ..." is a normal answer)
   backends: {NAME: {available, reason, description, weights}} (engine.backends), auto_backend, auto_reason
-  model: {...fit and roofline...} (only when a model or preset was given)
+  model: {...fit and roofline...} (only when a model or preset was given; for a model file also type_mix, ram
+         (engine.model_info.RamEstimate with total_bytes) and ram_text: the load the app's model panel sizes)
   remedies: [{topic, problem, remedy}]
 Progress arrives as `ProgressEvent(stage, done, total, detail)` with done/total over the whole probe; `cancel` (a
 threading.Event) is checked between steps and raises `engine.errors.Cancelled`.
@@ -26,21 +27,25 @@ from engine.hardware.cpu import probe_cpu
 from engine.hardware.gpu import probe_gpus
 from engine.hardware.memory import SLICES_PER_RUN, probe_memory
 from engine.hardware.render import to_json, to_markdown
-from engine.hardware.verdict import backends, estimate, model_shape, remedies
+from engine.hardware.verdict import backends, estimate, model_load, model_shape, remedies
 
-__all__ = ["DEFAULT_SECONDS", "QUICK_SECONDS", "probe", "to_json", "to_markdown"]
+__all__ = ["DEFAULT_SECONDS", "MODEL_CONTEXT", "QUICK_SECONDS", "probe", "to_json", "to_markdown"]
 
 DEFAULT_SECONDS = 3.0  # multi-threaded bandwidth measurement; the single-thread one takes half
 QUICK_SECONDS = 0.4
+MODEL_CONTEXT = 4096  # tokens of KV cache a model's RAM is sized for: the app's default context length setting
 
 
 def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model: str | None = None,
-          preset: str | None = None, gpu: bool = True,
+          preset: str | None = None, gpu: bool = True, context_length: int = MODEL_CONTEXT, backend: str = "Auto",
           progress: Callable[[ProgressEvent], None] | None = None,
           cancel: threading.Event | None = None) -> dict:
-    """Run every probe and return the report. `threads` defaults to the physical cores this process may use."""
-    # Resolve the model first: a bad path or preset is an error before any seconds are spent measuring.
+    """Run every probe and return the report. `threads` defaults to the physical cores this process may use. A model
+    file's RAM is sized for a load with expert backend `backend` and `context_length` tokens of context, as the app
+    sizes it with the same settings."""
+    # Resolve the model first: a bad path, preset or backend is an error before any seconds are spent measuring.
     shape = model_shape(model, preset) if (model or preset) else None
+    load = model_load(model, context_length=context_length, backend=backend) if model else None
     total = 2 + 2 * SLICES_PER_RUN + 1  # cpu, two bandwidth runs, gpu, verdict
     done = 0
 
@@ -75,7 +80,8 @@ def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model
     table, auto, auto_reason = backends()
     report.update(backends=table, auto_backend=auto, auto_reason=auto_reason)
     if shape is not None:
-        report["model"] = estimate(*shape, auto=auto, memory=memory, gpus=gpus)
+        sized_for = load["ram"]["backend"] if load is not None else auto
+        report["model"] = estimate(*shape, auto=sized_for, memory=memory, gpus=gpus, load=load)
     report["remedies"] = remedies(report)
     report["probe_seconds"] = round(time.perf_counter() - t0, 2)
     step("verdict", f"Auto picks {auto}")

@@ -73,19 +73,23 @@ def to_markdown(report: dict) -> str:
     if m:
         lines += ["", f"## Model: {m['name']}", "",
                   f"- {count(m['total_params'])} parameters, {count(m['active_params'])} active per token; stored "
-                  f"{m['stored_dtype']}, experts as {m['expert_format']} for {m['backend']}",
-                  f"- Placement: {m['placement']}",
-                  f"- RAM: needs about {size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB available: "
-                  + ("fits" if m["fits_ram"] else "does NOT fit")]
+                  f"{m['stored_dtype']}, " + (f"experts read as stored by {m['backend']}"
+                                              if m["expert_format"] == "as stored"
+                                              else f"experts as {m['expert_format']} for {m['backend']}"),
+                  f"- Placement: {m['placement']}"]
+        if "type_mix" in m:  # a model file: its types, and the engine's estimate of this load
+            lines += [f"- Types (share of the file): {m['type_mix']}",
+                      f"- RAM: this load needs {m['ram_text']}; {m['ram_available_gb']:.1f} GB available: "
+                      + ("fits" if m["fits_ram"] else "does NOT fit")]
+        else:
+            lines.append(f"- RAM: needs about {size(m['ram_needed_bytes'])}, {m['ram_available_gb']:.1f} GB "
+                         "available: " + ("fits" if m["fits_ram"] else "does NOT fit"))
         if "fits_vram" in m:
             lines.append(f"- VRAM: needs about {m['vram_needed_gb']:.1f} GB, {m['vram_free_gb']:.1f} GB free: "
                          + ("fits" if m["fits_vram"] else "does NOT fit"))
-        lines.append(f"- Expected decode speed: at most {m['decode_tok_s_upper_bound']:.1f} tokens/s "
-                     f"({size(m['active_expert_bytes_per_token'])} of expert weights per token at "
+        lines.append(f"- Expected decode speed: at most {m['decode_tok_s_ceiling']:.1f} tokens/s "
+                     f"({size(m['ceiling_bytes_per_token'])} per token, {m['ceiling_counts']}, at "
                      f"{mem['read_bandwidth_gbs']:.1f} GB/s; an upper bound)")
-        if "decode_tok_s_upper_bound_cpu_only" in m:
-            lines.append(f"- Counting the non-expert weights the CPU also reads without a GPU: at most "
-                         f"{m['decode_tok_s_upper_bound_cpu_only']:.1f} tokens/s")
     lines += ["", "## Remedies", ""]
     if not report["remedies"]:
         lines.append("Nothing to fix.")

@@ -53,8 +53,24 @@ def model_shape(model: str | None, preset_name: str | None) -> tuple[ModelConfig
     return opened.config, info.name, stored if stored in BYTES_PER_WEIGHT else "bf16"
 
 
-def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dict, gpus: list[dict]) -> dict:
-    """Fit in RAM/VRAM and the decode roofline for the backend Auto picked."""
+def model_load(model: str, *, context_length: int, backend: str) -> dict:
+    """The type mix and the RAM a load of the model file or folder at `model` takes with expert backend `backend` and a
+    KV cache of `context_length` tokens: engine.model_summary's facts (the estimate the model panel and the app's fit
+    check show, from the loader's own engine.model_info.estimate_ram), with the experts' stored type and the stored
+    bytes one token reads (ModelInfo's)."""
+    from engine.model_summary import facts, sized_for_load
+
+    info = sized_for_load(model, context_length=context_length, backend=backend)
+    return {**facts(info), "expert_type": info.expert_type,
+            "active_expert_bytes_per_token": info.active_expert_bytes_per_token,
+            "active_bytes_per_token": info.active_bytes_per_token}
+
+
+def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dict, gpus: list[dict],
+             load: dict | None = None) -> dict:
+    """Fit in RAM/VRAM and the decode roofline for the backend `auto` (Auto's pick, or the one asked for). With `load`
+    (model_load, for a model file) the RAM needed is the engine's estimate of that load, the one the app shows;
+    without (a preset), the routed experts in the backend's format plus the rest as stored."""
     expert_fmt = expert_format(auto, stored)
     dense, experts, active_experts = dense_params(cfg), expert_params(cfg), active_expert_params(cfg)
     embedding = cfg.vocab_size * cfg.hidden_size
@@ -65,6 +81,13 @@ def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dic
     dense_per_token = (dense - embedding) * BYTES_PER_WEIGHT[stored]
     gpu = max(gpus, key=lambda g: g["vram_free_gb"]) if gpus else None
     ram_need = expert_bytes + (0 if gpu else dense_bytes)
+    if load is not None:  # a file: what it stores, and everything the load holds (engine.model_info.estimate_ram)
+        ram_need = load["ram"]["total_bytes"]
+        if load["expert_type"].lower() not in BYTES_PER_WEIGHT:  # block-quantized experts (Q4_K, a mix, ...)
+            stored = "a mix of block types" if load["expert_type"] == "mixed" else load["expert_type"]
+            if load["ram"]["packed_bytes"] == 0:  # the backend reads them as stored: no packed copy
+                expert_fmt, active = "as stored", load["active_expert_bytes_per_token"]
+        dense_per_token = load["active_bytes_per_token"] - load["active_expert_bytes_per_token"]
     bw = memory["read_bandwidth_gbs"] * GB
     out = {
         "name": name,
@@ -86,12 +109,25 @@ def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dic
         "decode_tok_s_upper_bound": round(bw / active, 2) if bw > 0 else 0.0,
         "roofline": "upper bound = measured read bandwidth / routed-expert bytes read per token",
     }
+    if load is not None:
+        out.update(type_mix=load["type_mix"], ram=load["ram"], ram_text=load["ram_text"])
     if gpu:
         out["vram_needed_gb"] = round(dense_bytes / GB, 2)
         out["vram_free_gb"] = gpu["vram_free_gb"]
         out["fits_vram"] = dense_bytes <= RAM_HEADROOM * gpu["vram_free_gb"] * GB
     else:
         out["decode_tok_s_upper_bound_cpu_only"] = round(bw / (active + dense_per_token), 2) if bw > 0 else 0.0
+    # The one ceiling to headline is the one that applies here. With a CUDA GPU the attention, router and output
+    # weights sit in VRAM, so this machine's RAM bandwidth is spent on the routed experts alone: the experts-only
+    # bound applies. Without one the CPU also reads those weights for every token, so the lower bound counting
+    # everything a token reads is the one to expect, and the experts-only figure would promise too much.
+    if gpu:
+        out.update(decode_tok_s_ceiling=out["decode_tok_s_upper_bound"], ceiling_bytes_per_token=int(active),
+                   ceiling_counts="the routed-expert weights a token reads (the rest is on the GPU)")
+    else:
+        out.update(decode_tok_s_ceiling=out["decode_tok_s_upper_bound_cpu_only"],
+                   ceiling_bytes_per_token=int(active + dense_per_token),
+                   ceiling_counts="every weight a token reads: routed experts, attention and output (no GPU)")
     return out
 
 
