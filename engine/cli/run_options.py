@@ -17,7 +17,7 @@ def add_load_arguments(p: argparse.ArgumentParser, *, model_optional: bool = Fal
     names = backends.names()
     p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
                    help=f"expert backend: {', '.join(names)} (default Auto: the best this CPU supports; "
-                        "Torch is the pure-PyTorch engine; `tessera-cli check` says which run here and why)")
+                        f"Torch: {backends.TORCH_DESCRIPTION}; `tessera-cli check` says which run here and why)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
     p.add_argument("--context-length", type=int, default=None, metavar="N",
                    help="context length in tokens (default: the model's)")
@@ -103,11 +103,18 @@ def placement_of(args):
     return PlacementSettings(device=device, gpu_experts_per_layer=args.gpu_experts or 0)
 
 
+def _print_load_notice(event) -> None:
+    """A load's one-line notices come as a "pack" event before any layer (engine.native.make_backend: what widening a
+    quantized file's experts for a bf16 backend costs); print them before the load goes on."""
+    if event.stage == "pack" and event.done == 0 and event.detail:
+        print(f"note: {event.detail}", file=sys.stderr)
+
+
 def load_session(args):
     import engine
 
     session = engine.load(args.model, backend=args.backend, threads=args.threads, context_length=args.context_length,
-                          placement=placement_of(args), twin=args.twin)
+                          placement=placement_of(args), twin=args.twin, progress=_print_load_notice)
     if args.explain:
         print(session.explain(), file=sys.stderr)
     return session
