@@ -63,7 +63,7 @@ def table() -> list[Backend]:
         if not b["emulated"]:
             rows.append(Backend(b["name"], bool(b["available"]), str(b["reason"]), str(b["description"]),
                                 str(b["weights"])))
-    rows.append(Backend(TORCH, True, "always available", TORCH_DESCRIPTION))
+    rows.append(Backend(TORCH, True, TORCH_DESCRIPTION, TORCH_DESCRIPTION))  # one wording, as resolve() says it
     return rows
 
 

@@ -33,7 +33,6 @@ from app.wizards.job_page import JobPage
 from app.wizards.report_html import report_html
 
 DURATIONS = (("Quick (about 1 s)", 0.4), ("Standard (about 5 s)", 3.0), ("Thorough (about 15 s)", 10.0))
-PRESETS = (("Qwen3-30B-A3B", "qwen3-30b-a3b"), ("Qwen3-235B-A22B", "qwen3-235b-a22b"))
 
 
 class IntroPage(QWizardPage):
@@ -59,7 +58,7 @@ class IntroPage(QWizardPage):
             self.choice.addButton(b, i)
         self.preset = QComboBox()
         self.preset.setAccessibleName("Published model")
-        for text, key in PRESETS:
+        for text, key in jobs.hardware_presets():  # the engine's one list of published models
             self.preset.addItem(text, key)
         self.path = QLineEdit(model_path or "")
         self.path.setPlaceholderText("a .gguf file or a Hugging Face folder")

@@ -71,6 +71,14 @@ def hardware_probe(*, seconds: float, model: str | None, preset: str | None, gpu
     return fn
 
 
+def hardware_presets() -> list[tuple[str, str]]:
+    """(name shown, preset key) of every published model the hardware check can size: engine.config.PUBLISHED, the
+    one list (`tessera-cli check --preset` takes the same keys). Plain data, no torch: safe on the UI thread."""
+    from engine.config import PUBLISHED
+
+    return [(cfg.source, key) for key, cfg in PUBLISHED.items()]
+
+
 def inspect_source(folder: str):
     """A job function: check a Hugging Face folder and summarise it for the conversion wizard."""
 

@@ -21,7 +21,9 @@ bool amx_usable(const CpuFeatures& c, bool need_int8, bool need_bf16, std::strin
   // The decode half runs AVX-512 VNNI / FMA on the same packing (every AMX CPU so far has them).
   if (!(c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni))
     return *why = "CPU lacks avx512_vnni for the decode path", false;
-  *why = "AMX tiles for prefill, AVX-512 for decode";
+  // Named by its weights first, as every backend's reason is, so AMXInt8 and AMXBF16 never read alike.
+  *why = need_int8 ? "int8 weights; AMX tile prefill, AVX-512 VNNI decode"
+                    : "bf16 weights; AMX tile prefill, AVX-512 FMA decode";
   return true;
 }
 bool supported_int8(const CpuFeatures& c, std::string* why) { return amx_usable(c, true, false, why); }

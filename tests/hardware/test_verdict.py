@@ -109,3 +109,35 @@ def test_backends_come_from_the_one_backend_list():
     assert table["Torch"]["available"] and table["Reference"]["available"]
     assert (auto, reason) == registry.auto() and table[auto]["available"]
     assert verdict.expert_format("AVX512Int8", "bf16") == "int8" and verdict.expert_format("Reference", "f16") == "f16"
+
+
+@pytest.mark.parametrize("with_gpu", [False, True])
+def test_one_headline_ceiling_the_one_that_applies_here(with_gpu):
+    """Without a GPU the CPU reads every weight a token needs, so that (lower) bound is the headline; with one the
+    non-expert weights are in VRAM and the experts-only bound applies. The Markdown and the wizard show only it."""
+    from app.wizards.report_html import report_html, summary_html
+    from engine.hardware.render import to_markdown
+
+    cfg = presets.preset("qwen3-30b-a3b")
+    gpus = [{"name": "RTX 4090", "vram_free_gb": 22.0}] if with_gpu else []
+    m = verdict.estimate(cfg, "Qwen3-30B-A3B", "bf16", auto="AVX512", memory=MEM, gpus=gpus)
+    active = presets.active_expert_params(cfg) * 2
+    if with_gpu:
+        assert m["decode_tok_s_ceiling"] == m["decode_tok_s_upper_bound"] and m["ceiling_bytes_per_token"] == active
+        assert "the rest is on the GPU" in m["ceiling_counts"]
+    else:
+        assert m["decode_tok_s_ceiling"] == m["decode_tok_s_upper_bound_cpu_only"] < m["decode_tok_s_upper_bound"]
+        assert m["ceiling_bytes_per_token"] > active and "no GPU" in m["ceiling_counts"]
+    assert m["decode_tok_s_ceiling"] == pytest.approx(50e9 / m["ceiling_bytes_per_token"], rel=1e-3)
+    cpu = {"model": "x", "vendor": "", "sockets": 1, "physical_cores": 8, "logical_cores": 16, "allowed_cpus": 16,
+           "numa_nodes": 1, "source": "cpuid", "flags": {"avx512f": True}, "xcr0": "", "amx": {"usable": False,
+                                                                                           "reason": "no AMX"}}
+    report = {"host": "h", "kernel": "6", "python": "3", "cpu": cpu, "gpus": [], "gpu_status": "no CUDA device",
+              "memory": {**MEM, "total_gb": 128.0, "thp_defrag": "madvise", "hugepages_total": 0,
+                         "hugepage_size_kb": 2048, "bandwidth_source": "probe"},
+              "backends": {}, "auto_backend": "AVX512", "auto_reason": "r", "model": m, "remedies": []}
+    ceiling = f"{m['decode_tok_s_ceiling']:.1f} tokens/s"
+    other = f"{m['decode_tok_s_upper_bound']:.1f} tokens/s"
+    for text, figures in ((to_markdown(report), 1), (summary_html(report), 1), (report_html(report), 2)):
+        assert ceiling in text and text.count("tokens/s") == figures  # the headline, and the Decode row under it
+        assert with_gpu or other not in text
