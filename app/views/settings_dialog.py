@@ -40,7 +40,7 @@ LOCAL_ONLY = ("model/backend", "model/threads", "model/context_length", "gpu/use
 
 
 class SettingsDialog(QDialog):
-    clear_cache_requested = Signal()  # the window asks the worker (the dialog never touches the engine)
+    clear_cache_requested = Signal()  # the window passes it to the worker, which answers with show_pack_cache
 
     def __init__(self, settings: Settings, backends: BackendList | None = None, model_loaded: bool = False,
                  parent: QWidget | None = None):
@@ -149,7 +149,7 @@ class SettingsDialog(QDialog):
     def set_remote(self, reason: str) -> None:
         """reason: a remote server is in use, and the settings that only shape a local model are disabled with it as
         their tooltip and in a note at the top; "": a local model (or none), and they are enabled again. The window
-        calls this each time the dialog is shown and whenever the engine changes while it is open."""
+        calls this each time the dialog is shown and whenever a model loads or a server connects while it is open."""
         for key in LOCAL_ONLY:
             editor = self.editors.get(key)
             if editor is not None:
