@@ -4,7 +4,9 @@ never uses it; app/__main__.py hands it the window when any of its flags is give
 
 --prompt TEXT            send TEXT once the model has loaded; repeat to send several turns, each after the last reply
 --screenshot FILE        after the window is shown and any model has loaded, wait --quit-after ms, save a PNG, quit
---screenshot-target T    window (default) | settings | graphs
+--screenshot-target T    window (default) | settings | graphs | serve (the window, serving the loaded model) |
+                         remote (the Remote server dialog, after testing --remote-url when given)
+--remote-url URL         with --screenshot-target remote: fill the dialog with URL and test the connection first
 --quit-after MS          quit MS milliseconds after start-up (after the model loaded, when one was given)
 --screenshot-at-token N  with --prompt: take the screenshot (and quit) when the last prompt's reply has N tokens,
                          i.e. in the middle of a streamed reply
@@ -26,7 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt", action="append", default=[], help="message to send once the model has loaded "
                                                                     "(repeatable: one turn each)")
     g.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window, then quit")
-    g.add_argument("--screenshot-target", choices=("window", "settings", "graphs"), default="window")
+    g.add_argument("--screenshot-target", choices=("window", "settings", "graphs", "serve", "remote"),
+                   default="window")
+    g.add_argument("--remote-url", metavar="URL",
+                   help="with --screenshot-target remote: fill the Remote dialog with URL and test it first")
     g.add_argument("--quit-after", metavar="MS", type=int, help="quit after MS milliseconds")
     g.add_argument("--screenshot-at-token", metavar="N", type=int,
                    help="with --prompt: screenshot when the last reply has streamed N tokens")
@@ -64,11 +69,34 @@ def start(app: QApplication, window, args: argparse.Namespace, model: str | None
                 and message.metrics.get("generated_tokens", 0) >= n):
             finish_once()
 
+    def shoot_when(shown) -> None:
+        """Poll (on this, the GUI thread) until shown() says the view has the worker's answer, then shoot."""
+        if shown():
+            QTimer.singleShot(300, finish_once)  # let the answer's labels lay out
+        else:
+            QTimer.singleShot(100, lambda: shoot_when(shown))
+
+    def fill_remote() -> None:
+        dialog = getattr(window, "remote_dialog", None)
+        if dialog is None:
+            finish_once()
+            return
+        dialog.url.setText(args.remote_url)
+        dialog.test_button.click()
+        shoot_when(lambda: not dialog.status.text().startswith("Testing"))
+
     def arm(_ok: bool = True) -> None:
         send_next()
         if args.screenshot_target == "settings":
             window.open_settings()
-        waits = args.quit_when_done or args.screenshot_at_token
+        elif args.screenshot_target == "serve":  # the panel shows the worker's answer (URL and key, or why not)
+            window.serve_dock.raise_()
+            window.serve_panel.toggle.setChecked(True)
+            shoot_when(lambda: bool(window.serve_panel.status.text()))
+        elif args.screenshot_target == "remote":  # open_remote runs the dialog modally: script it from a timer
+            QTimer.singleShot(0, window.open_remote)
+            QTimer.singleShot(300, fill_remote if args.remote_url else finish_once)
+        waits = args.quit_when_done or args.screenshot_at_token or args.screenshot_target in ("serve", "remote")
         if args.quit_after is not None:
             QTimer.singleShot(args.quit_after, finish_once)
         elif args.screenshot and not waits:
@@ -91,6 +119,8 @@ def save_screenshot(window, target: str, path: str) -> None:
         QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
     if target == "settings" and window.settings_dialog is not None:
         widget = window.settings_dialog
+    elif target == "remote" and getattr(window, "remote_dialog", None) is not None:
+        widget = window.remote_dialog
     elif target == "graphs":
         window.resizeDocks([window.graphs_dock], [max(250, window.height() // 2)], Qt.Orientation.Vertical)
         QApplication.processEvents()

@@ -73,3 +73,28 @@ def test_without_a_model_argument_the_demo_model_opens(tmp_path):
     (conv,) = store.conversations()
     assert conv.model == demo.name
     assert store.messages(conv.id)[-1].state == "done"
+
+
+@pytest.mark.slow
+def test_serve_and_remote_screenshots(tmp_path):
+    """The scripted shots of the Serve panel (serving the demo model) and of the Remote dialog after a connection test
+    against a real `tessera-cli serve` on a free port."""
+    import re
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+    serve_shot, remote_shot = tmp_path / "serve.png", tmp_path / "remote.png"
+    proc = run_app(tmp_path, "--model", str(demo), "--screenshot-target", "serve", "--screenshot", str(serve_shot))
+    assert_clean(proc)
+    assert serve_shot.stat().st_size > 10_000
+    server = subprocess.Popen([sys.executable, "-m", "engine", "serve", str(demo), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        url = next(m.group(1) for line in server.stderr if (m := re.search(r"at (http://\S+/v1);", line)))
+        proc = run_app(tmp_path, "--no-demo", "--screenshot-target", "remote", "--remote-url", url,
+                       "--screenshot", str(remote_shot))
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert_clean(proc)
+    assert remote_shot.stat().st_size > 10_000
