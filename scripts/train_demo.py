@@ -111,11 +111,14 @@ def lock_is_held(path: Path) -> bool:
         os.close(fd)
 
 
-def wait_while_locked(path: Path | None, poll_s: float = 1.0) -> float:
-    """Sleep while `path` is locked by someone else (polling every `poll_s`); the seconds waited."""
+def wait_while_locked(path: Path | None, poll_s: float = 1.0, on_wait=None) -> float:
+    """Sleep while `path` is locked by someone else (polling every `poll_s`); the seconds waited. `on_wait()` is
+    called once when a wait begins (the log then says the run is paused, not stuck)."""
     if path is None:
         return 0.0
     t0 = time.time()
+    if lock_is_held(path) and on_wait is not None:
+        on_wait()
     while lock_is_held(path):
         time.sleep(poll_s)
     return time.time() - t0
@@ -393,7 +396,8 @@ def main(argv=None) -> int:
     model.train()
     t_train = time.time()
     for step in range(start, args.steps):
-        waited = wait_while_locked(args.pause_while_locked)
+        waited = wait_while_locked(args.pause_while_locked, on_wait=lambda step=step: say(
+            f"waiting before step {step + 1}: {args.pause_while_locked} is locked by someone else"))
         paused += waited
         if waited >= 1.0:
             say(f"paused {waited:.0f} s while {args.pause_while_locked} was locked")

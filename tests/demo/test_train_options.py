@@ -54,9 +54,12 @@ def test_wait_while_locked_returns_when_the_holder_lets_go(td, tmp_path):
     releaser = threading.Timer(0.6, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd)))
     releaser.start()
     t0 = time.time()
-    waited = td.wait_while_locked(lock, poll_s=0.05)
+    begun = []
+    waited = td.wait_while_locked(lock, poll_s=0.05, on_wait=lambda: begun.append(time.time()))
     releaser.join()
     assert 0.5 <= waited <= time.time() - t0
+    assert len(begun) == 1 and begun[0] - t0 < 0.3  # said once, at the start
+    assert td.wait_while_locked(lock, on_wait=lambda: begun.append(0)) < 0.5 and len(begun) == 1  # free: not said
 
 
 def test_batch_plan_fills_token_budgets_the_same_way_every_time(td):
