@@ -7,7 +7,9 @@ docs/BENCHMARKS.md.
 Work per request, as `tessera-cli bench` does: a random prompt of --prompt-tokens ids (sent as token ids to
 /v1/completions, so both paths run exactly the same ids), --gen-tokens generated greedily with end-of-sequence ignored.
 Each request has its own random prompt, so the prefix cache never helps. Client-side TTFT: from sending the request to
-the first streamed chunk with text; client-side decode tok/s: (completion_tokens - 1) / (last chunk - first chunk).
+the first streamed token chunk; client-side decode tok/s: (completion_tokens - 1) / (last token chunk - first). The
+server sends a chunk per token, with "" while a character is incomplete (random-weight models from make-model emit
+mostly ids their small tokenizer decodes to nothing, so timing text chunks would see none).
 """
 
 from __future__ import annotations
@@ -61,12 +63,14 @@ def streamed(client: openai.OpenAI, name: str, prompt_ids: list[int], gen_tokens
                                        extra_body={"ignore_eos": True})
     for chunk in stream:
         now = time.perf_counter() - t0
-        if chunk.choices and chunk.choices[0].text:
+        if chunk.choices and chunk.choices[0].finish_reason is None:  # a token's chunk (its text may be "")
             first = now if first is None else first
             last = now
         if chunk.usage is not None:
             usage = chunk.usage
     n = usage.completion_tokens
+    if first is None:
+        raise SystemExit(f"a request streamed {n} tokens and no token chunk (a server that sends only text?)")
     return {"ttft_s": first, "decode_tok_s": (n - 1) / (last - first) if last > first else 0.0, "tokens": n,
             "total_s": time.perf_counter() - t0}
 

@@ -302,9 +302,8 @@ class OpenAIServer:
                 if isinstance(event, BaseException):
                     yield _sse(server_error(f"generation failed: {event}").body())
                     break
-                if isinstance(event, TokenEvent):
-                    if event.text:
-                        yield chunk(event.text)
+                if isinstance(event, TokenEvent):  # one chunk per token, its text "" while a character is incomplete
+                    yield chunk(event.text)
                     continue
                 yield chunk("", _finish_reason(event.metrics.stop_reason, 0))
                 if req.include_usage:

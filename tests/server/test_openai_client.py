@@ -132,6 +132,8 @@ def test_completions_greedy_equals_session_generate(client, reference_session):
     assert whole.usage.prompt_tokens == len(ids)
     streamed = list(client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=40, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == done.text
+    # a chunk per generated token, then the finish (clients can time every token, whatever it decodes to)
+    assert [c.choices[0].finish_reason is None for c in streamed] == [True] * done.metrics.generated_tokens + [False]
     by_ids = client.completions.create(model=NAME, prompt=ids, temperature=0, max_tokens=40)
     assert by_ids.choices[0].text == done.text
 
