@@ -260,3 +260,42 @@ def test_the_cli_says_what_widening_costs_first_and_refuses_by_name(models, name
     monkeypatch.setattr(N, "free_ram", lambda: 0)
     assert main(args) == 1
     assert f"error: backend {name}: widens this file's Q4_K/Q6_K experts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_a_block_layer_overwrites_a_nan_filled_output_and_skips_empty_slots(models, name):
+    w = load_weights(models["q6_k"][0])
+    layers = layer_experts(w.config, w.tensors)
+    b = N.make_backend(name, layers, threads=2)
+    x, ids, weights = _routing(w.config, 6, seed=5)
+    ids[2] = -1  # token 2: every slot skipped
+    out = torch.full_like(x, float("nan"))  # [T, H]
+    layer = min(layers)
+    b.layers[layer].forward(ids, weights, x, out, b.pool)
+    assert torch.isfinite(out).all() and torch.equal(out[2], torch.zeros_like(out[2]))
+    assert torch.equal(out, b.forward(layer, x, ids, weights))
+
+
+def test_the_hot_expert_cache_twin_over_blocks_read_in_place(models):
+    """The CPU twin of the GPU expert cache submits the cold experts to the in-place backend asynchronously
+    (quant_moe_forward_submit) while it computes the hot ones on float copies: same model, same bounds as above."""
+    from engine.hybrid import PlacementSettings
+
+    q, twin = models["q4_k_m"]
+    ids = torch.randint(0, 437, (48,), generator=torch.Generator().manual_seed(11))
+    ref = engine.load(twin, backend="Torch", threads=2)
+    try:
+        want = ref.model.forward(ids, ref.model.new_cache(48, torch.float32), last_only=False)  # [T, V]
+    finally:
+        ref.close()
+    s = engine.load(q, backend=INT8[0], threads=2, twin=True,
+                    placement=PlacementSettings(device="cuda", gpu_experts_per_layer=2))
+    try:
+        assert type(s.model.experts).__name__ == "HotExpertCache"
+        got = s.model.forward(ids, s.model.new_cache(48, torch.float32), last_only=False)  # [T, V]
+    finally:
+        s.close()
+    top1 = float((got.argmax(-1) == want.argmax(-1)).double().mean())
+    logp, logq = torch.log_softmax(want.double(), -1), torch.log_softmax(got.double(), -1)
+    kl = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    assert top1 >= TOP1_MIN and kl <= KL_MAX, (top1, kl)
