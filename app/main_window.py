@@ -469,7 +469,7 @@ class MainWindow(QMainWindow):
                                     backend=self.settings.get("model/backend"))
             wizard.report_ready.connect(self.on_hardware_report)
         else:
-            wizard = ConvertWizard(self)
+            wizard = ConvertWizard(self, backend=self.settings.get("model/backend"))
             wizard.converted.connect(self.on_converted)
             wizard.open_requested.connect(self.load_model)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)

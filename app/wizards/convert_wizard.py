@@ -277,13 +277,14 @@ class OptionsPage(QWizardPage):
 
 
 class RunPage(JobPage):
-    def __init__(self, options: OptionsPage, parent=None):
+    def __init__(self, options: OptionsPage, parent=None, *, backend: str = "Auto"):
         super().__init__("Converting",
                          "One tensor at a time, streamed from the shards; Cancel removes the partial file.", parent)
         self._options = options
+        self._backend = backend  # the expert backend verification runs the models with: the app's setting
 
     def make_job(self) -> jobs.Job:
-        return jobs.Job(jobs.convert_model(**self._options.options()), self)
+        return jobs.Job(jobs.convert_model(**self._options.options(), backend=self._backend), self)
 
 
 class DonePage(QWizardPage):
@@ -308,7 +309,8 @@ class DonePage(QWizardPage):
         if v:
             colour = "#2e7d32" if v["passed"] else "#c62828"
             lines.append(
-                f"<p style='color:{colour}'><b>Verification {'passed' if v['passed'] else 'FAILED'}</b> over "
+                f"<p style='color:{colour}'><b>Verification {'passed' if v['passed'] else 'FAILED'}</b> with "
+                f"{escape(v['backend'])} over "
                 f"{v['tokens']} tokens: max |Δlogit| {v['max_abs_diff']:.3g} ({v['rel_max_diff']:.2e} of the logit "
                 f"range), top-1 agreement {v['top1_agreement'] * 100:.1f} %, mean KL {v['mean_kl']:.2e} nats.</p>"
                 f"<p>Tolerance — {escape(v['rule'])}.</p>")
@@ -326,14 +328,15 @@ class ConvertWizard(QWizard):
     converted = Signal(str)
     open_requested = Signal(str)  # "Open it now" on the Done page: load this file
 
-    def __init__(self, parent=None, *, folder: str | None = None):
+    def __init__(self, parent=None, *, folder: str | None = None, backend: str = "Auto"):
+        """`backend`: the expert backend verification runs source and output with (the app's setting)."""
         super().__init__(parent)
         self.setWindowTitle("Tessera — convert a model to GGUF")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.resize(820, 600)
         self.source = SourcePage(folder=folder)
         self.options_page = OptionsPage(self.source)
-        self.run_page = RunPage(self.options_page)
+        self.run_page = RunPage(self.options_page, backend=backend)
         self.done_page = DonePage(self.run_page)
         for page in (self.source, self.options_page, self.run_page, self.done_page):
             self.addPage(page)

@@ -121,9 +121,11 @@ def output_refusal(src: str, out: str) -> str | None:
     return None
 
 
-def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None, force: bool = False):
-    """A job function: convert, then (optionally) teacher-force the same text through source and output, then
-    (optionally) fill the packed-weight cache for one backend so the first load is fast."""
+def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str | None = None, force: bool = False,
+                  backend: str = "Auto"):
+    """A job function: convert, then (optionally) verify the output as `convert --verify` does, through expert backend
+    `backend` (Auto where it cannot run here), then (optionally) fill the packed-weight cache for one backend so the
+    first load is fast."""
 
     def fn(progress, cancel) -> dict:
         from engine.convert import convert
@@ -137,7 +139,7 @@ def convert_model(*, src: str, out: str, dtype: str, verify: bool, prepack: str 
             from engine.events import ProgressEvent
 
             progress(ProgressEvent("verify", 0, 1, "running the same text through the source and the output"))
-            rep, ok, rule = verify_conversion(src, path, dtype)
+            rep, ok, rule = verify_conversion(src, path, dtype, backend=runnable_backend(backend))
             result["verify"] = {**rep.as_dict(), "passed": ok, "rule": rule}
             progress(ProgressEvent("verify", 1, 1, "passed" if ok else "outside the tolerance"))
         if prepack and not cancel.is_set():

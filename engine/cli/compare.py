@@ -8,17 +8,26 @@ HELP = "compare two models' logits on the same text (max logit diff, top-1 agree
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine import backends
+
+    names = backends.names()
     p.add_argument("a", metavar="A", help="reference model (GGUF file or HF folder); its tokenizer is used")
     p.add_argument("b", metavar="B", help="model to compare (GGUF file or HF folder)")
     p.add_argument("--text", default=None, help="text to teacher-force (default: a built-in sample)")
+    p.add_argument("--backend", default="Auto", metavar="NAME",
+                   help=f"expert backend both models run with: {', '.join(names)} (default Auto: the one chat and "
+                        "the app pick on this CPU, so the comparison judges the kernels a user runs; Torch is the "
+                        "pure-PyTorch engine; the emulated AMX test backends are accepted too)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from engine import backends
     from engine.compare import compare, format_report
 
-    report = compare(args.a, args.b, text=args.text)
+    backends.resolve(args.backend)  # an unknown or unavailable name is a named error before any model is read
+    report = compare(args.a, args.b, text=args.text, backend=args.backend)
     print(json.dumps(report.as_dict()) if args.json else format_report(report))
     return 0

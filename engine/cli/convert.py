@@ -18,7 +18,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true",
                    help="replace OUT if it exists (never a file of SRC: converting over the source is always refused)")
-    p.add_argument("--verify", action="store_true", help="afterwards, compare the logits of source and output")
+    p.add_argument("--verify", action="store_true",
+                   help="afterwards, judge the output: float types by the logits of source and output; quantized "
+                        "types by each tensor's error against the source and the output's logits against its "
+                        "dequantized-F32 twin (docs/FORMATS.md)")
+    from engine import backends
+
+    names = backends.names()
+    p.add_argument("--backend", default="Auto", metavar="NAME",
+                   help=f"expert backend --verify runs the models with: {', '.join(names)} (default Auto, the one "
+                        "chat and the app pick on this CPU)")
     p.add_argument("--text", default=None, help="text for --verify (default: a built-in sample)")
     p.add_argument(
         "--prepack",
@@ -41,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         if e.done < e.total:
             print(f"\r[{e.done + 1}/{e.total}] {e.detail:<40}", end="", file=sys.stderr, flush=True)
 
+    if args.verify:
+        from engine import backends
+
+        backends.resolve(args.backend)  # a backend --verify cannot use is a named error before the conversion runs
     _sigterm_as_interrupt()
     out = convert(args.src, args.out, dtype=args.dtype, progress=progress, force=args.force)
     print(f"\rwrote {out} in {time.perf_counter() - t0:.1f} s{' ' * 30}", file=sys.stderr)
@@ -48,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         from engine.compare import format_report, verify_conversion
 
-        report, ok, why = verify_conversion(args.src, out, args.dtype, text=args.text)
+        report, ok, why = verify_conversion(args.src, out, args.dtype, text=args.text, backend=args.backend)
         print(format_report(report))
         print(f"verify: {'PASS' if ok else 'FAIL'} ({why})")
         status = 0 if ok else 1

@@ -62,3 +62,18 @@ def test_a_job_outliving_its_wizard_is_kept_until_it_ends(qtbot):
     assert job in job_page.kept_jobs() and job.parent() is None
     release.set()
     qtbot.waitUntil(lambda: job not in job_page.kept_jobs(), timeout=10_000)
+
+
+def test_convert_job_verifies_through_the_apps_backend(tmp_path):
+    """The wizard's conversion verifies as `convert --verify` does, through the backend the app runs (Auto where the
+    setting names one this machine lacks); a quantized output is judged against its dequantized-F32 twin."""
+    from app.wizards.jobs import convert_model
+    from engine import backends
+    from engine.make_model import make_model
+
+    src = make_model(tmp_path / "src", preset="tiny-kquant", seed=2)
+    for backend, ran in (("Reference", "Reference"), ("NoSuchBackend", backends.auto()[0])):
+        fn = convert_model(src=str(src), out=str(tmp_path / "q.gguf"), dtype="q4_k_m", verify=True, force=True,
+                           backend=backend)
+        v = fn(lambda ev: None, threading.Event())["verify"]
+        assert v["backend"] == ran and v["passed"] and "dequantized-F32 twin" in v["rule"], v
