@@ -3,7 +3,7 @@
 --model PATH             open and load a model at start (default: the last model loaded, or the demo model;
                          --no-demo: none)
 --no-demo                do not open the demo model when no --model is given
---theme light|dark       set the theme (saved in the settings)
+--theme system|light|dark  set the theme (saved in the settings; system follows the desktop)
 --size WxH               window size
 The scripted-run flags (--prompt, --screenshot, --quit-after, ...) are app/automation.py's.
 """
@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                    "loaded, or the demo model)")
     p.add_argument("--no-demo", action="store_true",
                    help="open no model at start (neither the last one loaded nor the demo model)")
-    p.add_argument("--theme", choices=("light", "dark"), help="set the theme (saved in the settings)")
+    p.add_argument("--theme", choices=("system", "light", "dark"),
+                   help="set the theme (saved in the settings; system follows the desktop's light or dark setting)")
     p.add_argument("--size", default="1280x820", help="window size WxH (screenshots)")
     automation.add_arguments(p)
     return p.parse_args(argv)
@@ -85,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings(paths.settings_path())
     if args.theme:
         settings.set("ui/theme", args.theme)
-    apply_theme(app, settings.get("ui/theme"))
+    apply_theme(app, settings.get("ui/theme"), settings.get("ui/font_size"))
     opened = open_store(paths.database_path())  # a damaged database is moved aside, a read-only folder read-only
     store = opened.store
     worker = EngineWorker()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QStackedWidget, QWidget
 
 from app import paths
@@ -17,7 +17,7 @@ from app.fit import estimate, ram_available
 from app.payloads import BackendList, GenerationResult, ModelState, ModelSummary, WorkerError
 from app.settings import Settings
 from app.store import ConversationStore
-from app.theme import apply_theme, is_dark
+from app.theme import apply_theme, is_dark, set_font_size
 from app.views.chat_view import ChatView
 from app.views.graphs import GraphsPanel
 from app.views.model_panel import ModelPanel
@@ -228,6 +228,7 @@ class MainWindow(QMainWindow):
         self.welcome.hardware_wizard_requested.connect(lambda: self.open_wizard("hardware"))
         self.welcome.convert_wizard_requested.connect(lambda: self.open_wizard("convert"))
         self.settings.changed.connect(self.on_setting_changed)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._desktop_scheme_changed)
 
     # ---- model
     def load_model(self, path: str) -> None:
@@ -421,6 +422,21 @@ class MainWindow(QMainWindow):
         self.settings_dialog.deleteLater()
         self.settings_dialog = None
 
+    def apply_theme(self) -> None:
+        """The theme setting, applied: on a change of the setting, and for "system" when the desktop switches
+        between light and dark."""
+        theme = str(self.settings.get("ui/theme"))
+        app = QApplication.instance()
+        if app is not None:
+            apply_theme(app, theme)
+        self.graphs.set_dark(is_dark(theme))
+        self.chat.dark = is_dark(theme)  # code colours: re-render the transcript
+        self.chat.set_messages(list(self.controller.messages))
+
+    def _desktop_scheme_changed(self, _scheme) -> None:
+        if self.settings.get("ui/theme") == "system":
+            self.apply_theme()
+
     def on_setting_changed(self, key: str, value) -> None:
         if key in ("model/backend", "model/context_length") and self.model_panel.path:
             self.inspect_model(self.model_panel.path)  # the fit estimate follows the backend and the context
@@ -428,12 +444,11 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Repacking experts for {value}…")
             self.worker.set_backend(str(value))
         elif key == "ui/theme":
+            self.apply_theme()
+        elif key == "ui/font_size":
             app = QApplication.instance()
             if app is not None:
-                apply_theme(app, str(value))
-            self.graphs.set_dark(is_dark(str(value)))
-            self.chat.dark = is_dark(str(value))  # code colours: re-render the transcript
-            self.chat.set_messages(list(self.controller.messages))
+                set_font_size(app, int(value))
         elif key == "chat/thinking":
             self.chat.set_thinking(bool(value))
         elif key == "hardware/bandwidth_gbs":

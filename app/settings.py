@@ -72,7 +72,10 @@ TABLE: tuple[Setting, ...] = (
             "and cannot open a turn or forge a system prompt. On: the local model reads it as markup, for people who "
             "write raw turns on purpose. A remote server tokenizes by its own rules (Tessera's own server keeps this "
             "off for its clients)."),
-    Setting("ui/theme", "light", "Theme", "Appearance", "", choices=("light", "dark")),
+    Setting("ui/theme", "system", "Theme", "Appearance", "system: follow the desktop's light or dark setting.",
+            choices=("system", "light", "dark")),
+    Setting("ui/font_size", 0, "Font size (points)", "Appearance", "0 keeps the desktop's size.", minimum=0,
+            maximum=32),
     Setting("hardware/bandwidth_gbs", 0.0, "Measured memory bandwidth (GB/s)", "Hardware",
             "Filled in by the hardware wizard; 0 means not measured. Used by the bandwidth readout.",
             minimum=0.0, maximum=10000.0),

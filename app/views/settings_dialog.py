@@ -261,6 +261,27 @@ class SettingsDialog(QDialog):
         elif backends.auto_choice:
             self.backend_note.setText(f"Auto picks {backends.auto_choice}: {backends.auto_reason}")
 
+    # ---- keyboard: the arrow keys act on a control, never on nothing
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        """Open with the first control of the page focused, not the tab bar (where Up and Down do nothing)."""
+        super().showEvent(event)
+        self.focus_first_control()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        """Down on the tab bar enters the page (Left and Right still switch tabs, as Ctrl+Tab does anywhere)."""
+        if event.key() == Qt.Key.Key_Down and self.focusWidget() is self.tabs.tabBar():
+            self.focus_first_control()
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def focus_first_control(self) -> None:
+        page = self.tabs.currentWidget()
+        for editor in self.editors.values():
+            if page is not None and page.isAncestorOf(editor) and editor.isEnabled():
+                editor.setFocus(Qt.FocusReason.TabFocusReason)
+                return
+
     def apply(self) -> None:
         for key in self.editors:
             self.settings.set(key, self.value(key))
