@@ -192,7 +192,7 @@ class ModelPanel(QWidget):
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
         urls = event.mimeData().urls()
-        if urls and urls[0].isLocalFile():
+        if urls and urls[0].isLocalFile() and not self.remote:  # a drop opens a local model: not while remote
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:  # noqa: N802
