@@ -13,14 +13,16 @@ Where the computation happens is chosen here, never in the model:
   used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that torch runs on an f32
   upcast made per call.
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
-  kept as the file's blocks, never widened; `engine.native.quant_matmul` multiplies them in place (activations to int8
-  per 32 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
-  (TESSERA_DENSE_QUANT_MAX_T overrides), beyond which the blocks are dequantized per call (`quant_dequantize`) and torch
-  multiplies. Measured on the 2-core development machine (docs/BENCHMARKS.md, scripts/bench_quant_dense.py, Q4_K,
-  Q6_K, Q8_0 on the 30B-A3B attention and lm_head shapes): quant_matmul beats dequantize-per-call + torch 10-40x at
-  T=1, 3-10x at T=16, 1.0-3.4x at T=128 and ties it at T=512 (0.8-1.4x: its cost grows linearly with T, each token a
-  mat-vec), while the per-call widening holds a transient f32 copy (1.24 GB for the 30B lm_head). So the threshold is
-  the 512-token prefill chunk: every call the model makes runs on the blocks; only a longer call widens.
+  kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
+  to int8 per 32 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
+  (TESSERA_DENSE_QUANT_MAX_T overrides). Measured on the 2-core development machine (docs/BENCHMARKS.md,
+  scripts/bench_quant_dense.py; Q4_K, Q6_K, Q8_0 on the 30B-A3B attention and lm_head shapes): it beats
+  dequantize-per-call + torch 2-60x at T=1 and 2-9x at T=16; from T=128 on the two are within 0.6-1.7x of each other
+  either way (its cost grows linearly with T: each token is a mat-vec), and end to end a 512-token prefill of a
+  4-layer 30B-A3B-shaped Q4_K_M file ran at 184-204 tok/s with every call on the blocks vs 191-207 tok/s widening per
+  call above 128 or 256 tokens: no measurable gain, so the blocks serve every call up to the 512-token prefill chunk
+  (no call the model makes holds an f32 copy). A longer call (a caller's own, e.g. teacher forcing) dequantizes
+  `WIDEN_ROWS` rows at a time for torch's GEMM.
 - any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype; a QuantizedMatrix is
   widened once, at construction, to bf16 on that device (a few rows at a time: no f32 copy of it is ever made).
 
@@ -55,6 +57,7 @@ def _quant_max_tokens() -> int:
 
 
 QUANT_NATIVE_MAX_TOKENS = _quant_max_tokens()  # TESSERA_DENSE_QUANT_MAX_T, default 512 (the prefill chunk)
+WIDEN_ROWS = 4096  # rows of a quantized weight widened at a time beyond QUANT_NATIVE_MAX_TOKENS
 
 _pools: dict[int, object] = {}
 _pools_lock = threading.Lock()
@@ -109,15 +112,35 @@ class Linear:
             self.weight, self.path = weight, "native-quant"  # the file's blocks, read in place
         else:  # one bf16 copy on the device, widened a chunk of rows at a time
             self.weight, self.path = weight.widen(torch.bfloat16, device, dense_pool()), "torch-device"
-        self._pool = dense_pool() if self.path == "native-quant" else None
+        self._threads = max(1, torch.get_num_threads())  # dense_pool()'s thread count
+        self._pool = dense_pool(self._threads) if self.path == "native-quant" else None
 
     def _quant(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N] f32, on the blocks
         x = x.to(torch.float32).contiguous()  # [T, K]
-        if x.shape[0] > QUANT_NATIVE_MAX_TOKENS:  # a long call: widen per call, torch's GEMM (module docstring)
-            return x @ self.weight.widen(torch.float32, "cpu", self._pool).T  # [T, N]
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
+        if x.shape[0] > QUANT_NATIVE_MAX_TOKENS:  # a long call: torch's GEMM on rows widened per call
+            return self._widened_matmul(x, out)
         if x.shape[0]:
             native.quant_matmul(self.weight.qtype, self.weight.raw, x, out, self._pool)
+        return out
+
+    def _widened_matmul(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out[T, N] = x @ W.T with W dequantized WIDEN_ROWS rows at a time into one f32 buffer (at most 32 MB at
+        K = 2048), so even the lm_head never has an f32 copy."""
+        rows = min(WIDEN_ROWS, self.out_features)
+        buf = torch.empty(rows, self.in_features, dtype=torch.float32)  # [rows, K]
+        before = torch.get_num_threads()  # a step whose work is native runs torch on one thread (step_torch_threads)
+        if before < self._threads:
+            torch.set_num_threads(self._threads)  # this GEMM is the heavy work: the dense pool's cores
+        try:
+            for start in range(0, self.out_features, rows):
+                block = self.weight.raw[start : start + rows]  # [n, B]
+                n = block.shape[0]
+                native.quant_dequantize(self.weight.qtype, block, buf[:n], self._pool)
+                out[:, start : start + n] = x @ buf[:n].T  # [T, n]
+        finally:
+            if before < self._threads:
+                torch.set_num_threads(before)
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] f32 -> [T, N] f32

@@ -1,6 +1,7 @@
 """Dense layers on GGUF quantized blocks, on Qwen3-30B-A3B's non-expert shapes: `engine.native.quant_matmul` (int8
 activations, the blocks read in place) vs dequantizing the blocks per call (`quant_dequantize` on the same pool) + torch
-matmul, and torch on a resident f32 copy (what the loader held before), in ms per call.
+matmul, whole ("dequant+torch") or 4096 rows at a time as engine.dense.Linear does beyond QUANT_NATIVE_MAX_TOKENS
+("chunked"), and torch on a resident f32 copy (what the loader held before), in ms per call.
 
     python scripts/bench_quant_dense.py [--threads 2] [--tokens 1 16 128 512] [--types Q4_K Q6_K Q8_0] [--json]
 
@@ -20,8 +21,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine import native
+from engine import dense, native
 from engine.quantize import quantize
+from engine.quantized import QuantizedMatrix
 
 # name -> (out, in): Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, head_dim 128, V 151,936).
 SHAPES = {
@@ -64,6 +66,7 @@ def main() -> int:
             w32 = torch.empty(n, k)  # [N, K] resident f32 (the old load)
             native.quant_dequantize(qtype, w, w32, pool)
             buf = torch.empty(n, k)  # [N, K] the per-call widening target
+            lin = dense.Linear(QuantizedMatrix(w, qtype, (n, k), name), "cpu", name)  # its row-chunked widening
             for T in a.tokens:
                 x = torch.randn(T, k)  # [T, K]
                 out = torch.empty(T, n)  # [T, N]
@@ -77,6 +80,7 @@ def main() -> int:
                            quant_ms=best_ms(lambda x=x, w=w, out=out, q=qtype: native.quant_matmul(q, w, x, out, pool),
                                             reps),
                            dequant_torch_ms=best_ms(per_call, reps),
+                           chunked_ms=best_ms(lambda x=x, lin=lin, out=out: lin._widened_matmul(x, out), reps),
                            resident_f32_ms=best_ms(lambda x=x, w32=w32: x @ w32.T, reps))
                 rows.append(row)
             del w, w32, buf
@@ -86,10 +90,10 @@ def main() -> int:
         return 0
     print(f"quant isa {result['isa']}, {threads} threads")
     print(f"{'type':<6} {'matrix':<10} {'shape':>13} {'T':>4} {'quant ms':>9} {'dequant+torch ms':>17} "
-          f"{'f32 resident ms':>16}")
+          f"{'chunked ms':>11} {'f32 resident ms':>16}")
     for r in rows:
         print(f"{r['type']:<6} {r['name']:<10} {r['out']:>6}x{r['inp']:<6} {r['T']:>4} {r['quant_ms']:>9.3f} "
-              f"{r['dequant_torch_ms']:>17.3f} {r['resident_f32_ms']:>16.3f}")
+              f"{r['dequant_torch_ms']:>17.3f} {r['chunked_ms']:>11.3f} {r['resident_f32_ms']:>16.3f}")
     return 0
 
 

@@ -75,13 +75,17 @@ def test_linear_keeps_the_blocks_and_says_so():
 
 
 def test_a_call_longer_than_the_threshold_widens_per_call(monkeypatch):
-    """Beyond QUANT_NATIVE_MAX_TOKENS the blocks are dequantized for the call and torch multiplies: exactly x @ W.T
-    on the exact weights (f32)."""
+    """Beyond QUANT_NATIVE_MAX_TOKENS the blocks are dequantized for the call, WIDEN_ROWS rows at a time, and torch
+    multiplies: x @ W.T on the exact weights (f32), on the dense pool's thread count, torch's restored after."""
     qm, w = _matrix(Q.Q6_K)
     lin = dense.Linear(qm, "cpu")
     monkeypatch.setattr(dense, "QUANT_NATIVE_MAX_TOKENS", 4)
+    monkeypatch.setattr(dense, "WIDEN_ROWS", 40)  # 96 rows: chunks of 40, 40, 16
     x = torch.randn(9, 512)  # [T, K]
-    assert torch.allclose(lin(x), x @ w.T, rtol=0, atol=1e-6 * float((x @ w.T).abs().max()))
+    with dense.torch_threads(1):
+        y = lin(x)
+        assert torch.get_num_threads() == 1
+    assert torch.allclose(y, x @ w.T, rtol=0, atol=1e-6 * float((x @ w.T).abs().max()))
 
 
 def test_a_device_placement_widens_once_to_bf16_without_an_f32_copy():
@@ -166,6 +170,11 @@ def test_a_quantized_file_loads_with_no_float32_copy_of_a_2d_weight(quantized_fi
     assert any(isinstance(t, QuantizedTensor) for t in w.tensors.values())
     if w.config.dense_layers:
         assert isinstance(model.layers[1].mlp.down_proj.weight, QuantizedMatrix)
+
+    class PoolExperts(TorchExperts):  # an ExpertBackend on a native pool
+        pool = object()
+
+    assert dense.step_torch_threads(model.linears, PoolExperts({})) == 1  # the blocks count as native work
 
 
 def test_logits_agree_with_the_dequantized_f32_twin(quantized_file):
