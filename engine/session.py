@@ -102,7 +102,7 @@ class Session:
                       progress=progress)
         self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
         if progress is not None:
-            progress(ProgressEvent("prepare", 0, 1, "non-expert weights to float32"))
+            progress(ProgressEvent("prepare", 0, 1, "non-expert weights"))
         self.model = Qwen3MoeModel(weights, parts.experts, parts.devices)
         self.model.source_experts = self._layers  # engine.finite names a damaged expert tensor from these
         if progress is not None:
