@@ -81,7 +81,8 @@ def main() -> int:
                     got = llama_cpp(args.node_modules, script, path, prompt)
                     ids = tok.encode(prompt)
                     same_tokens &= got["tokens"] == ids
-                    p = torch.softmax(teacher_forced_logits(path, ids)[-1].double(), -1)  # [V]
+                    logits = teacher_forced_logits(path, ids, "Torch")  # [T, V]: the pure-torch engine, as measured
+                    p = torch.softmax(logits[-1].double(), -1)  # [V]
                     top = torch.topk(p, len(got["probs"]))
                     worst = max(worst, *(abs(e["prob"] / float(v) - 1) for e, v in zip(got["probs"], top.values)))
             except RuntimeError as e:
