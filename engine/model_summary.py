@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import os
 
+    from engine.config import ModelConfig
     from engine.model_info import ModelInfo, RamEstimate
     from engine.weights import ModelFile
 
@@ -102,3 +103,30 @@ def sized_for_load(
         if info.ram is None or ctx != info.ram.context_length:
             info = dataclasses.replace(info, ram=estimate_ram(info, ctx, backend))
     return info
+
+
+def paper_info(cfg: ModelConfig, name: str, dtype: str, *, context_length: int | None = None,
+               backend: str = "Auto") -> ModelInfo:
+    """The ModelInfo a GGUF of config `cfg` written with `--dtype dtype` (bf16, q8_0, q4_k_m, ...: the per-tensor mix
+    engine.quant_mix gives make-model and convert) would have, with `ram` from the same estimate_ram a real file gets:
+    what a published model needs, on paper, before anything is downloaded."""
+    import gguf
+
+    from engine.checkpoint_layout import gguf_tensors
+    from engine.model_info import _info, estimate_ram
+    from engine.quant_mix import parse_output_type, tensor_types
+    from engine.quantized import held_bytes
+    from engine.quants import nbytes
+
+    types = tensor_types(cfg, parse_output_type(dtype))
+    sizes = []  # as engine.model_info.inspect_model collects them from a file's header
+    for t in gguf_tensors(cfg):
+        qtype, n = types[t.name], 1
+        for d in t.shape:
+            n *= d
+        stored = nbytes(qtype, t.shape)
+        held = held_bytes(qtype, n, stored, t.stacked, len(t.shape))
+        sizes.append((qtype.name, n, stored, held, t.stacked, t.kind == gguf.MODEL_TENSOR.TOKEN_EMBD))
+    info = _info(f"{name} ({dtype}, on paper)", "gguf", name, cfg, sizes)
+    ctx = min(context_length or info.context_length, info.context_length)
+    return dataclasses.replace(info, ram=estimate_ram(info, ctx, backend))

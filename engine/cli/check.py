@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
                    help=f"with --model: size the load for this expert backend ({', '.join(names)}; default Auto), "
                         "its packed copy of the experts included")
+    from engine.quant_mix import OUTPUT_TYPES
+
+    p.add_argument("--dtype", default="bf16", choices=list(OUTPUT_TYPES),
+                   help="with --preset: size the GGUF make-model / convert would write in this type (default bf16, "
+                        "the published checkpoint's), on paper")
     p.add_argument("--seconds", type=float, default=None,
                    help="length of the multi-threaded bandwidth measurement (default 3; the one-thread run takes half)")
     p.add_argument("--quick", action="store_true",
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = hardware.probe(seconds=seconds, threads=args.threads, model=args.model, preset=args.preset,
                             gpu=not args.no_gpu, context_length=args.context_length, backend=args.backend,
+                            preset_dtype=args.dtype,
                             progress=progress)
     if tty:
         print("\r" + " " * 100 + "\r", end="", file=sys.stderr)

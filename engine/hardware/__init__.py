@@ -8,8 +8,9 @@
   gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
   gpu_status: str            ("no CUDA device: ..." is a normal answer)
   backends: {NAME: {available, reason, description, weights}} (engine.backends), auto_backend, auto_reason
-  model: {...fit and roofline...} (only when a model or preset was given; for a model file also type_mix, ram
-         (engine.model_info.RamEstimate with total_bytes) and ram_text: the load the app's model panel sizes)
+  model: {...fit and roofline...} (only when a model or preset was given; also type_mix, ram
+         (engine.model_info.RamEstimate with total_bytes) and ram_text: the load the app's model panel sizes, for a
+         preset the file of preset_dtype on paper)
   remedies: [{topic, problem, remedy}]
 Progress arrives as `ProgressEvent(stage, done, total, detail)` with done/total over the whole probe; `cancel` (a
 threading.Event) is checked between steps and raises `engine.errors.Cancelled`.
@@ -27,7 +28,7 @@ from engine.hardware.cpu import probe_cpu
 from engine.hardware.gpu import probe_gpus
 from engine.hardware.memory import SLICES_PER_RUN, probe_memory
 from engine.hardware.render import to_json, to_markdown
-from engine.hardware.verdict import backends, estimate, model_load, model_shape, remedies
+from engine.hardware.verdict import backends, estimate, model_load, model_shape, preset_load, remedies
 
 __all__ = ["DEFAULT_SECONDS", "MODEL_CONTEXT", "QUICK_SECONDS", "probe", "to_json", "to_markdown"]
 
@@ -38,14 +39,20 @@ MODEL_CONTEXT = 4096  # tokens of KV cache a model's RAM is sized for: the app's
 
 def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model: str | None = None,
           preset: str | None = None, gpu: bool = True, context_length: int = MODEL_CONTEXT, backend: str = "Auto",
+          preset_dtype: str = "bf16",
           progress: Callable[[ProgressEvent], None] | None = None,
           cancel: threading.Event | None = None) -> dict:
     """Run every probe and return the report. `threads` defaults to the physical cores this process may use. A model
     file's RAM is sized for a load with expert backend `backend` and `context_length` tokens of context, as the app
-    sizes it with the same settings."""
+    sizes it with the same settings; a preset's is sized on paper for the GGUF `--dtype preset_dtype` would write
+    (default bf16, the published checkpoint's type)."""
     # Resolve the model first: a bad path, preset or backend is an error before any seconds are spent measuring.
     shape = model_shape(model, preset) if (model or preset) else None
-    load = model_load(model, context_length=context_length, backend=backend) if model else None
+    load = None
+    if model:
+        load = model_load(model, context_length=context_length, backend=backend)
+    elif preset:
+        load = preset_load(preset, preset_dtype, context_length=context_length, backend=backend)
     total = 2 + 2 * SLICES_PER_RUN + 1  # cpu, two bandwidth runs, gpu, verdict
     done = 0
 

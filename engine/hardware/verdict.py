@@ -58,9 +58,23 @@ def model_load(model: str, *, context_length: int, backend: str) -> dict:
     KV cache of `context_length` tokens: engine.model_summary's facts (the estimate the model panel and the app's fit
     check show, from the loader's own engine.model_info.estimate_ram), with the experts' stored type and the stored
     bytes one token reads (ModelInfo's)."""
-    from engine.model_summary import facts, sized_for_load
+    from engine.model_summary import sized_for_load
 
-    info = sized_for_load(model, context_length=context_length, backend=backend)
+    return _load_facts(sized_for_load(model, context_length=context_length, backend=backend))
+
+
+def preset_load(preset_name: str, dtype: str, *, context_length: int, backend: str) -> dict:
+    """model_load for a published model, on paper: the GGUF make-model / convert would write from it with `--dtype
+    dtype` (engine.model_summary.paper_info), sized by the same estimate."""
+    from engine.model_summary import paper_info
+
+    cfg = preset(preset_name)
+    return _load_facts(paper_info(cfg, cfg.source, dtype, context_length=context_length, backend=backend))
+
+
+def _load_facts(info) -> dict:
+    from engine.model_summary import facts
+
     return {**facts(info), "expert_type": info.expert_type,
             "active_expert_bytes_per_token": info.active_expert_bytes_per_token,
             "active_bytes_per_token": info.active_bytes_per_token}
@@ -69,8 +83,9 @@ def model_load(model: str, *, context_length: int, backend: str) -> dict:
 def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dict, gpus: list[dict],
              load: dict | None = None) -> dict:
     """Fit in RAM/VRAM and the decode roofline for the backend `auto` (Auto's pick, or the one asked for). With `load`
-    (model_load, for a model file) the RAM needed is the engine's estimate of that load, the one the app shows;
-    without (a preset), the routed experts in the backend's format plus the rest as stored."""
+    (model_load for a model file, preset_load for a published model on paper) the RAM needed is the engine's estimate
+    of that load, the one the app shows; without, the routed experts in the backend's format plus the rest as
+    stored."""
     expert_fmt = expert_format(auto, stored)
     dense, experts, active_experts = dense_params(cfg), expert_params(cfg), active_expert_params(cfg)
     embedding = cfg.vocab_size * cfg.hidden_size

@@ -79,3 +79,37 @@ def test_the_wizard_shows_the_panels_numbers(qtbot, q4_k_m):
     text = w.result_page.view.toPlainText()
     assert f"this load needs {panel['ram_text']}" in text and panel["type_mix"] in text
     w.probe_page.wait_for_job()
+
+
+def test_a_preset_on_paper_is_sized_as_the_file_would_be(tmp_path):
+    """paper_info (check --preset --dtype) gives what inspecting the written file gives: the same mix, bytes and RAM."""
+    from engine.make_model import make_model
+    from engine.model_info import inspect_model
+    from engine.model_summary import paper_info
+    from engine.weights import open_model
+
+    for dtype in ("bf16", "q4_k_m", "q8_0"):
+        path = make_model(tmp_path / f"{dtype}.gguf", preset="tiny-kquant", fmt="gguf", dtype=dtype, seed=1)
+        real = inspect_model(path, context_length=512, backend=_packing_backend())
+        paper = paper_info(open_model(path).config, "x", dtype, context_length=512, backend=_packing_backend())
+        assert paper.type_bytes == real.type_bytes and paper.tensor_types == real.tensor_types, dtype
+        assert (paper.total_bytes, paper.loaded_bytes, paper.ram) == (real.total_bytes, real.loaded_bytes, real.ram)
+
+
+def test_check_preset_counts_the_packed_copy(capsys):
+    """The issue's case: Qwen3-30B-A3B in BF16 on a backend that packs the experts holds the file's 61 GB and the packed
+    copy (about 31 GB in int8); the check used to leave the packed copy out."""
+    backend = _packing_backend()
+    argv = ["check", "--json", "--quick", "--no-gpu", "--seconds", "0.1", "--preset", "qwen3-30b-a3b",
+            "--backend", backend]
+    assert main(argv) == 0
+    m = json.loads(capsys.readouterr().out)["model"]
+    ram = m["ram"]
+    assert ram["backend"] == backend and ram["weights_bytes"] == pytest.approx(61.1e9, rel=0.01)
+    if backend != "Reference":
+        assert ram["packed_bytes"] > 25e9
+    assert m["ram_needed_bytes"] == ram["total_bytes"] >= ram["weights_bytes"] + ram["packed_bytes"]
+    assert m["type_mix"] == "BF16 100 %, F32 <1 %"
+    assert main([*argv[:-2], "--dtype", "q4_k_m", "--backend", backend]) == 0
+    q = json.loads(capsys.readouterr().out)["model"]
+    assert q["ram"]["weights_bytes"] == pytest.approx(18.6e9, rel=0.01) and q["type_mix"].startswith("Q4_K ")
