@@ -29,6 +29,9 @@ from app.views.welcome import WelcomePage
 from app.wizards.convert_wizard import ConvertWizard
 from app.wizards.hardware_wizard import HardwareWizard
 
+# Below this window height the graphs dock starts hidden (View > Graphs shows it): at 1024x700 it took 250 px and left
+# the transcript about 230. Above it, a dock hidden for that reason comes back.
+SMALL_WINDOW_HEIGHT = 760
 
 def _first_paragraph(markdown_text: str, limit: int = 400) -> str:
     """The first paragraph of a model card that is not a heading (the demo button's tooltip)."""
@@ -78,6 +81,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.model_dock, self.serve_dock)
         self.model_dock.raise_()
         self.graphs_dock = self._dock("Graphs", self.graphs, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self._graphs_auto_hidden = False  # hidden by fit_docks_to_window, not by the user
+        self._graphs_chosen = False  # the user showed or hid it: the window size no longer decides
+        self.graphs_dock.toggleViewAction().triggered.connect(self._graphs_toggled_by_user)
         self.status = TesseraStatusBar()
         self.setStatusBar(self.status)
 
@@ -518,9 +524,32 @@ class MainWindow(QMainWindow):
     def dropEvent(self, event) -> None:  # noqa: N802
         self.model_panel.dropEvent(event)
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self.fit_docks_to_window()
+
+    def fit_docks_to_window(self) -> None:
+        """A small window hides the graphs dock by default, so the transcript keeps its height; a larger one shows
+        it again. Once the user shows or hides it (View > Graphs), their choice stands."""
+        if self._graphs_chosen:
+            return
+        small = self.height() < SMALL_WINDOW_HEIGHT
+        if small and not self.graphs_dock.isHidden():
+            self.graphs_dock.hide()
+            self._graphs_auto_hidden = True
+        elif not small and self._graphs_auto_hidden:
+            self._graphs_auto_hidden = False
+            self.graphs_dock.show()
+
+    def _graphs_toggled_by_user(self, _checked: bool) -> None:
+        self._graphs_chosen = True
+        self._graphs_auto_hidden = False
+
     def closeEvent(self, event) -> None:  # noqa: N802
         self.worker.stop()
         self.settings.set("window/geometry", bytes(self.saveGeometry().data()))
+        if self._graphs_auto_hidden:  # saved as the user left it: a larger window next time shows the graphs
+            self.graphs_dock.show()
         self.settings.set("window/state", bytes(self.saveState().data()))
         self.settings.sync()
         super().closeEvent(event)

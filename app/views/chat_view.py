@@ -28,6 +28,7 @@ from app.views.demo_intro import DemoIntro
 from app.views.message_widget import MessageWidget
 
 REPAINT_MS = 50
+READING_CHARS = 120  # the messages' column is at most this many average characters wide, centred in a wide window
 
 
 class ChatView(QWidget):
@@ -62,6 +63,8 @@ class ChatView(QWidget):
         self.column.addWidget(self.empty_label)
         self.column.addStretch(1)
         self.scroll.setWidget(self.transcript)
+        self.scroll.setAlignment(Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
+        self._cap_reading_width()
         layout.addWidget(self.scroll, 1)
         self.scroll.verticalScrollBar().rangeChanged.connect(self._keep_bottom)
         self.scroll.verticalScrollBar().valueChanged.connect(self._track_follow)
@@ -215,6 +218,17 @@ class ChatView(QWidget):
         last = len(self.widgets) - 1
         for i, w in enumerate(self.widgets):
             w.set_actions(self.busy, i == last)
+
+    def _cap_reading_width(self) -> None:
+        """Lines of READING_CHARS at most: at 1920 px wide a message ran 1,300 px across, too long to read."""
+        margins = self.column.contentsMargins()
+        self.transcript.setMaximumWidth(self.fontMetrics().averageCharWidth() * READING_CHARS + margins.left()
+                                        + margins.right())
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:  # Appearance > Font size
+            self._cap_reading_width()
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
         """Ctrl+Enter and Esc typed in the prompt box, also when the window-level shortcuts do not see them."""

@@ -116,3 +116,69 @@ def test_the_theme_can_follow_the_desktop_and_the_font_size_is_a_setting(themed,
     assert themed.font().pointSize() == 15 and themed.palette().color(QPalette.ColorRole.Window) == QColor("#2b2b2b")
     theme.set_font_size(themed, 0)
     assert themed.font().pointSize() == desktop
+
+
+# ---- layout at small and wide window sizes (item 19)
+
+
+@pytest.fixture
+def harness(qtbot, data_dir):  # noqa: F811
+    from app_fakes import FakeApi
+    from test_window import Harness
+
+    h = Harness(qtbot, FakeApi())
+    yield h
+    h.close()
+
+
+def _resize(qtbot, window, w, h):
+    window.resize(w, h)
+    qtbot.waitUntil(lambda: window.width() == w and window.height() == h, timeout=2000)
+    QApplication.processEvents()
+
+
+def test_a_small_window_hides_the_graphs_so_the_transcript_keeps_its_height(harness, qtbot):
+    w = harness.window
+    harness.load()
+    _resize(qtbot, w, 1280, 820)
+    assert w.graphs_dock.isVisible()
+    _resize(qtbot, w, 1024, 700)
+    assert not w.graphs_dock.isVisible() and not w.graphs_dock.toggleViewAction().isChecked()
+    assert w.chat.scroll.height() >= 450  # it was ~270 px here with the graphs dock open
+    _resize(qtbot, w, 1280, 820)
+    assert w.graphs_dock.isVisible()  # hidden for the size, so back with the size
+    _resize(qtbot, w, 1024, 700)
+    w.graphs_dock.toggleViewAction().trigger()  # the user asks for the graphs in a small window: they stay
+    _resize(qtbot, w, 1000, 690)
+    assert w.graphs_dock.isVisible()
+
+
+def test_the_graphs_hidden_for_a_small_window_are_saved_as_shown(harness, qtbot):
+    w = harness.window
+    _resize(qtbot, w, 1024, 700)
+    assert w.graphs_dock.isHidden()
+    w.close()
+    from app.main_window import MainWindow
+
+    again = MainWindow(harness.settings, harness.store, harness.worker)
+    qtbot.addWidget(again)
+    again.show()
+    _resize(qtbot, again, 1280, 820)
+    assert again.graphs_dock.isVisible()
+
+
+def test_messages_keep_a_reading_width_in_a_wide_window(harness, qtbot):
+    from app.views.chat_view import READING_CHARS
+
+    w = harness.window
+    harness.load()
+    harness.send("Hello")
+    _resize(qtbot, w, 1920, 1080)
+    viewport, column = w.chat.scroll.viewport(), w.chat.transcript
+    cap = w.chat.fontMetrics().averageCharWidth() * READING_CHARS + 40
+    assert column.width() <= cap < viewport.width() - 200
+    left, right = column.x(), viewport.width() - column.x() - column.width()
+    assert abs(left - right) <= 2  # centred
+    assert all(m.width() <= column.width() for m in w.chat.widgets)
+    _resize(qtbot, w, 1280, 820)
+    assert column.width() >= viewport.width() - 2  # at the default size the column still fills the transcript
