@@ -93,6 +93,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def claim_out_dir(out: Path) -> int:
+    """Hold an exclusive flock on `out`/run.lock for the life of this process (the descriptor returned), so a second
+    run started on the same folder stops at once instead of writing the same checkpoint."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / "run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"error: --out {out}: another train_demo run is using this folder (it holds "
+                         f"{out / 'run.lock'}); wait for it, or stop it, before starting again") from None
+    return fd
+
+
 def lock_is_held(path: Path) -> bool:
     """Whether another process holds a flock (shared or exclusive) on `path`: probe with a non-blocking exclusive lock
     on a fresh descriptor and release it at once. A missing file is never held."""
@@ -336,7 +350,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
+    claim_out_dir(args.out)  # held until the process exits
     log = open(args.out / "train.log", "a", buffering=1)
 
     def say(msg: str) -> None:

@@ -45,6 +45,16 @@ def test_lock_is_held_only_while_another_holder_has_it(td, tmp_path):
         os.close(fd)
 
 
+def test_a_second_run_on_the_same_folder_stops(td, tmp_path):
+    fd = td.claim_out_dir(tmp_path / "run")
+    try:
+        with pytest.raises(SystemExit, match="another train_demo run"):
+            td.claim_out_dir(tmp_path / "run")
+    finally:
+        os.close(fd)
+    os.close(td.claim_out_dir(tmp_path / "run"))  # free again once the first run is gone
+
+
 def test_wait_while_locked_returns_when_the_holder_lets_go(td, tmp_path):
     lock = tmp_path / "bench.lock"
     lock.touch()
