@@ -293,6 +293,21 @@ def test_drop_a_model_file_inspects_it_and_shows_the_fit(harness, qtbot, tmp_pat
     assert w.model_panel.load_button.isEnabled()
 
 
+def test_the_fit_follows_the_backend_and_context_settings(harness, qtbot, tmp_path):
+    """Changing the backend or the context length sizes the chosen model's load again (its packed copy, its KV)."""
+    w = harness.window
+    model = tmp_path / "chosen.gguf"
+    model.write_bytes(b"GGUF")
+    with qtbot.waitSignal(harness.worker.inspected, timeout=5000):
+        w.model_panel.choose(str(model))
+    with qtbot.waitSignal(harness.worker.inspected, timeout=5000):
+        harness.settings.set("model/context_length", 8192)
+    assert harness.api.inspected_for == (8192, harness.settings.get("model/backend"))
+    with qtbot.waitSignal(harness.worker.inspected, timeout=5000):
+        harness.settings.set("model/backend", "Reference")
+    assert harness.api.inspected_for == (8192, "Reference")
+
+
 def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypatch):
     from app.fit import estimate
 
