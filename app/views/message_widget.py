@@ -164,6 +164,7 @@ class MessageWidget(QFrame):
         layout.addWidget(self.body)
         self.footer = QLabel()
         self.footer.setStyleSheet("color: gray; font-size: 11px;")
+        self.footer.setWordWrap(True)  # one long line would set the card's minimum width: clipped in a narrow window
         self.footer.setAccessibleName("Message statistics")
         layout.addWidget(self.footer)
         self.update_message(message)

@@ -182,3 +182,15 @@ def test_messages_keep_a_reading_width_in_a_wide_window(harness, qtbot):
     assert all(m.width() <= column.width() for m in w.chat.widgets)
     _resize(qtbot, w, 1280, 820)
     assert column.width() >= viewport.width() - 2  # at the default size the column still fills the transcript
+
+
+def test_messages_fit_the_transcript_of_a_narrow_window(harness, qtbot):
+    w = harness.window
+    harness.load()
+    harness.send("Hello")
+    _resize(qtbot, w, 1024, 700)
+    viewport = w.chat.scroll.viewport()
+    assert w.chat.transcript.width() <= viewport.width()  # nothing clipped on the right
+    for m in w.chat.widgets:
+        assert m.minimumSizeHint().width() <= viewport.width() and m.geometry().right() <= viewport.width()
+        assert m.footer.isHidden() or m.footer.geometry().right() <= m.width()
