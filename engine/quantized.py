@@ -186,8 +186,13 @@ _CHECK_CHUNK_BLOCKS = 1 << 22  # blocks per step of the scale check (a few MB of
 
 def check_scales(raw: np.ndarray, qtype: T, subject: str, tensor: str) -> None:
     """Refuse a quantized tensor whose f16 block scales hold NaN or Inf: ModelFormatError naming the file (`subject`),
-    the tensor and the first bad block. Vectorised over the blocks; reads only the scale bytes."""
+    the tensor and the first bad block (counted over the whole tensor). A type the native kernels read is scanned by
+    `quant_validate` on the dense pool (one multithreaded pass: 0.07 s for a 1.9 GB file whose pages are in memory,
+    against 0.35 s for the numpy gather below, which at 48 layers was most of a warm load); the numpy pass runs for the
+    other types, and to name the block when the native scan finds one."""
     if qtype not in SCALE_OFFSETS:
+        return
+    if qtype in DENSE_BLOCK_TYPES and _native_scan_is_clean(raw, qtype, tensor):
         return
     size = quants.type_size(qtype)
     blocks = raw.reshape(-1, size)  # [N, block bytes]
@@ -202,3 +207,14 @@ def check_scales(raw: np.ndarray, qtype: T, subject: str, tensor: str) -> None:
                     subject,
                     f"tensor {tensor}: block {b} has a NaN or Inf scale ({qtype.name}); the file is damaged",
                 )
+
+
+def _native_scan_is_clean(raw: np.ndarray, qtype: T, tensor: str) -> bool:
+    from engine import native
+    from engine.dense import dense_pool
+
+    try:
+        native.quant_validate(qtype, raw, tensor, dense_pool())
+    except ValueError:  # a non-finite scale (or a shape the native check reads differently): the numpy pass names it
+        return False
+    return True
