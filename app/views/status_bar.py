@@ -70,7 +70,7 @@ class TesseraStatusBar(QStatusBar):
                 self.speed_label]
 
     def set_memory(self, rss_bytes: int) -> None:
-        self.memory_label.setText(f"{rss_bytes / 1024**3:.2f} GiB used")
+        self.memory_label.setText(f"{rss_bytes / 1e9:.2f} GB used")  # GB, as every RAM figure the app shows
 
     def set_speed(self, decode_tok_s: float, prefill_tok_s: float = 0.0) -> None:
         text = f"{decode_tok_s:.1f} tok/s"

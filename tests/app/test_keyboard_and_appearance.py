@@ -194,3 +194,8 @@ def test_messages_fit_the_transcript_of_a_narrow_window(harness, qtbot):
     for m in w.chat.widgets:
         assert m.minimumSizeHint().width() <= viewport.width() and m.geometry().right() <= viewport.width()
         assert m.footer.isHidden() or m.footer.geometry().right() <= m.width()
+
+
+def test_memory_used_is_in_the_unit_of_every_other_ram_figure(harness):
+    harness.window.status.set_memory(2_500_000_000)
+    assert harness.window.status.memory_label.text() == "2.50 GB used"  # the fit and the hardware report say GB
