@@ -37,7 +37,7 @@ void dot_rows_n(const uint8_t* u, const float* a4, const float* b16, int64_t K, 
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
   for (int64_t c = 0; c < Kp / 32; ++c) {
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * c));
-    const __m256 dx = _mm256_loadu_ps(x.d4 + 8 * c);
+    const __m256 dx = _mm256_set1_ps(x.d256[c / 8]);
     for (int r = 0; r < R; ++r) {
       const __m256i uv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + r * Kp + 32 * c));
       __m256i p16;

@@ -1,7 +1,9 @@
-// Quantized kernels, AVX-512 VNNI: one vpdpbusd per 64 codes x 64 int8 activations (u8 x s8 -> 16 int32 lanes of 4
-// products, exact), converted to f32 and multiplied into the accumulator with A * dx per lane; the B terms (mins,
-// code offsets) are one fnmadd per 16 groups. R rows share each activation load. AVX-512F/BW/VL/DQ + VNNI code
-// between the ISA markers only (isa_target.h); the unpacking and activation quantization come from quant_body.inc.
+// Quantized kernels, AVX-512 VNNI. Activations are int8 with one f32 scale per 256 values (quant_kernels.h), so the
+// K-quants and IQ4_XS apply their integer sub-scales to integer dots (vpmaddubsw + vpdpwssd, exact in int32) and keep
+// one f32 multiply-add per 256 values; Q8_0 / Q4_0 (f32 scale per 32) keep one vpdpbusd + one FMA per 64 codes.
+// Decode and prefill read the file's blocks directly (dot_direct); the 4-row tile (dot_rows) is the generic path.
+// AVX-512F/BW/VL/DQ + VNNI code between the ISA markers only (isa_target.h); the unpacking and activation
+// quantization come from quant_body.inc.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -29,7 +31,7 @@ void dot_rows_n(const uint8_t* u, const float* a4, const float* b16, int64_t K, 
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t c = 0; c < Kp / 64; ++c) {
     const __m512i xq = _mm512_loadu_si512(x.q + 64 * c);
-    const __m512 dx = _mm512_loadu_ps(x.d4 + 16 * c);
+    const __m512 dx = _mm512_set1_ps(x.d256[c / 4]);
     for (int r = 0; r < R; ++r) {
       const __m512i p = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(u + r * Kp + 64 * c), xq);
       const __m512 ad = _mm512_mul_ps(_mm512_loadu_ps(a4 + r * K4 + 16 * c), dx);
@@ -54,16 +56,15 @@ void dot_rows_avx512(const uint8_t* u, const float* a4, const float* b16, int R,
 }
 
 
-// ---- Direct path: codes and scales of 256 values at a time ("super-chunk": one K-quant super-block, or 8 blocks of
-// Q8_0/Q4_0) decoded from the file's blocks into registers, then every token of the block passes over them. Same codes
-// and the same f32 A/B values as unpack_row_body (each A = d * sc is one IEEE multiply in both), so the results equal
-// the tile path's up to f32 summation order.
-struct SuperChunk {
-  __m512i u[4];  // codes of chunk c (64 values)
-  __m512 a[4];   // A per vpdpbusd lane of chunk c
-  __m512 b;      // B per 16-group
-  int nc;        // chunks present (block-32 types: fewer at the end of a row whose K is not a multiple of 256)
-};
+// ---- Direct path: the codes and scales of 256 values at a time (one K-quant super-block, or 8 blocks of Q8_0/Q4_0)
+// decoded from the file's blocks into registers, then every token (one activation block of 256 values, one dx) passes
+// over them. Same codes and scales as unpack_row_body; only the f32 rounding order differs from the tile path.
+//
+// K-quants and IQ4_XS: integer sub-scales (llama.cpp's scheme). Per 64 codes, vpmaddubsw (u8 code x s8 activation ->
+// 32 int16 pair sums, no saturation: codes <= 63, |IQ4_XS code| <= 127) and vpdpwssd by the int16 sub-scale of each
+// pair accumulate the super-block's sum(sc * code * q) exactly in int32; then one int32 -> f32 conversion and one FMA
+// with d * dx per 256 values, and for the B terms one vpmaddwd of the 16 per-16 multipliers by the activation's
+// int16 per-16 sums. Block-32 types (f32 scale per 32 values) keep vpdpbusd and one f32 FMA per 64 codes.
 
 inline __m512i lane_div(int shift) {  // lane l -> l >> shift
   return _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
@@ -73,26 +74,51 @@ inline float f16(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
+inline float hsum256(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
 inline __m512i cat(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-
-// A16 (per 16-group) -> per-lane A of the four chunks.
-inline void spread_groups(__m512 a16, SuperChunk& s) {
-  const __m512i q = lane_div(2);
-  for (int c = 0; c < 4; ++c) s.a[c] = _mm512_permutexvar_ps(_mm512_add_epi32(q, _mm512_set1_epi32(4 * c)), a16);
+inline __m512i epi16_index(int per_lane_shift, int add) {  // int16 lane i -> (i >> per_lane_shift) + add
+  const __m512i i = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+                                     11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_add_epi16(_mm512_srli_epi16(i, per_lane_shift), _mm512_set1_epi16(short(add)));
 }
 
+// Decode reads one row after the other (one sequential stream per thread: two rows interleaved, even as two
+// sequential streams, measured slower on Zen 4) and prefetches this far ahead, into the next rows of the stream.
+constexpr int kPrefetchBytes = 3072;
+__attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* p, int bytes) {
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), _MM_HINT_T0);
+}
+
+// Block-32 super-chunk: codes, f32 A per vpdpbusd lane, B per 16-group.
+struct Chunk32 {
+  __m512i u[4];
+  __m512 a[4];
+  __m512 b;
+  int nc;  // chunks present (fewer at the end of a row whose K is not a multiple of 256)
+};
+
+// `scale` multiplies A (decode folds the token's dx in here; B pairs with s16, which has dx already).
 template <QType t>
-__attribute__((always_inline)) inline void load_block32(const uint8_t* row, int64_t K, int64_t sb, SuperChunk& s) {
+__attribute__((always_inline)) inline void load_block32(const uint8_t* row, int64_t K, int64_t sb, float scale,
+                                                        Chunk32& s) {
   const int bytes = t == QType::Q8_0 ? 34 : 18;
   const int64_t b0 = 8 * sb, nblk = std::min<int64_t>(8, K / 32 - b0);
-  alignas(16) uint16_t dh[8] = {0};  // the blocks' f16 scales, converted together (vcvtph2ps: exact)
-  const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(char(0x80));
+  const uint8_t* base = row + b0 * bytes;
+  uint64_t dh[2] = {0, 0};  // the blocks' f16 scales packed in GPRs, converted together (vcvtph2ps: exact)
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
   __m256i code[8];
   auto one = [&](int j) {
-    const uint8_t* blk = row + (b0 + j) * bytes;
-    std::memcpy(&dh[j], blk, 2);
+    const uint8_t* blk = base + j * bytes;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    dh[j / 4] |= uint64_t(h) << (16 * (j % 4));
     if (t == QType::Q8_0) {
-      code[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
+      code[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     } else {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
       code[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
@@ -106,39 +132,57 @@ __attribute__((always_inline)) inline void load_block32(const uint8_t* row, int6
     }
   }
   s.nc = int((nblk + 1) / 2);
-  const __m512 dv = _mm512_insertf32x8(_mm512_setzero_ps(),
-                                        _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))), 0);
-  const __m512i l8 = lane_div(3);
   for (int c = 0; c < 4; ++c) {
-    s.u[c] = cat(code[2 * c], code[2 * c + 1]);
-    s.a[c] = _mm512_permutexvar_ps(_mm512_add_epi32(l8, _mm512_set1_epi32(2 * c)), dv);
+    const __m512i v = cat(code[2 * c], code[2 * c + 1]);
+    s.u[c] = t == QType::Q8_0 ? _mm512_xor_si512(v, flip) : v;  // Q8_0: u = q + 128
   }
+  const __m256 d = _mm256_cvtph_ps(_mm_set_epi64x(int64_t(dh[1]), int64_t(dh[0])));
+  const __m512 dv = _mm512_castps256_ps512(d);
+  const __m512 av = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_set1_ps(scale)));
+  const __m512i l8 = lane_div(3);
+  for (int c = 0; c < 4; ++c) s.a[c] = _mm512_permutexvar_ps(_mm512_add_epi32(l8, _mm512_set1_epi32(2 * c)), av);
   s.b = _mm512_mul_ps(_mm512_set1_ps(t == QType::Q8_0 ? 128.0f : 8.0f), _mm512_permutexvar_ps(lane_div(1), dv));
 }
 
+// K-quant / IQ4_XS super-block for the integer path: out += dx * (d * sum_c sc[c] . maddubs(u[c], q) - dm * m16 . bs16)
+struct SuperInt {
+  __m512i u[4];      // codes of values 64c .. 64c + 63 (IQ4_XS: |code|)
+  __m512i sc[4];     // int16 sub-scale of each int16 lane of maddubs(u[c], q)
+  __m256i m16;       // int16 B multiplier per 16-group (Q4_K/Q5_K: min; Q6_K: sub-scale)
+  __mmask64 neg[4];  // IQ4_XS: the values whose code is negative (their activation is negated)
+  float d, dm;
+};
+
 template <QType t>
-__attribute__((always_inline)) inline void load_kquant(const uint8_t* row, int64_t sb, SuperChunk& s) {
-  s.nc = 4;
+constexpr bool has_b() { return t != QType::IQ4_XS; }
+
+template <QType t>
+__attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_t sb, SuperInt& s) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   switch (t) {
     case QType::Q4_K:
     case QType::Q5_K: {
       const bool five = t == QType::Q5_K;
       const uint8_t* blk = row + sb * (five ? 176 : 144);
-      uint32_t ut[4];
-      std::memcpy(ut, blk + 4, 12);
+      // ggml's unpacking of the 12 scale bytes (get_scale_min_k4, 4 at a time): sub-scales 0-7, then mins 0-7.
+      uint64_t s01;
+      uint32_t s2;
+      std::memcpy(&s01, blk + 4, 8);
+      std::memcpy(&s2, blk + 12, 4);
       const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-      ut[3] = ((ut[2] >> 4) & k2) | (((ut[1] >> 6) & k3) << 4);
-      const uint32_t aux = ut[1] & k1;
-      ut[1] = (ut[2] & k2) | (((ut[0] >> 6) & k3) << 4);
-      ut[2] = aux;
-      ut[0] &= k1;  // bytes 0-7: sub-scales, 8-15: mins
-      const __m512 sm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ut))));
-      const __m512i dup = lane_div(1);
-      const __m512 a16 = _mm512_mul_ps(_mm512_set1_ps(f16(blk)), _mm512_permutexvar_ps(dup, sm));
-      s.b = _mm512_mul_ps(_mm512_set1_ps(f16(blk + 2)),
-                          _mm512_permutexvar_ps(_mm512_add_epi32(dup, _mm512_set1_epi32(8)), sm));
-      spread_groups(a16, s);
+      const uint32_t u0 = uint32_t(s01), u1 = uint32_t(s01 >> 32);
+      const uint64_t sc = uint64_t(u0 & k1) | uint64_t((s2 & k2) | (((u0 >> 6) & k3) << 4)) << 32;
+      const uint64_t mn = uint64_t(u1 & k1) | uint64_t(((s2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) << 32;
+      const __m512i sm = _mm512_broadcast_i32x4(_mm_set_epi64x(int64_t(mn), int64_t(sc)));
+      // int16 lane -> byte (index, 0): chunk c holds sub-blocks 2c (int16 lanes 0-15) and 2c + 1 (16-31).
+      for (int c = 0; c < 4; ++c) s.sc[c] = _mm512_shuffle_epi8(sm, _mm512_or_si512(epi16_index(4, 2 * c), _mm512_set1_epi16(short(0x8000))));
+      s.m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(sm),
+                                  _mm256_setr_epi16(short(0x8008), short(0x8008), short(0x8009), short(0x8009),
+                                                    short(0x800A), short(0x800A), short(0x800B), short(0x800B),
+                                                    short(0x800C), short(0x800C), short(0x800D), short(0x800D),
+                                                    short(0x800E), short(0x800E), short(0x800F), short(0x800F)));
+      s.d = f16(blk);
+      s.dm = f16(blk + 2);
       const uint8_t* qs = blk + (five ? 48 : 16);
       const __m256i qh = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
       const __m256i one = _mm256_set1_epi8(1);
@@ -155,97 +199,174 @@ __attribute__((always_inline)) inline void load_kquant(const uint8_t* row, int64
     }
     case QType::Q6_K: {
       const uint8_t* blk = row + sb * 210;
-      const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
-      const __m512 a16 = _mm512_mul_ps(_mm512_set1_ps(f16(blk + 208)), sc);
-      s.b = _mm512_mul_ps(_mm512_set1_ps(32.0f), a16);
-      spread_groups(a16, s);
-      const __m512i m4z = _mm512_set1_epi8(0x0F);
-      const __m256i m3 = _mm256_set1_epi8(3);
-      for (int c = 0; c < 4; ++c) {
-        const int h = c / 2, sh = 4 * (c % 2);
-        const __m512i l = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(blk + 64 * h), sh), m4z);
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-        const __m512i hb = cat(_mm256_and_si256(_mm256_srli_epi16(q, sh), m3), _mm256_and_si256(_mm256_srli_epi16(q, sh + 2), m3));
-        s.u[c] = _mm512_or_si512(l, _mm512_slli_epi16(hb, 4));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+      s.m16 = sc16;  // B = 32 A: the B multiplier is the sub-scale, dm = 32 d
+      for (int c = 0; c < 4; ++c) s.sc[c] = _mm512_permutexvar_epi16(epi16_index(3, 4 * c), _mm512_castsi256_si512(sc16));
+      s.d = f16(blk + 208);
+      s.dm = 32.0f * s.d;
+      // Half h: ql[64h + l] low nibble = value 128h + l, high = 128h + 64 + l (l < 64); the 2 high bits of value
+      // 128h + 32k + l (l < 32, k < 4) are bits 2k, 2k + 1 of qh[32h + l]. qh is broadcast to both 256-bit halves and
+      // the upper half shifted by 2, so one shift serves k = 0/1 (chunk 2h) and another k = 2/3 (chunk 2h + 1).
+      const __m512i m4z = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+      const __m512i half_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i hb = _mm512_srlv_epi16(
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h))), half_shift);
+        // a | (b & c): imm 0xF8
+        s.u[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, m4z), _mm512_slli_epi16(hb, 4), m30, 0xF8);
+        s.u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4z), hb, m30, 0xF8);
       }
       break;
     }
-    default: {  // IQ4_XS
+    default: {  // IQ4_XS: sub-block ib: ls = ((scales_l >> 4 ib) & 15) | ((scales_h >> 2 ib) & 3) << 4, all 8 at once
       const uint8_t* blk = row + sb * 136;
-      uint32_t sl;  // sub-block ib: ls = ((scales_l >> 4 ib) & 15) | ((scales_h >> 2 ib) & 3) << 4, all 8 at once
+      uint32_t sl;
       std::memcpy(&sl, blk + 4, 4);
       const int sh = int(blk[2]) | int(blk[3]) << 8;
       const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(sl)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                           _mm256_set1_epi32(0xF));
       const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
                                           _mm256_set1_epi32(3));
-      const __m256 ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
-      const __m512 a16 = _mm512_mul_ps(_mm512_set1_ps(f16(blk)),
-                                       _mm512_permutexvar_ps(lane_div(1), _mm512_castps256_ps512(ls)));
-      s.b = _mm512_mul_ps(_mm512_set1_ps(128.0f), a16);
-      spread_groups(a16, s);
-      alignas(16) static const uint8_t tab[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};  // kIQ4Values + 128
+      const __m128i ls = _mm256_cvtepi32_epi16(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+      for (int c = 0; c < 4; ++c) s.sc[c] = _mm512_permutexvar_epi16(epi16_index(4, 2 * c), _mm512_castsi128_si512(ls));
+      s.m16 = _mm256_setzero_si256();
+      s.d = f16(blk);
+      s.dm = 0.0f;
+      alignas(16) static const int8_t tab[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};  // |kIQ4Values|
       const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tab)));
-      const __m512i order = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+      const __m512i half_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+      const __m512i m4z = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 + 32 * c));
-        const __m512i nib = _mm512_permutex2var_epi64(_mm512_castsi256_si512(_mm256_and_si256(v, m4)), order,
-                                                      _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+        // qs[32c .. 32c + 31] in both halves; the upper half's high nibbles: 128-bit lanes = block 2c values 0-15,
+        // block 2c + 1 values 0-15, block 2c values 16-31, block 2c + 1 values 16-31 -> natural order (0, 2, 1, 3).
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 + 32 * c)));
+        __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(v, half_shift), m4z);
+        nib = _mm512_shuffle_i64x2(nib, nib, _MM_SHUFFLE(3, 1, 2, 0));
         s.u[c] = _mm512_shuffle_epi8(table, nib);
+        s.neg[c] = _mm512_testn_epi8_mask(nib, eight);  // kIQ4Values[i] < 0 for i < 8
       }
       break;
     }
   }
 }
 
+// The integer sum of one super-block against one token's 256 activations.
 template <QType t>
-void dot_direct_t(const uint8_t* row, int64_t K, const ActRow* xs, int nt, float* out) {
-  constexpr bool block32 = t == QType::Q8_0 || t == QType::Q4_0;
-  const int64_t nsb = (K + 255) / 256;
-  const __m512i zero = _mm512_setzero_si512();
-  SuperChunk s;
-  if (nt == 1) {  // decode: four independent accumulators keep the FMA chain short
+__attribute__((always_inline)) inline __m512i dot_super(const SuperInt& s, const int8_t* q) {
+  __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int c = 0; c < 4; ++c) {
+    __m512i xq = _mm512_loadu_si512(q + 64 * c);
+    if (t == QType::IQ4_XS) xq = _mm512_mask_sub_epi8(xq, s.neg[c], _mm512_setzero_si512(), xq);
+    acc[c & 1] = _mm512_dpwssd_epi32(acc[c & 1], _mm512_maddubs_epi16(s.u[c], xq), s.sc[c]);
+  }
+  return _mm512_add_epi32(acc[0], acc[1]);
+}
+
+// acc += d dx * dot; macc += dm dx * (m16 . bs16) for super-block sb of token x.
+template <QType t>
+__attribute__((always_inline)) inline void accumulate_super(const SuperInt& s, const ActRow& x, int64_t sb, __m512& acc,
+                                                            __m256& macc) {
+  const float dx = x.d256[sb];
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_super<t>(s, x.q + 256 * sb)), _mm512_set1_ps(s.d * dx), acc);
+  if (has_b<t>()) {
+    const __m256i m = _mm256_madd_epi16(s.m16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs16 + 16 * sb)));
+    macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(s.dm * dx), macc);
+  }
+}
+
+template <QType t>
+void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t nsb = K / 256;
+  if (nt == 1) {  // decode
     const ActRow& x = xs[0];
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      if (block32) load_block32<t>(row, K, sb, s); else load_kquant<t>(row, sb, s);
-      for (int c = 0; c < s.nc; ++c) {
-        const int64_t ch = 4 * sb + c;
-        const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 64 * ch));
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s.a[c], _mm512_loadu_ps(x.d4 + 16 * ch)), acc[c]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + size_t(r) * row_bytes;
+      __m512 acc = _mm512_setzero_ps();
+      __m256 macc = _mm256_setzero_ps();
+      const int sbb = int(row_bytes / nsb);
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        prefetch_ahead(row + sb * sbb, sbb);
+        SuperInt s;
+        load_super<t>(row, sb, s);
+        accumulate_super<t>(s, x, sb, acc, macc);
       }
-      acc[0] = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb), acc[0]);
+      out[r] = _mm512_reduce_add_ps(acc) - hsum256(macc);
     }
-    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
     return;
   }
   alignas(64) __m512 acc[kTokenBlock];
-  for (int i = 0; i < nt; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    if (block32) load_block32<t>(row, K, sb, s); else load_kquant<t>(row, sb, s);
+  alignas(32) __m256 macc[kTokenBlock];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* row = w + size_t(r) * row_bytes;
     for (int i = 0; i < nt; ++i) {
-      const ActRow& x = xs[i];
-      __m512 a0 = acc[i], a1 = _mm512_setzero_ps();
-      for (int c = 0; c < s.nc; ++c) {
-        const int64_t ch = 4 * sb + c;
-        const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 64 * ch));
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(p), _mm512_loadu_ps(x.d4 + 16 * ch));
-        if (c & 1) a1 = _mm512_fmadd_ps(f, s.a[c], a1); else a0 = _mm512_fmadd_ps(f, s.a[c], a0);
-      }
-      acc[i] = _mm512_add_ps(_mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb), a0), a1);
+      acc[i] = _mm512_setzero_ps();
+      macc[i] = _mm256_setzero_ps();
     }
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      SuperInt s;
+      load_super<t>(row, sb, s);
+      for (int i = 0; i < nt; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
+    }
+    for (int i = 0; i < nt; ++i) out[r * nt + i] = _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]);
   }
-  for (int i = 0; i < nt; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
-void dot_direct_avx512(QType t, const uint8_t* row, int64_t K, const ActRow* xs, int nt, float* out) {
+template <QType t>
+void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t nsb = (K + 255) / 256;
+  const __m512i zero = _mm512_setzero_si512();
+  if (nt == 1) {  // decode: dx folded into A
+    const ActRow& x = xs[0];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + size_t(r) * row_bytes;
+      __m512 acc = _mm512_setzero_ps();
+      const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        prefetch_ahead(row + sb * sbb, sbb);
+        Chunk32 s;
+        load_block32<t>(row, K, sb, x.d256[sb], s);
+        acc = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb), acc);
+        for (int c = 0; c < s.nc; ++c) {
+          const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
+          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], acc);
+        }
+      }
+      out[r] = _mm512_reduce_add_ps(acc);
+    }
+    return;
+  }
+  alignas(64) __m512 acc[kTokenBlock];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* row = w + size_t(r) * row_bytes;
+    for (int i = 0; i < nt; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      Chunk32 s;
+      load_block32<t>(row, K, sb, 1.0f, s);
+      for (int i = 0; i < nt; ++i) {
+        const ActRow& x = xs[i];
+        __m512 f = _mm512_setzero_ps();
+        for (int c = 0; c < s.nc; ++c) {
+          const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
+          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], f);
+        }
+        acc[i] = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb),
+                                  _mm512_fmadd_ps(f, _mm512_set1_ps(x.d256[sb]), acc[i]));
+      }
+    }
+    for (int i = 0; i < nt; ++i) out[r * nt + i] = _mm512_reduce_add_ps(acc[i]);
+  }
+}
+
+void dot_direct_avx512(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                       float* out) {
   switch (t) {
-    case QType::Q8_0: dot_direct_t<QType::Q8_0>(row, K, xs, nt, out); break;
-    case QType::Q4_0: dot_direct_t<QType::Q4_0>(row, K, xs, nt, out); break;
-    case QType::Q4_K: dot_direct_t<QType::Q4_K>(row, K, xs, nt, out); break;
-    case QType::Q5_K: dot_direct_t<QType::Q5_K>(row, K, xs, nt, out); break;
-    case QType::Q6_K: dot_direct_t<QType::Q6_K>(row, K, xs, nt, out); break;
-    case QType::IQ4_XS: dot_direct_t<QType::IQ4_XS>(row, K, xs, nt, out); break;
+    case QType::Q8_0: dot_direct_32<QType::Q8_0>(w, row_bytes, R, K, xs, nt, out); break;
+    case QType::Q4_0: dot_direct_32<QType::Q4_0>(w, row_bytes, R, K, xs, nt, out); break;
+    case QType::Q4_K: dot_direct_int<QType::Q4_K>(w, row_bytes, R, K, xs, nt, out); break;
+    case QType::Q5_K: dot_direct_int<QType::Q5_K>(w, row_bytes, R, K, xs, nt, out); break;
+    case QType::Q6_K: dot_direct_int<QType::Q6_K>(w, row_bytes, R, K, xs, nt, out); break;
+    case QType::IQ4_XS: dot_direct_int<QType::IQ4_XS>(w, row_bytes, R, K, xs, nt, out); break;
   }
 }
 

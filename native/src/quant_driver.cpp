@@ -20,7 +20,7 @@ using quant::kTokenBlock;
 using quant::padded_k;
 using quant::padded_s16;
 
-constexpr int64_t kRowGroup = 32;   // rows per task: 8 tiles
+using quant::kRowGroup;  // rows per task: 8 tiles
 constexpr int64_t kMoeChunk = 256;  // tokens per MoE pass (bounds the per-slot scratch)
 
 const Kernels& kernels_for(QIsa isa) {
@@ -31,22 +31,27 @@ const Kernels& kernels_for(QIsa isa) {
   }
 }
 
-// Quantized activations of n rows of K values.
+// Quantized activations of n rows of K values (quant_kernels.h: Q8_K-style, one scale per 256).
 struct Acts {
-  int64_t K = 0, Kp = 0, S16 = 0;
+  int64_t K = 0, Kq = 0, S16 = 0;
   std::vector<int8_t> q;
-  std::vector<float> d4, s16;
+  std::vector<float> d256, s16;
+  std::vector<int16_t> bs16;
   void resize(int64_t n, int64_t k) {
     K = k;
-    Kp = padded_k(k);
+    Kq = quant::padded_k256(k);
     S16 = padded_s16(k);
-    q.resize(size_t(n * Kp));
-    d4.resize(size_t(n * Kp / 4));
+    q.resize(size_t(n * Kq));
+    d256.resize(size_t(n * Kq / 256));
+    bs16.resize(size_t(n * S16));
     s16.resize(size_t(n * S16));
   }
-  ActRow row(int64_t i) const { return {q.data() + i * Kp, d4.data() + i * (Kp / 4), s16.data() + i * S16}; }
+  ActRow row(int64_t i) const {
+    return {q.data() + i * Kq, d256.data() + i * (Kq / 256), bs16.data() + i * S16, s16.data() + i * S16};
+  }
   void quantize(const Kernels& kr, int64_t i, const float* x) {
-    kr.quantize_row(x, K, q.data() + i * Kp, d4.data() + i * (Kp / 4), s16.data() + i * S16);
+    kr.quantize_row(x, K, q.data() + i * Kq, d256.data() + i * (Kq / 256), bs16.data() + i * S16,
+                    s16.data() + i * S16);
   }
 };
 
@@ -95,12 +100,12 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
     if (kr.dot_direct) {
       ActRow xs[kTokenBlock];
-      float res[kTokenBlock];
+      float res[kRowGroup * kTokenBlock];  // [row, token]
+      const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
       for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
-      for (int64_t n = rg * kRowGroup; n < n_end; ++n) {
-        kr.dot_direct(a.type, a.w + n * a.row_bytes, a.K, xs, int(t1 - t0), res);
-        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + n] = res[t - t0];
-      }
+      kr.dot_direct(a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K, xs, nt, res);
+      for (int r = 0; r < R; ++r)
+        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
       return;
     }
     Tile& tile = tiles[ith];
@@ -155,14 +160,16 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
       if (kr.dot_direct) {
         ActRow xs[kTokenBlock];
-        float g[kTokenBlock], u[kTokenBlock];
+        float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);
+        const int64_t i0 = rg * kRowGroup;
+        const int R = int(std::min(I, i0 + kRowGroup) - i0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
-        for (int64_t i = rg * kRowGroup; i < std::min(I, (rg + 1) * kRowGroup); ++i) {
-          kr.dot_direct(a.gate.type, a.gate.w + (e * I + i) * a.gate.row_bytes, H, xs, nt, g);
-          kr.dot_direct(a.up.type, a.up.w + (e * I + i) * a.up.row_bytes, H, xs, nt, u);
-          for (int64_t s = s0; s < s1; ++s) act[size_t(sl[size_t(s)] * I + i)] = silu(g[s - s0]) * u[s - s0];
-        }
+        kr.dot_direct(a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
+        kr.dot_direct(a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
+        for (int r = 0; r < R; ++r)
+          for (int64_t s = s0; s < s1; ++s)
+            act[size_t(sl[size_t(s)] * I + i0 + r)] = silu(g[r * nt + (s - s0)]) * u[r * nt + (s - s0)];
         return;
       }
       Tile &tg = tiles_g[ith], &tu = tiles_u[ith];
@@ -201,13 +208,14 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
       if (kr.dot_direct) {
         ActRow xs[kTokenBlock];
-        float res[kTokenBlock];
+        float res[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);
+        const int64_t h0 = rg * kRowGroup;
+        const int R = int(std::min(H, h0 + kRowGroup) - h0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
-        for (int64_t h = rg * kRowGroup; h < std::min(H, (rg + 1) * kRowGroup); ++h) {
-          kr.dot_direct(a.down.type, a.down.w + (e * H + h) * a.down.row_bytes, I, xs, nt, res);
-          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h)] = res[s - s0];
-        }
+        kr.dot_direct(a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
+        for (int r = 0; r < R; ++r)
+          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
         return;
       }
       Tile& td = tiles_d[ith];

@@ -1,16 +1,20 @@
 // Internal to the quantized kernels: the unpacked row tile, the quantized activation row, and the per-ISA kernel
 // table that quant_driver.cpp calls. See tessera/quant.h for the arithmetic.
 //
-// Padded lengths: Kp = K rounded up to 64 (one zmm of codes); S16 = Kp / 16 rounded up to 16 (one zmm of f32).
-// Padding is zero everywhere (codes, scales, activations), so it adds nothing.
+// Padded lengths: Kp = K rounded up to 64 (one zmm of codes); Kq = K rounded up to 256 (one activation block);
+// S16 = Kq / 16 (one zmm of f32 per 256 values). Padding is zero everywhere (codes, scales, activations), so it adds
+// nothing.
 //
 // Row tile (up to kTileRows rows), row r:    u   [r * Kp + i]   uint8 code of value i
 //                                            a4  [r * Kp/4 + i/4]  A of value i's group (one f32 per 4 values)
 //                                            b16 [r * S16 + i/16]  B of value i's 16-group
-// Activation row (one token):                q   [Kp] int8, d4 [Kp/4] dx of value i's 32-block, s16 [S16] dx * sum(q)
+// Activation row (one token):                q   [Kq] int8, d256 [Kq/256] dx of value i's 256-block,
+//                                            bs16 [S16] int16 sum(q) of each 16 values, s16 [S16] dx * bs16
 //
-// Lane layout: 4 consecutive values form one int32 lane of vpdpbusd (and of AVX2 maddubs + madd), so a4[i/4] and
-// d4[i/4] line up with lane i/4 and the f32 part is one multiply-add per lane.
+// Activations are llama.cpp's Q8_K scheme: one f32 scale per 256 values (the last block of a row whose K is not a
+// multiple of 256 covers the K % 256 values left), so a K-quant super-block's integer sub-scales apply to integer dots
+// and only one f32 multiply-add per 256 values remains. Lane layout of the tile: 4 consecutive values form one int32
+// lane of vpdpbusd (and of AVX2 maddubs + madd), so a4[i/4] lines up with lane i/4.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,28 +26,33 @@ namespace quant {
 
 constexpr int kTileRows = 4;
 constexpr int64_t kTokenBlock = 64;
+constexpr int64_t kRowGroup = 32;  // rows per driver task
 
 inline int64_t padded_k(int64_t K) { return (K + 63) / 64 * 64; }
-inline int64_t padded_s16(int64_t K) { return (padded_k(K) / 16 + 15) / 16 * 16; }
+inline int64_t padded_k256(int64_t K) { return (K + 255) / 256 * 256; }
+inline int64_t padded_s16(int64_t K) { return padded_k256(K) / 16; }
 
 struct ActRow {
   const int8_t* q;
-  const float* d4;
+  const float* d256;
+  const int16_t* bs16;
   const float* s16;
 };
 
 struct Kernels {
   QIsa isa;
-  // x [K] -> q [Kp], d4 [Kp/4], s16 [S16] (padding zeroed).
-  void (*quantize_row)(const float* x, int64_t K, int8_t* q, float* d4, float* s16);
+  // x [K] -> q [Kq], d256 [Kq/256], bs16 [S16], s16 [S16] (padding zeroed).
+  void (*quantize_row)(const float* x, int64_t K, int8_t* q, float* d256, int16_t* bs16, float* s16);
   // rows [0, R) of W starting at `w` (row_bytes apart) -> the tile arrays (strides Kp, Kp/4, S16; padding zeroed).
   void (*unpack_rows)(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, uint8_t* u, float* a4, float* b16);
   // out[r] = sum_i w[r, i] x[i] for r < R, one token.  wide: codes may exceed 127 (QTypeInfo::wide).
   void (*dot_rows)(const uint8_t* u, const float* a4, const float* b16, int R, int64_t K, const ActRow& x, bool wide,
                    float* out);
-  // Optional (nullptr: the driver uses unpack_rows + dot_rows): one row read straight from its blocks, codes and scales
-  // kept in registers while nt <= kTokenBlock tokens pass over each 256 values; out[i] = row . xs[i].
-  void (*dot_direct)(QType t, const uint8_t* row, int64_t K, const ActRow* xs, int nt, float* out);
+  // Optional (nullptr: the driver uses unpack_rows + dot_rows): R <= kRowGroup rows starting at `w` (row_bytes apart)
+  // read straight from their blocks, codes and scales kept in registers while nt <= kTokenBlock tokens pass over each
+  // 256 values; out[r * nt + i] = row r . xs[i]. Several rows per call: decode interleaves rows for independent chains.
+  void (*dot_direct)(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                     float* out);
 };
 
 const Kernels& kernels_reference();  // quant_ref.cpp

@@ -25,7 +25,7 @@ void dot_rows_ref(const uint8_t* u, const float* a4, const float* b16, int R, in
     for (int64_t c = 0; c < Kp / 4; ++c) {
       int32_t s = 0;
       for (int i = 0; i < 4; ++i) s += int32_t(ur[4 * c + i]) * int32_t(x.q[4 * c + i]);
-      acc += double(ar[c]) * double(x.d4[c]) * double(s);
+      acc += double(ar[c]) * double(x.d256[c / 64]) * double(s);
     }
     for (int64_t g = 0; g < S16; ++g) acc -= double(br[g]) * double(x.s16[g]);
     out[r] = float(acc);

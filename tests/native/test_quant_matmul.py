@@ -2,13 +2,14 @@
 
 Oracles nobody here wrote: gguf.quants.dequantize (llama.cpp's numpy reference) for every weight's value, and float64
 x @ W.T on those values. Tolerance against float64 (NMSE = |y - ref|^2 / |ref|^2): the kernels' only approximation
-is the activation quantization, int8 per 32 values with step dx = max|x| / 127 and round-to-nearest, an independent
-error of variance dx^2 / 12 per value. For Gaussian x the max of 32 |x| is about 2.1 sigma, so the relative error
-variance is ~(2.1 / 127)^2 / 12 = 2.3e-5 and, being independent of the weights, the output NMSE is about the same
-(measured 1e-5 to 6e-5 over the types: weights with a nonzero mean, Q4_K/Q5_K's mins, cancel part of the output).
-The bound 2e-4 leaves a factor ~4 over the worst measured case; any real defect (a wrong scale, a misplaced nibble,
-a dropped min) gives NMSE of order 1e-2 to 1. ISAs against Reference: same int8 activations, same codes and f32
-scales, exact int32 dots; only the f32 summation order differs (Reference: double), NMSE ~1e-14: bound 1e-10.
+is the activation quantization, int8 per 256 values (llama.cpp's Q8_K, test_quant_activations.py) with step
+dx = max|x| / 127 and round-to-nearest, an independent error of variance dx^2 / 12 per value. For Gaussian x the max of
+256 |x| is about 2.9 sigma, so the relative error variance is ~(2.9 / 127)^2 / 12 = 4.3e-5 and, being independent of
+the weights, the output NMSE is about the same (measured 1.7e-5 to 7.9e-5 over the types and T: weights with a nonzero
+mean, Q4_K/Q5_K's mins, cancel part of the output). The bound 2e-4 leaves a factor ~2.5 over the worst measured case;
+any real defect (a wrong scale, a misplaced nibble, a dropped min) gives NMSE of order 1e-2 to 1. ISAs against
+Reference: same int8 activations, same codes and scales, exact int32 dots; only the f32 rounding order differs
+(Reference: double), NMSE ~1e-14: bound 1e-10.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def test_matmul_against_float64_and_reference(pool, isa, qtype, T):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_heavy_tailed_activations(pool, isa, qtype):
-    """Outliers (one value per block 30x the rest, as in real hidden states) coarsen the int8 step of their block only;
-    the per-32 scale keeps the error bounded. Bound: 50x the Gaussian bound (the 30x outlier raises dx of every
+    """Outliers (one value per 32 30x the rest, as in real hidden states) coarsen the int8 step of their block only;
+    the per-block scale keeps the error bounded. Bound: 50x the Gaussian bound (the 30x outlier raises dx of every
     block)."""
     rng = np.random.default_rng(7)
     K = _K(qtype)

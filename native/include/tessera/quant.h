@@ -11,10 +11,12 @@
 //   Q8_0 u = q + 128, A = d, B = 128 d; Q4_0 u = nibble, A = d, B = 8 d; Q4_K/Q5_K u = 4/5-bit code, A = d * sc,
 //   B = dmin * m; Q6_K u = 6-bit code, A = d * sc, B = 32 A; IQ4_XS u = kvalues[nibble] + 128, A = d (ls - 32),
 //   B = 128 A. In exact arithmetic this is gguf.quants.dequantize's value.
-// - Activations are quantized per token in blocks of 32 values: f32 scale dx = max|x| / 127, int8 q = round(x / dx)
-//   (nearest even), and the per-16 sums dx * sum(q) for the B terms. Finer than llama.cpp's Q8_K (one scale per 256).
-// - out = sum_g A_g dx_g * dot_g(u, q) - sum_g B_g * dx_g sum_g(q): integer dots of 4 values (vpdpbusd lanes, exact in
-//   int32), converted to f32 and accumulated in f32 with the scales (Reference: double).
+// - Activations are quantized per token as llama.cpp's Q8_K: blocks of 256 values (the last block of a row whose K is
+//   not a multiple of 256 holds the K % 256 values left), f32 scale dx = max|x| / 127, int8 q = round(x / dx) (nearest
+//   even), and the int16 sum of every 16 q (with its f32 dx * sum) for the B terms.
+// - out = sum_g A_g dx * dot_g(u, q) - sum_g B_g * dx sum_g(q): integer dots, exact in int32, accumulated in f32 with
+//   the scales (Reference: double). The AVX-512 kernels apply the K-quants' integer sub-scales to the integer dots
+//   (one f32 multiply-add per 256 values); the f32 products d * sc are exact, so this is the same value.
 // - A row tile (4 rows x K) is unpacked into a per-thread L1 buffer (u8 codes + scales) and reused by every token of a
 //   token block (64 tokens), so prefill reads each weight block once per 64 tokens, decode once.
 #pragma once
