@@ -14,7 +14,7 @@ Where the computation happens is chosen here, never in the model:
   upcast made per call.
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
   kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
-  to int8 per 32 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
+  to int8 per 256 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
   (TESSERA_DENSE_QUANT_MAX_T overrides). Measured on the 2-core development machine (docs/BENCHMARKS.md,
   scripts/bench_quant_dense.py; Q4_K, Q6_K, Q8_0 on the 30B-A3B attention and lm_head shapes): it beats
   dequantize-per-call + torch 2-60x at T=1 and 2-9x at T=16; from T=128 on the two are within 0.6-1.7x of each other

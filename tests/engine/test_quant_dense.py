@@ -34,10 +34,10 @@ def _matrix(qtype: Q, n: int = 96, k: int = 512, seed: int = 0) -> tuple[Quantiz
 
 
 def _int8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [T, K] as the kernels see it (docs/INTERFACES.md): per 32 values an f32 scale max|x|/127 and int8 values
-    rounded to nearest even; float64."""
-    xb = x.double().reshape(x.shape[0], -1, 32)  # [T, K/32, 32]
-    scale = xb.abs().amax(-1, keepdim=True) / 127  # [T, K/32, 1]
+    """x [T, K] as the kernels see it (docs/INTERFACES.md, llama.cpp's Q8_K): per 256 values an f32 scale max|x|/127 and
+    int8 values rounded to nearest even; float64. K here is a multiple of 256."""
+    xb = x.double().reshape(x.shape[0], -1, 256)  # [T, K/256, 256]
+    scale = xb.abs().amax(-1, keepdim=True) / 127  # [T, K/256, 1]
     q = torch.round(xb / torch.where(scale > 0, scale, torch.ones_like(scale)))  # torch.round: half to even
     return (q * scale).reshape(x.shape)  # [T, K]
 
@@ -49,11 +49,11 @@ def test_the_kept_types_are_the_ones_the_kernels_read():
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 7, 64])
 def test_linear_on_blocks_is_the_int8_activation_product(qtype, T):
-    """Against the documented arithmetic (int8 activations per 32 values, exact weights) the kernel agrees to f32
-    rounding (1e-5 of the largest output). Against the float product the error is that of rounding x to int8 per 32
-    values: a uniform error of step s = max|x|/127, RMS s/sqrt(12); for Gaussian x the max of 32 is ~2.0-2.5 sigma, so
-    ~0.0057 of |x| per element, and the output (a sum of K independent such errors weighted by W) is off by about the
-    same fraction of its norm. 0.02 leaves 3.5x for the spread over seeds and types."""
+    """Against the documented arithmetic (int8 activations per 256 values, exact weights) the kernel agrees to f32
+    rounding (1e-5 of the largest output). Against the float product the error is that of rounding x to int8 per 256
+    values: a uniform error of step s = max|x|/127, RMS s/sqrt(12); for Gaussian x the max of 256 is ~2.7-3.2 sigma, so
+    ~0.0066 of |x| per element, and the output (a sum of K independent such errors weighted by W) is off by about the
+    same fraction of its norm. 0.02 leaves 3x for the spread over seeds and types."""
     qm, w = _matrix(qtype)
     lin = dense.Linear(qm, "cpu", "test.weight")
     x = torch.randn(T, 512, generator=torch.Generator().manual_seed(T))  # [T, K]

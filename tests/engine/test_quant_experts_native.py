@@ -6,10 +6,10 @@ writes (q4_k_m, q5_k_m, q6_k, q8_0, q4_0, iq4_xs: Tessera's quantizer with llama
 Oracles, never written by the code under test:
 - One MoE layer: TorchExperts on the same layers, which multiply in float32 by the exact values of the blocks
   (engine.quantized.QuantizedTensor dequantizes like gguf.quants.dequantize; test_quantized_experts.py checks that).
-  The block kernels quantize activations to int8 per 32 values (step max|x|/127, so a relative rounding error of about
-  1/254 per value, ~2e-3 rms after rounding to nearest), twice in a layer (x, then silu(gate x) * up x, whose heavy
-  tails make its per-32 step larger): tests/native/test_quant_moe.py measures NMSE 6e-5 to 2.6e-4 against float64 over
-  every mix and T. Bound here NMSE <= 1e-3 (relative L2 error ~3e-2); a wrong type, a swapped projection, a dropped
+  The block kernels quantize activations to int8 per 256 values (llama.cpp's Q8_K; step max|x|/127, a relative
+  rounding error of ~2.4e-3 rms of the block's max), twice in a layer (x, then silu(gate x) * up x, whose heavy
+  tails make its per-256 step larger): tests/native/test_quant_moe.py measures NMSE 1.2e-4 to 4.7e-4 against float64
+  over every mix and T. Bound here NMSE <= 1e-3 (relative L2 error ~3e-2); a wrong type, a swapped projection, a dropped
   weight or a wrong expert gives NMSE of order 0.1 to 1. The bf16 backends chosen by name widen the blocks and keep bf16
   weights (relative rounding 2^-9): far inside the same bound.
 - The whole model: the dequantized-F32 twin of the same file (every tensor replaced by gguf.quants.dequantize of its
