@@ -1,0 +1,58 @@
+"""Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512: two rows per pass,
+each token's activations loaded once for both; a lone last row alone). That grouping must change nothing: every
+(row, token) result is bit-identical whether its row runs paired, alone, or with ragged token counts (T = 5, 13: not a
+multiple of any tile), and, for the 256-value super-block types, to running that token by itself (T = 1, the decode
+path: same integer dot, same f32 steps in the same order). Block-32 types (Q4_0, Q8_0) fold the token's scale into
+the weights' at T = 1, a different f32 rounding order, so for them only the row grouping is checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine.native as N
+from tests.native.quant_cases import K_QUANTS, TYPES, quant_isas, random_blocks
+
+ISAS = quant_isas()
+
+
+def _K(qtype) -> int:
+    return 768 if qtype in K_QUANTS else 416
+
+
+def _matmul(qtype, w, x, pool, isa) -> np.ndarray:
+    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)  # [T, N]
+    N.quant_matmul(qtype, np.ascontiguousarray(w), np.ascontiguousarray(x), out, pool, isa)
+    return out
+
+
+@pytest.mark.parametrize("T", (5, 13))
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("isa", ISAS)
+def test_row_grouping_is_bit_exact(pool, isa, qtype, T):
+    rng = np.random.default_rng(31 * int(qtype) + T)
+    N_rows, K = 37, _K(qtype)  # 37 = one 32-row task (16 pairs) + 5 rows (2 pairs + a lone row)
+    w = random_blocks(qtype, N_rows, K, rng)  # [N, row_bytes]
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    full = _matmul(qtype, w, x, pool, isa)
+    assert np.isfinite(full).all()
+    for n in (0, 1, 17, 32, 35, 36):
+        alone = _matmul(qtype, w[n:n + 1], x, pool, isa)  # [T, 1]: the one-row path
+        assert np.array_equal(full[:, n:n + 1].view(np.uint32), alone.view(np.uint32)), f"row {n}"
+    pair = _matmul(qtype, w[35:37], x, pool, isa)  # rows 35, 36 as a pair (in `full` 36 ran alone)
+    assert np.array_equal(full[:, 35:37].view(np.uint32), pair.view(np.uint32))
+
+
+@pytest.mark.parametrize("T", (5, 13))
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("isa", ISAS)
+def test_token_tile_equals_one_token_at_a_time(pool, isa, qtype, T):
+    rng = np.random.default_rng(77 * int(qtype) + T)
+    N_rows, K = 37, _K(qtype)
+    w = random_blocks(qtype, N_rows, K, rng)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    full = _matmul(qtype, w, x, pool, isa)
+    for t in range(T):
+        one = _matmul(qtype, w, x[t:t + 1], pool, isa)  # [1, N]: decode
+        assert np.array_equal(full[t:t + 1].view(np.uint32), one.view(np.uint32)), f"token {t}"
