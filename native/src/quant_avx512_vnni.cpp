@@ -86,6 +86,45 @@ inline __m512i epi16_index(int per_lane_shift, int add) {  // int16 lane i -> (i
   return _mm512_add_epi16(_mm512_srli_epi16(i, per_lane_shift), _mm512_set1_epi16(short(add)));
 }
 
+// Horizontal sums of 16 tokens at once, bit-identical to _mm512_reduce_add_ps / hsum256 of each: the same pairwise
+// tree (lane j + lane j + 8, then k + k + 4, then 0 + 2 and 1 + 3, then 0 + 1; f32 addition commutes), run on
+// transposed lanes. Steps 2-4 take w[p] = [8 lanes of token 2p | 8 lanes of token 2p + 1]; the result's lane 4L + j
+// holds token L + 4j (kSum16Token).
+constexpr int kSum16Token[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+__attribute__((always_inline)) inline __m512 sum16_from8(const __m512* w) {
+  __m512 z[4], u[2];
+  for (int q = 0; q < 4; ++q)
+    z[q] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int r = 0; r < 2; ++r)
+    u[r] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * r], z[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(z[2 * r], z[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+__attribute__((always_inline)) inline __m512 sum16(const __m512* v) {  // v: 16 tokens' 16 lanes
+  __m512 w[8];
+  for (int p = 0; p < 8; ++p)
+    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return sum16_from8(w);
+}
+__attribute__((always_inline)) inline __m512 sum16(const __m256* v) {  // v: 16 tokens' 8 lanes
+  __m512 w[8];
+  for (int p = 0; p < 8; ++p) w[p] = _mm512_insertf32x8(_mm512_castps256_ps512(v[2 * p]), v[2 * p + 1], 1);
+  return sum16_from8(w);
+}
+// out[i] = reduce(acc[i]) - hsum256(macc[i]) for i < nt (macc null: no B term), 16 tokens per pass.
+__attribute__((always_inline)) inline void reduce_tokens(const __m512* acc, const __m256* macc, int nt, float* out) {
+  int i = 0;
+  for (; i + 16 <= nt; i += 16) {
+    alignas(64) float s[16];
+    _mm512_store_ps(s, macc ? _mm512_sub_ps(sum16(acc + i), sum16(macc + i)) : sum16(acc + i));
+    for (int l = 0; l < 16; ++l) out[i + kSum16Token[l]] = s[l];
+  }
+  for (; i < nt; ++i) out[i] = macc ? _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]) : _mm512_reduce_add_ps(acc[i]);
+}
+
 // Decode reads one row after the other (one sequential stream per thread: two rows interleaved, even as two
 // sequential streams, measured slower on Zen 4) and prefetches this far ahead, into the next rows of the stream.
 constexpr int kPrefetchBytes = 3072;
@@ -315,10 +354,8 @@ __attribute__((always_inline)) inline void dot_pair_int(const uint8_t* row0, con
       }
     }
   }
-  for (int i = 0; i < nt; ++i) {
-    out[i] = _mm512_reduce_add_ps(acc0[i]) - hsum256(macc0[i]);
-    out[nt + i] = _mm512_reduce_add_ps(acc1[i]) - hsum256(macc1[i]);
-  }
+  reduce_tokens(acc0, has_b<t>() ? macc0 : nullptr, nt, out);
+  reduce_tokens(acc1, has_b<t>() ? macc1 : nullptr, nt, out + nt);
 }
 
 template <QType t>
@@ -361,7 +398,7 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
       load_super<t>(row, sb, s);
       for (int i = 0; i < nt; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
     }
-    for (int i = 0; i < nt; ++i) out[r * nt + i] = _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]);
+    reduce_tokens(acc, has_b<t>() ? macc : nullptr, nt, out + r * nt);
   }
 }
 
@@ -389,10 +426,8 @@ __attribute__((always_inline)) inline void dot_pair_32(const uint8_t* row0, cons
       acc1[i] = _mm512_fnmadd_ps(s1.b, s16, _mm512_fmadd_ps(f1, dx, acc1[i]));
     }
   }
-  for (int i = 0; i < nt; ++i) {
-    out[i] = _mm512_reduce_add_ps(acc0[i]);
-    out[nt + i] = _mm512_reduce_add_ps(acc1[i]);
-  }
+  reduce_tokens(acc0, nullptr, nt, out);
+  reduce_tokens(acc1, nullptr, nt, out + nt);
 }
 
 template <QType t>
@@ -443,7 +478,7 @@ void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const A
                                   _mm512_fmadd_ps(f, _mm512_set1_ps(x.d256[sb]), acc[i]));
       }
     }
-    for (int i = 0; i < nt; ++i) out[r * nt + i] = _mm512_reduce_add_ps(acc[i]);
+    reduce_tokens(acc, nullptr, nt, out + r * nt);
   }
 }
 

@@ -1,9 +1,10 @@
 """Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512: two rows per pass,
-each token's activations loaded once for both; a lone last row alone). That grouping must change nothing: every
-(row, token) result is bit-identical whether its row runs paired, alone, or with ragged token counts (T = 5, 13: not a
-multiple of any tile), and, for the 256-value super-block types, to running that token by itself (T = 1, the decode
-path: same integer dot, same f32 steps in the same order). Block-32 types (Q4_0, Q8_0) fold the token's scale into
-the weights' at T = 1, a different f32 rounding order, so for them only the row grouping is checked bit for bit.
+each token's activations loaded once for both, a lone last row alone, and the horizontal sums 16 tokens at a time).
+That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone,
+for ragged token counts (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
+256-value super-block types, to running that token by itself (T = 1, the decode path: same integer dot, same f32
+steps in the same order). Block-32 types (Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different
+f32 rounding order, so for them only the row grouping is checked bit for bit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _matmul(qtype, w, x, pool, isa) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("T", (5, 13))
+@pytest.mark.parametrize("T", (5, 13, 37))
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", ISAS)
 def test_row_grouping_is_bit_exact(pool, isa, qtype, T):
@@ -44,7 +45,7 @@ def test_row_grouping_is_bit_exact(pool, isa, qtype, T):
     assert np.array_equal(full[:, 35:37].view(np.uint32), pair.view(np.uint32))
 
 
-@pytest.mark.parametrize("T", (5, 13))
+@pytest.mark.parametrize("T", (5, 13, 37))
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", ISAS)
 def test_token_tile_equals_one_token_at_a_time(pool, isa, qtype, T):
