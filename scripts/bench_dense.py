@@ -27,10 +27,12 @@ SHAPES = {
 }
 
 
-def best_ms(fn, min_reps: int, budget_s: float = 1.5) -> float:
+def best_ms(fn, min_reps: int, budget_s: float = 1.5, max_reps: int = 50) -> float:
+    """Best wall time of `fn` in ms after one warm-up: at least `min_reps` runs, more while under `budget_s` seconds
+    (at most `max_reps`). scripts/bench_quant_dense.py times with it too."""
     fn()  # warm-up
     best, spent, n = float("inf"), 0.0, 0
-    while n < min_reps or (spent < budget_s and n < 50):
+    while n < min_reps or (spent < budget_s and n < max_reps):
         t = time.perf_counter()
         fn()
         dt = time.perf_counter() - t

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
+import bench_dense  # scripts/: run as `python scripts/bench_quant_dense.py`
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -34,15 +34,8 @@ SHAPES = {
 }
 
 
-def best_ms(fn, min_reps: int, budget_s: float = 1.0) -> float:
-    fn()  # warm-up
-    best, spent, n = float("inf"), 0.0, 0
-    while n < min_reps or (spent < budget_s and n < 30):
-        t = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t
-        best, spent, n = min(best, dt), spent + dt, n + 1
-    return best * 1e3
+def best_ms(fn, min_reps: int) -> float:
+    return bench_dense.best_ms(fn, min_reps, budget_s=1.0, max_reps=30)
 
 
 def main() -> int:
