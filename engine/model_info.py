@@ -177,7 +177,7 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
     E, I, H = info.num_experts, info.moe_intermediate_size, info.hidden_size
     packed = transient = 0
     if concrete != TORCH and moe_layers:
-        from engine.native import has_block_kernel, packed_nbytes_for, reads_quantized_in_place
+        from engine.native import has_block_kernel, packed_nbytes_for, reads_quantized_in_place, widened_layer_nbytes
 
         quantized = info.expert_type not in ("F32", "F16", "BF16")  # block types, or a mix of them (q4_k_m)
         types = info.expert_types or (info.expert_type,)
@@ -185,5 +185,5 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
         if not in_place:
             dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(info.expert_type, torch.float32)
             packed = moe_layers * packed_nbytes_for(concrete, E, I, H, dtype)
-            transient = 3 * E * I * H * 4 if quantized else 0  # gate, up, down of one layer as float32
+            transient = widened_layer_nbytes(E, I, H) if quantized else 0
     return RamEstimate(concrete, ctx, info.loaded_bytes, packed, kv, transient)

@@ -131,6 +131,12 @@ def packed_nbytes_for(backend: str, E: int, I: int, H: int, dtype: torch.dtype) 
     return int(_native.backend(backend).packed_bytes(E, H, I, _DTYPES[dtype]))
 
 
+def widened_layer_nbytes(E: int, I: int, H: int) -> int:
+    """Bytes of one quantized layer's float32 copy (gate, up, down) that pack_layer holds while it packs it: the
+    transient engine.model_info's estimate and `_widening_notice` both add."""
+    return 3 * E * I * H * 4
+
+
 @functools.lru_cache(maxsize=1)
 def _native_build() -> str:
     """SHA-256 of the compiled extension: compile-time packing constants (the AMX int8 group) change with it."""
@@ -266,7 +272,7 @@ def _widening_notice(requested: str, concrete: str, layers: dict[int, LayerExper
         le = layers[layer]
         E, I, H = le.gate_proj.shape  # gate_proj [E, I, H]
         packed += packed_nbytes_for(concrete, E, I, H, torch.float32)
-        transient = max(transient, 3 * E * I * H * 4)  # gate, up, down of one layer as float32 while it is packed
+        transient = max(transient, widened_layer_nbytes(E, I, H))
         types |= {t.qtype.name for t in (le.gate_proj, le.up_proj, le.down_proj) if isinstance(t, QuantizedTensor)}
     kept = {b["name"]: b["weights"] for b in backends.compiled()}.get(concrete, "")
     kept = "float32" if kept == "as loaded" else kept
