@@ -31,7 +31,6 @@ Letters: T tokens, K input features, N output features.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -49,14 +48,7 @@ NATIVE_MAX_TOKENS = int(native.tuning()["dense_native_max_tokens"])  # TESSERA_D
 NATIVE_PATHS = ("native", "native-quant")  # the paths that run on the dense pool
 
 
-def _quant_max_tokens() -> int:
-    raw = os.environ.get("TESSERA_DENSE_QUANT_MAX_T", "512")
-    if not raw.strip().isdigit():
-        raise TesseraError("TESSERA_DENSE_QUANT_MAX_T", f"must be a whole number >= 0, got {raw!r}")
-    return int(raw)
-
-
-QUANT_NATIVE_MAX_TOKENS = _quant_max_tokens()  # TESSERA_DENSE_QUANT_MAX_T, default 512 (the prefill chunk)
+QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 512
 WIDEN_ROWS = 4096  # rows of a quantized weight widened at a time beyond QUANT_NATIVE_MAX_TOKENS
 
 _pools: dict[int, object] = {}

@@ -329,6 +329,7 @@ NB_MODULE(_native, m) {
     d["profile"] = t.profile;
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
+    d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
     d["invalid"] = t.invalid;
     return d;
   }, "Every TESSERA_* tuning knob as the kernels use it (read once per process; tessera/tuning.h).");

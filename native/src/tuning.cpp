@@ -13,6 +13,16 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
+// A token count: a whole number >= 0; anything else is listed in t.invalid (engine.native.tuning names it).
+void read_count(Tuning& t, const char* name, int64_t& field) {
+  const char* v = env(name);
+  if (!v) return;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < 0) t.invalid += std::string(name) + "=" + v + "\n";
+  else field = n;
+}
+
 void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_MAX_ISA")) t.max_isa = v;
   if (const char* v = env("TESSERA_INT8_GROUP")) {
@@ -23,12 +33,8 @@ void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_SPIN_US")) t.spin_us = std::atoi(v);
   t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
-  if (const char* v = env("TESSERA_DENSE_NATIVE_MAX_T")) {
-    char* end = nullptr;
-    long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n < 0) t.invalid += std::string("TESSERA_DENSE_NATIVE_MAX_T=") + v + "\n";
-    else t.dense_native_max_tokens = n;
-  }
+  read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
+  read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
 }
 
 }  // namespace

@@ -174,10 +174,11 @@ def test_linear_errors_name_the_tensor():
         dense.Linear(torch.zeros(2, 3, dtype=torch.int32), "cpu", "router")
 
 
-def test_threshold_env_is_validated():
+@pytest.mark.parametrize("knob", ["TESSERA_DENSE_NATIVE_MAX_T", "TESSERA_DENSE_QUANT_MAX_T"])
+def test_threshold_env_is_validated(knob):
     r = subprocess.run([sys.executable, "-c", "import engine.dense"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, TESSERA_DENSE_NATIVE_MAX_T="many"))
-    assert r.returncode != 0 and "TESSERA_DENSE_NATIVE_MAX_T" in r.stderr
+                       env=dict(os.environ, **{knob: "many"}))
+    assert r.returncode != 0 and knob in r.stderr
 
 
 # ------------------------------------------------------------------------------------------------------- end to end

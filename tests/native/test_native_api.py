@@ -77,7 +77,8 @@ def test_tuning_knobs_are_read_once_in_the_native_module():
 
     knobs, packing = json.loads(out)
     assert knobs["int8_group"] == 32 and knobs["spin_us"] == 7 and knobs["amx_tile_min_rows"] == 1
-    assert knobs["dense_native_max_tokens"] == 512 and "invalid" not in knobs
+    assert knobs["dense_native_max_tokens"] == 512 and knobs["dense_quant_max_tokens"] == 512
+    assert "invalid" not in knobs
     assert packing == {"int8_group": 32}  # the knob that changes packed bytes, for the packed-weight cache key
     assert N.packing_knobs("AVX512") == {}
 

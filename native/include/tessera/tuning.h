@@ -23,6 +23,7 @@ struct Tuning {
   // TESSERA_DENSE_NATIVE_MAX_T: engine.dense multiplies bf16/f16 weights natively for steps of up to this many tokens
   // (more: torch on an f32 upcast). Read here so every knob has one reader; engine/dense.py uses it.
   int64_t dense_native_max_tokens = 512;
+  int64_t dense_quant_max_tokens = 512;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
   // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.
   std::string invalid;
   // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. The only knob tests change while
