@@ -226,7 +226,8 @@ def run(args) -> int:
         peak = peaks.get(r["prefill_peak"], -1) if r["prefill_peak"] else -1
         for T in lengths:
             r[f"prefill{T}_pct_of_peak"] = 100 * r[f"prefill{T}_gflops"] / peak if peak > 0 else None
-        of = f"{PEAKS[r['prefill_peak']]} {_gflops(peak)}" if peak > 0 else "no peak applies"
+        unit = "GOP/s" if "int8" in r["prefill_peak"] else "GFLOP/s"
+        of = f"{PEAKS[r['prefill_peak']]} {_gflops(peak, unit)}" if peak > 0 else "no peak applies"
         log(f"{name:>11}: prefill " + ", ".join(
             f"T={T} {r[f'prefill{T}_gflops']:6.1f} GFLOP/s"
             + (f" ({r[f'prefill{T}_pct_of_peak']:3.0f} %)" if r[f"prefill{T}_pct_of_peak"] is not None else "")
