@@ -161,6 +161,31 @@ class Linear:
         return f"Linear({self.name}, {self.out_features}x{self.in_features} {kind}, {self.path})"
 
 
+class FusedMatvec:
+    """The one-token step of several Linears that multiply the same x (a layer's q/k/v projections): when every one
+    is a quantized weight on the dense pool (path native-quant), `engine.native.quant_matvec_multi` runs them in one
+    pool dispatch with x quantized once, bit-identical to calling each Linear; otherwise (`fused` False) each Linear
+    runs as usual. Saves a decode step two pool wake-ups, two activation quantizations and two Python calls a layer."""
+
+    def __init__(self, linears: Iterable[Linear]):
+        self.linears = list(linears)
+        first = self.linears[0]
+        self.fused = len(self.linears) > 1 and all(
+            lin.path == "native-quant" and lin.in_features == first.in_features and lin._pool is first._pool
+            for lin in self.linears)
+        if self.fused:
+            self._qtypes = [lin.weight.qtype for lin in self.linears]
+            self._ws = [lin.weight.raw for lin in self.linears]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:  # x [T, K] f32 -> one [T, N_i] f32 per Linear
+        if not self.fused or x.shape[0] != 1:
+            return [lin(x) for lin in self.linears]
+        x = x.to(torch.float32).contiguous()  # [1, K]
+        outs = [torch.empty(1, lin.out_features, dtype=torch.float32) for lin in self.linears]  # [1, N_i]
+        native.quant_matvec_multi(x, self._qtypes, self._ws, outs, self.linears[0]._pool)
+        return outs
+
+
 def embedding_rows(table: torch.Tensor | QuantizedMatrix, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` [T] of an embedding table [V, H] as float32 [T, H], on the table's device: a QuantizedMatrix
     dequantizes only those rows (exactly gguf.quants.dequantize, on the dense pool); a float table converts the rows

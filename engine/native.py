@@ -481,6 +481,14 @@ def quant_matmul(qtype, w, x, out, pool, isa: str = "auto") -> None:
     _native.quant_matmul(_qtype_id(qtype), w, x, out, pool, isa)
 
 
+def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
+    """One token through several quantized weights that share it: outs[i][1, N_i] = x[1, K] @ W_i[N_i, K].T for
+    ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized once and every row group in one pool dispatch;
+    equal to quant_matmul per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
+    _native.quant_matvec_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
+                               pool, isa)
+
+
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,
                       isa: str = "auto") -> None:
     """Routed experts on quantized weights, `forward`'s contract: gate, up [E, I, row_bytes(H)] and down

@@ -19,6 +19,7 @@
 #include "tessera/pool.h"
 #include "tessera/probe.h"
 #include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
+#include "tessera/quant_decode.h"  // fused decode mat-vecs (quant_decode_bindings.inc)
 #include "tessera/tuning.h"
 
 namespace nb = nanobind;
@@ -225,6 +226,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 }
 
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
+#include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
 
 }  // namespace
 
@@ -348,6 +350,7 @@ NB_MODULE(_native, m) {
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
+  bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;
