@@ -48,6 +48,10 @@ NATIVE_MAX_TOKENS = int(native.tuning()["dense_native_max_tokens"])  # TESSERA_D
 NATIVE_PATHS = ("native", "native-quant")  # the paths that run on the dense pool
 
 
+GEMM_AVAILABLE = native.dense_gemm_bf16_available()  # avx512_bf16 under the TESSERA_MAX_ISA cap
+GEMM_MIN_TOKENS = 16  # bf16 weights from this many tokens on: the vdpbf16ps GEMM (docs/BENCHMARKS.md)
+
+
 QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 512
 WIDEN_ROWS = 4096  # rows of a quantized weight widened at a time beyond QUANT_NATIVE_MAX_TOKENS
 
@@ -96,6 +100,7 @@ class Linear:
             else "torch-device"
         )
         self._pool = dense_pool() if self.path == "native" else None
+        self._gemm = self.path == "native" and self.weight.dtype == torch.bfloat16 and GEMM_AVAILABLE
 
     def _init_quantized(self, weight: QuantizedMatrix, device: torch.device, name: str) -> None:
         self.name, self.device = name, device
@@ -142,6 +147,11 @@ class Linear:
             return x @ self.weight.T  # [T, N]
         if self.path == "torch-device":
             return (x.to(self.weight.dtype) @ self.weight.T).to(torch.float32)  # [T, N]
+        if self.path == "native" and x.shape[0] >= GEMM_MIN_TOKENS and self._gemm:
+            x = x.to(torch.float32).contiguous()  # [T, K]
+            out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
+            native.dense_gemm_bf16(self.weight, x, out, self._pool)
+            return out
         if self.path == "native" and 0 < x.shape[0] <= NATIVE_MAX_TOKENS:
             x = x.to(torch.float32).contiguous()  # [T, K]
             out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
