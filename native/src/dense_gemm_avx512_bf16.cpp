@@ -9,7 +9,7 @@
 //   of kMr tokens runs the register tile over it: kMr tokens x 4 panels = 24 zmm accumulators, per pair 4 panel loads +
 //   kMr broadcasts for 4 * kMr vdpbf16ps. Each weight is read from memory once per call whatever T is; the activations
 //   (T x K bf16) are re-read from L2/L3 once per row block.
-// Letters: T tokens, K inputs, N outputs, kp = ceil(K / 2) pairs.
+// Letters: T tokens, K inputs, N outputs, kp0 = ceil(K / 2) pairs (kp: the padded row stride of the activations).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,7 +30,13 @@ namespace dense_gemm {
 constexpr int kNb = 4;              // panels of 16 rows per register tile
 constexpr int kRows = 16 * kNb;     // rows per task
 constexpr int kMr = 6;              // tokens per register tile
-constexpr int64_t kKc = 256;        // pairs per K block: 4 panels x 256 x 64 B = 64 KB packed
+constexpr int64_t kKc = 256;        // pairs per K block: 4 panels x 256 x 64 B = 64 KB packed (L2)
+// Padding of the bf16 activation rows (pairs) and of each packed panel (64-byte lines), so the 6 activation rows and
+// the 4 panels a tile reads are not all 4 KB apart (same L1 set). A sweep of K block 64/128/256/512 pairs, with and
+// without the padding, on q/o/k_proj at T=128/512 (2 threads, 2026-12-03) stayed within the noise of a shared
+// machine (190-360 GFLOP/s either way): 256 is kept as the middle, the padding as the safe default.
+constexpr int64_t kPadPairs = 16;
+constexpr size_t kPadPanel = 64;
 
 // C[m * ldc + b * 16 + i] (+)= sum_p A[m * lda + p] . panel b row p, lane i (bf16 pairs in 32-bit words).
 template <int MR, int NB>
@@ -139,9 +145,9 @@ inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 }
 
 void gemm(const DenseArgs& a, ThreadPool& pool) {
-  const int64_t T = a.T, N = a.N, K = a.K, kp = (K + 1) / 2;
+  const int64_t T = a.T, N = a.N, K = a.K, kp0 = (K + 1) / 2, kp = kp0 + kPadPairs;
   thread_local std::vector<uint8_t> xbuf;
-  uint32_t* xb = reinterpret_cast<uint32_t*>(aligned_scratch(xbuf, size_t(T * kp) * 4));  // [T, kp] bf16 pairs
+  uint32_t* xb = reinterpret_cast<uint32_t*>(aligned_scratch(xbuf, size_t(T * kp) * 4));  // [T, kp] pairs, padded
   if (T * K < (int64_t(1) << 16) || pool.size() == 1) {
     for (int64_t t = 0; t < T; ++t) convert_row(a.x + t * K, K, kp, xb + t * kp);
   } else {
@@ -153,16 +159,16 @@ void gemm(const DenseArgs& a, ThreadPool& pool) {
   const int64_t blocks = (N + kRows - 1) / kRows;
   auto block = [&](int64_t blk) {
     thread_local std::vector<uint8_t> pbuf, cbuf;
-    const int64_t kc_max = std::min(kKc, (kp + 15) / 16 * 16);
-    const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64;
+    const int64_t kc_max = std::min(kKc, (kp0 + 15) / 16 * 16);
+    const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64 + kPadPanel;
     uint8_t* P = aligned_scratch(pbuf, kNb * panel_bytes);
     const int64_t n0 = blk * kRows, rows = std::min<int64_t>(kRows, N - n0);
     const int nb = int((rows + 15) / 16);
     const bool whole = rows == int64_t(nb) * 16;  // the tile writes nb * 16 columns: direct to out only if they exist
     float* C = whole ? a.out + n0 : reinterpret_cast<float*>(aligned_scratch(cbuf, size_t(T) * kRows * 4));
     const int64_t ldc = whole ? N : kRows;
-    for (int64_t p0 = 0; p0 < kp; p0 += kKc) {
-      const int64_t kc = std::min(kKc, kp - p0);
+    for (int64_t p0 = 0; p0 < kp0; p0 += kKc) {
+      const int64_t kc = std::min(kKc, kp0 - p0);
       for (int b = 0; b < nb; ++b) pack_panel(a.w, N, K, n0 + 16 * b, p0, kc, P + size_t(b) * panel_bytes);
       for (int64_t t0 = 0; t0 < T; t0 += kMr) {
         const int mr = int(std::min<int64_t>(kMr, T - t0));
