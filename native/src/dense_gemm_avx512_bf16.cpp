@@ -120,8 +120,8 @@ inline void pack_panel(const uint16_t* w, int64_t N, int64_t K, int64_t n0, int6
   }
 }
 
-// x[t] (K f32) -> kp bf16 pairs (round to nearest even; the odd K's last pair padded with +0).
-inline void convert_row(const float* x, int64_t K, int64_t kp, uint32_t* dst) {
+// x[t] (K f32) -> ceil(K / 2) bf16 pairs (round to nearest even; the odd K's last pair padded with +0).
+inline void convert_row(const float* x, int64_t K, uint32_t* dst) {
   uint16_t* d = reinterpret_cast<uint16_t*>(dst);
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
@@ -135,7 +135,6 @@ inline void convert_row(const float* x, int64_t K, int64_t kp, uint32_t* dst) {
     _mm256_mask_storeu_epi16(d + k, m, (__m256i)v);
   }
   if (K % 2) d[K] = 0;
-  (void)kp;
 }
 
 inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
@@ -149,11 +148,11 @@ void gemm(const DenseArgs& a, ThreadPool& pool) {
   thread_local std::vector<uint8_t> xbuf;
   uint32_t* xb = reinterpret_cast<uint32_t*>(aligned_scratch(xbuf, size_t(T * kp) * 4));  // [T, kp] pairs, padded
   if (T * K < (int64_t(1) << 16) || pool.size() == 1) {
-    for (int64_t t = 0; t < T; ++t) convert_row(a.x + t * K, K, kp, xb + t * kp);
+    for (int64_t t = 0; t < T; ++t) convert_row(a.x + t * K, K, xb + t * kp);
   } else {
     const int64_t per = 16, tasks = (T + per - 1) / per;
     pool.parallel_for(tasks, [&](int64_t task, int) {
-      for (int64_t t = task * per; t < std::min(T, (task + 1) * per); ++t) convert_row(a.x + t * K, K, kp, xb + t * kp);
+      for (int64_t t = task * per; t < std::min(T, (task + 1) * per); ++t) convert_row(a.x + t * K, K, xb + t * kp);
     });
   }
   const int64_t blocks = (N + kRows - 1) / kRows;
