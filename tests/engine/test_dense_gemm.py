@@ -146,3 +146,42 @@ def test_linear_uses_the_gemm_from_its_threshold_on(monkeypatch):
     x = torch.randn(20, 70, generator=g)
     torch.testing.assert_close(f16(x), x @ w.half().float().T, rtol=1e-5, atol=1e-5)
     assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
+
+
+# ------------------------------------------------------------------------------------------------------- end to end
+
+
+@needs_gemm
+def test_bf16_model_prefill_through_the_gemm_matches_the_f32_path(monkeypatch):
+    """A bf16 model's 24-token prefill (every dense weight through the GEMM) against the same weights upcast to f32 in
+    torch. The only differences are the activations' rounding to bf16 (relative 2^-9 per value) and f32 summation
+    order, so the logits agree within 2 % of their range; a wrong panel, row or token in the GEMM moves logits by
+    their own scale."""
+    from hf_reference import CONFIGS, canonical_weights, hf_model
+
+    from engine.experts import TorchExperts
+    from engine.model import Qwen3MoeModel, layer_experts
+
+    ref = hf_model(CONFIGS["dense_layers"], seed=4)
+
+    def weights(dtype):
+        w = canonical_weights(ref)
+        w.tensors = {name: t.to(torch.bfloat16).to(dtype) for name, t in w.tensors.items()}
+        return w
+
+    w16, w32 = weights(torch.bfloat16), weights(torch.float32)
+    new = Qwen3MoeModel(w16, TorchExperts(layer_experts(w16.config, w16.tensors)))
+    with monkeypatch.context() as m:
+        m.setattr(dense, "_bf16_exact", lambda w: False)
+        old = Qwen3MoeModel(w32, TorchExperts(layer_experts(w32.config, w32.tensors)))
+    assert {lin.path for lin in new.linears} == {"native"} and {lin.path for lin in old.linears} == {"torch-f32"}
+    calls = []
+    real = native.dense_gemm_bf16
+    monkeypatch.setattr(native, "dense_gemm_bf16", lambda *a: (calls.append(1), real(*a)))
+    ids = torch.randint(0, ref.config.vocab_size, (24,), generator=torch.Generator().manual_seed(6))
+    a = new.forward(ids, new.new_cache(32), last_only=False)  # [24, V]
+    b = old.forward(ids, old.new_cache(32), last_only=False)
+    assert len(calls) >= len(new.linears)  # every dense weight went through the GEMM at least once
+    scale = float(b.max() - b.min())
+    assert scale > 1.0
+    assert float((a - b).abs().max()) <= 0.02 * scale
