@@ -14,7 +14,7 @@ Where the computation happens is chosen here, never in the model:
   upcast made per call. Exception, the prefill GEMM: bf16 weights on a CPU with avx512_bf16 take
   `engine.native.dense_gemm_bf16` from `GEMM_MIN_TOKENS` tokens on, at any T (the activations rounded once to bf16,
   as llama.cpp and torch's bf16 matmul do; exact products, f32 sums in vdpbf16ps; each weight read once per call),
-  2.4-5x faster than the mat-vec at T=128..512 on the development machine (docs/BENCHMARKS.md,
+  2-4x faster than the mat-vec at T=128..512 on the development machine (docs/BENCHMARKS.md,
   scripts/bench_bf16_prefill.py).
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
   kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
