@@ -88,6 +88,18 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
     _native.dense_matvec(w, x, out, pool, reference)
 
 
+def dense_gemm_bf16_available() -> bool:
+    """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
+    return bool(_native.dense_gemm_bf16_available())
+
+
+def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+    """Prefill GEMM: out[T, N] = bf16(x)[T, K] @ w[N, K].T with w bf16 as stored; x is rounded once to bf16 (nearest
+    even), products are exact and sums f32 (vdpbf16ps, which flushes bf16 denormals to zero). out is overwritten.
+    Raises RuntimeError where `dense_gemm_bf16_available()` is False, TypeError/ValueError naming a bad argument."""
+    _native.dense_gemm_bf16(w, x, out, pool)
+
+
 # ------------------------------------------------------------------------------------------------------------- packing
 
 
