@@ -3,9 +3,10 @@ runs as a rows x 16-token register GEMM on the decoded rows instead of one mat-v
 
 Proven here, for every type and every ISA this CPU runs (the others take their mat-vec path, and must agree too):
 - every token count from 1 to 70 (1 = decode, 2-11 the mat-vec per token, 12 = the smallest GEMM, 16-token lane
-  groups full and ragged, the 64-token block and the block after it) and 127-129, 255-257, 511-513, against Reference (the same integer dots, double
-  accumulation: NMSE bound 1e-10 as in test_quant_matmul.py) and float64 on gguf.quants.dequantize's values (2e-4,
-  the int8 activation step; see test_quant_matmul.py), on NaN-prefilled outputs that must be overwritten everywhere;
+  groups full and ragged, the 64-token block and the block after it) and 127-129, 255-257, 511-513, against
+  Reference (the same integer dots, double accumulation: NMSE bound 1e-10 as in test_quant_matmul.py) and float64
+  on gguf.quants.dequantize's values (2e-4, the int8 activation step; see test_quant_matmul.py), on NaN-prefilled
+  outputs that must be overwritten everywhere;
 - a (row, token) result does not depend on the rows or tokens that share its call (bit for bit: the lanes and the
   8-row micro-tiles never mix), for 37 rows (one 32-row task, then 5 rows padded to a micro-tile of 8);
 - the MoE forward on odd expert counts (7 experts, 3 per token), so each expert gets a ragged number of tokens
