@@ -111,9 +111,14 @@ def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threa
     """The one call from a plan to the parts of a model: devices of the dense parts, the CPU backend (packed through
     the packed-weight cache; engine.backends resolves its name) and the hot-expert cache around it when the plan
     uses one."""
-    from engine import native
+    from engine import native, tuned
+    from engine.backends import resolve
     from engine.pack_cache import default_root
 
+    concrete, _ = resolve(plan.experts_backend)
+    if concrete != "Torch":  # this CPU's measured kernel knobs (or, once, a short calibration) before packing
+        tuned.prepare_for_load(concrete, config.num_experts, config.hidden_size, config.moe_intermediate_size,
+                               config.num_experts_per_tok, threads=threads, progress=progress)
     cpu = native.make_backend(plan.experts_backend, layers, threads=threads, cache_dir=default_root(),
                               model_id=model_id, progress=progress)
     return ModelParts(model_devices(plan, config), wrap_experts(plan, cpu, layers, config), cpu.name, cpu.reason)

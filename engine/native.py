@@ -44,8 +44,11 @@ def physical_cores() -> int:
 
 def tuning() -> dict:
     """Every TESSERA_* tuning knob as the kernels and engine.dense use it (read once per process in
-    native/src/tuning.cpp). A value that cannot be read is a TesseraError naming the variable."""
+    native/src/tuning.cpp), a stored calibration applied (engine/tuned.py), and `from_environment`: the TESSERA_*
+    names the environment set (a calibration never overrides them). A value that cannot be read is a TesseraError
+    naming the variable."""
     knobs = dict(_native.tuning())
+    knobs["from_environment"] = knobs["from_environment"].split()
     for line in knobs.pop("invalid").splitlines():
         name, _, value = line.partition("=")
         raise TesseraError(name, f"must be a whole number >= 0, got {value!r}")
@@ -64,7 +67,9 @@ def read_bandwidth(threads: int | None = None, seconds: float = 1.0, buffer_mib:
 
 
 def peak_gflops(what: str, threads: int | None = None, seconds: float = 0.5) -> float:
-    """Register-only peak of `bf16_dot` (vdpbf16ps) or `fp32_fma` on `threads` cores; < 0 if the CPU lacks it."""
+    """Register-only peak on `threads` cores, GFLOP/s (int8: GOP/s) of `bf16_dot` (vdpbf16ps), `int8_dot`
+    (vpdpbusd), `fp32_fma`, `amx_bf16` (tdpbf16ps) or `amx_int8` (tdpbssd); < 0 if the CPU (or, for AMX, the OS)
+    lacks it."""
     return float(_native.peak_gflops(_native.Pool(threads or physical_cores()), what, seconds))
 
 
@@ -86,6 +91,18 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
     overwritten. CPU tensors, C-contiguous; wrong dtypes/shapes raise TypeError/ValueError naming the argument.
     `reference` runs the scalar double-accumulation twin."""
     _native.dense_matvec(w, x, out, pool, reference)
+
+
+def dense_gemm_bf16_available() -> bool:
+    """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
+    return bool(_native.dense_gemm_bf16_available())
+
+
+def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+    """Prefill GEMM: out[T, N] = bf16(x)[T, K] @ w[N, K].T with w bf16 as stored; x is rounded once to bf16 (nearest
+    even), products are exact and sums f32 (vdpbf16ps, which flushes bf16 denormals to zero). out is overwritten.
+    Raises RuntimeError where `dense_gemm_bf16_available()` is False, TypeError/ValueError naming a bad argument."""
+    _native.dense_gemm_bf16(w, x, out, pool)
 
 
 # ------------------------------------------------------------------------------------------------------------- packing

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# Kernel tuning (engine/tuned.py): tests never calibrate on a load, and never read or write the user's records.
+os.environ.setdefault("TESSERA_TUNE_ON_LOAD", "0")
+os.environ.setdefault("TESSERA_TUNE_DIR", tempfile.mkdtemp(prefix="tessera-tune-tests-"))
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,14 @@ def report_html(report: dict) -> str:
         h.append(_row(name, _chip("available" if b["available"] else "unavailable", b["available"])
                       + " &mdash; " + escape(b["reason"]) + f"<br><small>{escape(b['description'])}</small>"))
     h.append("</table>")
+    tuning = report.get("tuning")
+    if tuning:  # engine.tuned.status(): measured on this CPU (when) or defaults in use
+        h.append("<h3>Kernel tuning</h3><table>")
+        h.append(_row("Measured", escape(f"{tuning['measured_at']} on {tuning['backend']} in {tuning['seconds']:.1f} s")
+                      if tuning["stored"] else f'<span style="color:{MUTED}">{escape(tuning["message"])}</span>'))
+        for name, k in tuning["knobs"].items():
+            h.append(_row(name, f"{k['value']} <small>({escape(k['source'])})</small>"))
+        h.append("</table>")
     m = report.get("model")
     if m:
         h.append(f"<h3>Model: {escape(m['name'])}</h3><table>")

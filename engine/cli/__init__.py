@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "engine.cli.bench",
     "eval-demo": "engine.cli.eval_demo",
     "bench-moe": "engine.cli.bench_moe",
+    "tune": "engine.cli.tune",
     "cache": "engine.cli.cache",
 }
 

@@ -8,6 +8,8 @@
   gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
   gpu_status: str            ("no CUDA device: ..." is a normal answer)
   backends: {NAME: {available, reason, description, weights}} (engine.backends), auto_backend, auto_reason
+  tuning: engine.tuned.status(): {cpu, build, path, stored, measured_at, backend, seconds, message,
+          knobs: {NAME: {value, source: measured|environment|default}}}
   model: {...fit and roofline...} (only when a model or preset was given; also type_mix, ram
          (engine.model_info.RamEstimate with total_bytes) and ram_text: the load the app's model panel sizes, for a
          preset the file of preset_dtype on paper)
@@ -86,6 +88,9 @@ def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model
     }
     table, auto, auto_reason = backends()
     report.update(backends=table, auto_backend=auto, auto_reason=auto_reason)
+    from engine import tuned
+
+    report["tuning"] = tuned.status()  # this CPU's measured kernel knobs, or that defaults are in use
     if shape is not None:
         sized_for = load["ram"]["backend"] if load is not None else auto
         report["model"] = estimate(*shape, auto=sized_for, memory=memory, gpus=gpus, load=load)

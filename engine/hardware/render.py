@@ -69,6 +69,10 @@ def to_markdown(report: dict) -> str:
     for name, b in report["backends"].items():
         lines.append(f"| {name} | {b['description']} | {_yes(b['available'])} | {b['reason']} |")
     lines += ["", f"Auto picks **{report['auto_backend']}**: {report['auto_reason']}."]
+    if report.get("tuning"):
+        from engine.tuned import describe
+
+        lines += ["", "## Kernel tuning", ""] + [f"- {line}" for line in describe(report["tuning"])]
     m = report.get("model")
     if m:
         lines += ["", f"## Model: {m['name']}", "",

@@ -326,19 +326,39 @@ NB_MODULE(_native, m) {
     nb::dict d;
     d["max_isa"] = t.max_isa;
     d["int8_group"] = t.int8_group;
-    d["prefetch_bytes"] = t.prefetch_bytes;
-    d["spin_us"] = t.spin_us;
+    d["prefetch_bytes"] = t.prefetch_bytes.load();
+    d["spin_us"] = t.spin_us.load();
     d["profile"] = t.profile;
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
     d["invalid"] = t.invalid;
+    d["from_environment"] = t.from_environment;
     return d;
   }, "Every TESSERA_* tuning knob as the kernels use it (read once per process; tessera/tuning.h).");
   m.def("set_amx_tile_min_rows", [](int64_t rows) {
     if (rows < 1) throw nb::value_error("rows: must be >= 1");
     return tuning().amx_tile_min_rows.exchange(rows);
   }, nb::arg("rows"), "Tests: force the AMX tile path (1) or the vector path (huge); returns the previous value.");
+  m.def("set_tuning_knob", [](const std::string& name, int64_t value) -> int64_t {
+    Tuning& t = tuning();
+    if (name == "prefetch_bytes") {
+      if (value < -1) throw nb::value_error("prefetch_bytes: must be >= 0 (or -1: the kernel's default)");
+      return t.prefetch_bytes.exchange(value);
+    }
+    if (name == "spin_us") {
+      if (value < 0 || value > 100000) throw nb::value_error("spin_us: must be 0..100000");
+      return t.spin_us.exchange(int(value));
+    }
+    if (name == "amx_tile_min_rows") {
+      if (value < 1) throw nb::value_error("amx_tile_min_rows: must be >= 1");
+      return t.amx_tile_min_rows.exchange(value);
+    }
+    throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
+                           " (prefetch_bytes, spin_us, amx_tile_min_rows)").c_str());
+  }, nb::arg("name"), nb::arg("value"),
+     "Calibration (engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
+     "environment: the caller skips the knobs tuning()['from_environment'] names.");
 
   m.def("dense_kernel", []() { return std::string(dense_kernel_name()); },
         "The dense mat-vec kernel this CPU runs under TESSERA_MAX_ISA: AVX512, AVX2 or Reference.");
@@ -348,6 +368,17 @@ NB_MODULE(_native, m) {
     if (reference) dense_matvec_reference(a, pool); else dense_matvec(a, pool);
   }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("reference") = false,
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
+  m.def("dense_gemm_bf16_available", []() { return dense_gemm_bf16_available(); },
+        "Whether dense_gemm_bf16 runs here: the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512.");
+  m.def("dense_gemm_bf16", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+    DenseArgs a = check_dense(w, x, out);
+    if (a.type != WeightType::BF16) throw nb::type_error("w: the bf16 GEMM takes bfloat16 weights, got float16");
+    if (!dense_gemm_bf16_available())
+      throw std::runtime_error("dense_gemm_bf16: this CPU (or TESSERA_MAX_ISA) has no avx512_bf16");
+    nb::gil_scoped_release nogil;
+    dense_gemm_bf16(a, pool);
+  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
+     "Prefill: out[T, N] = bf16(x)[T, K] . w[N, K]^T with vdpbf16ps; w bf16 as stored, f32 sums.");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)

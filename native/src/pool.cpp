@@ -18,7 +18,7 @@
 namespace tessera {
 namespace {
 
-int spin_microseconds() { return tuning().spin_us; }
+int spin_microseconds() { return tuning().spin_us.load(std::memory_order_relaxed); }
 
 }  // namespace
 

@@ -1,4 +1,5 @@
-// Machine probes: multi-threaded memory read bandwidth and register-only FLOP peaks (benchmark, hardware wizard).
+// Machine probes: multi-threaded memory read bandwidth and register-only FLOP peaks (benchmark, hardware wizard):
+// vdpbf16ps, vpdpbusd, f32 FMA, and the AMX tiles' tdpbf16ps and tdpbssd.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -75,13 +76,21 @@ double peak_gflops(ThreadPool& pool, const char* what, double seconds) {
   bool avx512 = cpu.avx512f && cpu.os_avx512;
   std::string w = what;
   double (*loop)(int64_t) = nullptr;
+  // Tiles only where the CPU, the OS (XCR0) and the kernel (XTILEDATA permission) all allow them: else SIGILL.
+  bool amx = cpu.amx_tile && cpu.os_amx && cpu.amx_permitted;
   if (w == "bf16_dot") {
     if (avx512 && cpu.avx512_bf16) loop = bf16_dot_loop_avx512;
+  } else if (w == "int8_dot") {
+    if (avx512 && cpu.avx512bw && cpu.avx512_vnni) loop = int8_dot_loop_avx512_vnni;
   } else if (w == "fp32_fma") {
     if (avx512) loop = fma_loop_avx512;
     else if (cpu.avx2 && cpu.fma && cpu.os_avx) loop = fma_loop_avx2;
+  } else if (w == "amx_bf16") {
+    if (amx && cpu.amx_bf16) loop = amx_bf16_loop;
+  } else if (w == "amx_int8") {
+    if (amx && cpu.amx_int8) loop = amx_int8_loop;
   } else {
-    throw std::invalid_argument("what: expected bf16_dot or fp32_fma, got " + w);
+    throw std::invalid_argument("what: expected bf16_dot, int8_dot, fp32_fma, amx_bf16 or amx_int8, got " + w);
   }
   if (!loop) return -1.0;
   int64_t iters = 1 << 16;

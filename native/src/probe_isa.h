@@ -9,4 +9,8 @@ uint64_t read_sum_avx2(const uint8_t* p, size_t bytes);    // bytes: multiple of
 double fma_loop_avx512(int64_t iters);                     // returns FLOPs executed
 double fma_loop_avx2(int64_t iters);
 double bf16_dot_loop_avx512(int64_t iters);
+double int8_dot_loop_avx512_vnni(int64_t iters);  // vpdpbusd; returns int8 ops (mul + add) executed
+// Tile loops (probe_amx.cpp, AMX flags): call only where CpuFeatures reports AMX usable. Return FLOPs / int8 ops.
+double amx_bf16_loop(int64_t iters);  // tdpbf16ps
+double amx_int8_loop(int64_t iters);  // tdpbssd
 }  // namespace tessera

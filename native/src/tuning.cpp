@@ -8,9 +8,13 @@
 namespace tessera {
 namespace {
 
+// Every knob read goes through here, so Tuning::from_environment lists exactly the variables that were set.
+std::string* g_seen = nullptr;
 const char* env(const char* name) {
   const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
+  if (!(v && *v)) return nullptr;
+  if (g_seen) *g_seen += std::string(name) + "\n";
+  return v;
 }
 
 // A token count: a whole number >= 0; anything else is listed in t.invalid (engine.native.tuning names it).
@@ -24,6 +28,7 @@ void read_count(Tuning& t, const char* name, int64_t& field) {
 }
 
 void read_environment(Tuning& t) {
+  g_seen = &t.from_environment;
   if (const char* v = env("TESSERA_MAX_ISA")) t.max_isa = v;
   if (const char* v = env("TESSERA_INT8_GROUP")) {
     int64_t g = std::atoll(v);  // garbage reads as 0: per channel
@@ -32,9 +37,11 @@ void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_PF")) t.prefetch_bytes = std::max<int64_t>(0, std::atoll(v));
   if (const char* v = env("TESSERA_SPIN_US")) t.spin_us = std::atoi(v);
   t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
+  if (t.profile) t.from_environment += "TESSERA_PROFILE\n";
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
   read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
   read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
+  g_seen = nullptr;
 }
 
 }  // namespace

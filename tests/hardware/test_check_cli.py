@@ -44,6 +44,9 @@ def test_json_has_the_fields_the_issue_lists(report):
     assert all(set(b) == {"available", "reason", "description", "weights"} for b in report["backends"].values())
     assert report["auto_backend"] in report["backends"] and report["backends"][report["auto_backend"]]["available"]
     assert report["model"]["decode_tok_s_upper_bound"] > 0
+    tuning = report["tuning"]  # engine.tuned.status(): what is measured on this CPU, or that defaults are in use
+    assert set(tuning["knobs"]) == {"prefetch_bytes", "spin_us", "amx_tile_min_rows"}
+    assert tuning["cpu"] and tuning["stored"] in (True, False)
 
 
 @pytest.mark.skipif(not PROC_FLAGS, reason="needs /proc/cpuinfo")
@@ -69,6 +72,7 @@ def test_markdown_and_save(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("# Tessera hardware report") and "## Backends" in out and "Auto picks" in out
     assert md.read_text().startswith("# Tessera hardware report")
+    assert "## Kernel tuning" in out and "- spin_us = " in out  # defaults here: tests keep their own tuning folder
     assert main(["check", "--json", "--no-gpu", "--seconds", "0.1", "--save", str(js)]) == 0
     assert json.loads(js.read_text())["gpu_status"].startswith("GPU probe skipped")
 

@@ -79,6 +79,8 @@ def test_tuning_knobs_are_read_once_in_the_native_module():
     assert knobs["int8_group"] == 32 and knobs["spin_us"] == 7 and knobs["amx_tile_min_rows"] == 1
     assert knobs["dense_native_max_tokens"] == 512 and knobs["dense_quant_max_tokens"] == 512
     assert "invalid" not in knobs
+    assert set(knobs["from_environment"]) >= {"TESSERA_INT8_GROUP", "TESSERA_SPIN_US", "TESSERA_AMX_TILE_MIN_ROWS"}
+    assert "TESSERA_PF" not in knobs["from_environment"]
     assert packing == {"int8_group": 32}  # the knob that changes packed bytes, for the packed-weight cache key
     assert N.packing_knobs("AVX512") == {}
 
@@ -103,7 +105,7 @@ def test_read_bandwidth_and_peaks_are_measured():
     bf16 = N.peak_gflops("bf16_dot", threads=1, seconds=0.05)
     assert (bf16 > 1) == f["avx512_bf16"] and (bf16 == -1) == (not f["avx512_bf16"])
     assert N.peak_gflops("fp32_fma", threads=1, seconds=0.05) > 1
-    with pytest.raises(ValueError, match="what: expected bf16_dot or fp32_fma"):
+    with pytest.raises(ValueError, match="what: expected bf16_dot, int8_dot, fp32_fma, amx_bf16 or amx_int8"):
         N.peak_gflops("int4", threads=1)
 
 

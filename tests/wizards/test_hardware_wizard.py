@@ -45,6 +45,7 @@ def test_probe_runs_off_the_ui_thread_and_reports(wizard, qtbot, tmp_path):
     assert wizard.currentPage() is page
     html = page.view.toPlainText()
     assert f"Auto will use {report['auto_backend']}" in html and "Remedies" in html and "Backends" in html
+    assert "Kernel tuning" in html and "spin_us" in html  # measured on this CPU, or the defaults and why
     md = page.save(tmp_path / "report.md")
     assert md.read_text().startswith("# Tessera hardware report")
     js = page.save(tmp_path / "report.json")

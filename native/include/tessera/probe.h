@@ -7,7 +7,9 @@ namespace tessera {
 // Multi-threaded streaming read of a buffer much larger than the last-level cache, `nth` participants of `pool`;
 // returns the best pass in GB/s (1e9 bytes/s) over about `seconds`. Uses the widest vector loads the CPU allows.
 double read_bandwidth_gbs(ThreadPool& pool, double buffer_mib, double seconds);
-// Register-only peak of one instruction on all pool threads, GFLOP/s; < 0 when the CPU lacks the instruction.
-double peak_gflops(ThreadPool& pool, const char* what, double seconds);  // what: "bf16_dot" | "fp32_fma"
+// Register-only peak of one instruction on all pool threads, GFLOP/s (int8: GOP/s, mul + add counted as two); < 0
+// when the CPU (or the OS, for AMX) lacks the instruction. what: "bf16_dot" (vdpbf16ps), "int8_dot" (vpdpbusd),
+// "fp32_fma", "amx_bf16" (tdpbf16ps), "amx_int8" (tdpbssd).
+double peak_gflops(ThreadPool& pool, const char* what, double seconds);
 
 }  // namespace tessera

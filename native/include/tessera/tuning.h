@@ -14,10 +14,12 @@ struct Tuning {
   // TESSERA_INT8_GROUP: AVX512Int8 inputs per weight scale, rounded up to a multiple of 4; 0 = one scale per output
   // channel. Changes the packed bytes, so it is part of the packed-weight cache key (engine.native.packing_knobs).
   int64_t int8_group = 128;
-  // TESSERA_PF: how far ahead (bytes) the AVX kernels prefetch weight panels.
-  int64_t prefetch_bytes = -1;  // -1: the kernel's default (kKC * 64 in moe_body.inc)
+  // TESSERA_PF: how far ahead (bytes) the AVX kernels prefetch weight panels. Atomic (like spin_us and
+  // amx_tile_min_rows): a stored calibration (engine/tuned.py, `tessera-cli tune`) sets it after the environment was
+  // read, and the calibration times candidate values in one process.
+  std::atomic<int64_t> prefetch_bytes{-1};  // -1: the kernel's default (kKC * 64 in moe_body.inc)
   // TESSERA_SPIN_US: microseconds a pool worker spins after a job before it sleeps.
-  int spin_us = 50;
+  std::atomic<int> spin_us{50};
   // TESSERA_PROFILE (set to anything): per forward chunk, wall time of each phase on stderr.
   bool profile = false;
   // TESSERA_DENSE_NATIVE_MAX_T: engine.dense multiplies bf16/f16 weights natively for steps of up to this many tokens
@@ -26,6 +28,8 @@ struct Tuning {
   int64_t dense_quant_max_tokens = 512;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
   // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.
   std::string invalid;
+  // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.
+  std::string from_environment;
   // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. The only knob tests change while
   // the process runs (set_amx_tile_min_rows), hence atomic.
   std::atomic<int64_t> amx_tile_min_rows{16};

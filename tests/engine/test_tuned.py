@@ -1,0 +1,167 @@
+"""Kernel knobs measured on this machine (engine/tuned.py, engine/calibrate.py, `tessera-cli tune`): the stored record
+round-trips and is refused with a named message when damaged or foreign, the environment wins over it, the calibration
+picks the measured best (fake clock), and a real short calibration on a tiny shape stores a usable record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine import calibrate, native, tuned
+from engine.cli import main
+
+
+def _record(**knobs) -> dict:
+    return {"tessera_tuning": tuned.RECORD_VERSION, "cpu": tuned.cpu_model(), "build": tuned.build_id(),
+            "measured_at": "2026-12-03T15:00:00Z", "seconds": 2.5, "backend": "AVX2", "threads": 2,
+            "shape": {"E": 16, "H": 64, "I": 32, "k": 4},
+            "knobs": {n: {"value": v, "default": 0, "workload": "decode", "median_ms": {str(v): 1.0}}
+                      for n, v in knobs.items()}}
+
+
+def test_record_round_trips(tmp_path):
+    rec = _record(spin_us=10, prefetch_bytes=4096)
+    path = tuned.save(rec, tmp_path)
+    assert path == tuned.record_path(tmp_path) and path.parent == tmp_path
+    assert tuned.load(tmp_path) == (rec, "")
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the temporary file of the atomic write is gone
+    assert tuned.load(tmp_path / "empty") == (None, "")  # no record yet: no complaint
+
+
+def test_records_are_keyed_by_cpu_and_build(tmp_path):
+    tuned.save(_record(spin_us=10), tmp_path)
+    assert tuned.load(tmp_path, cpu="Another CPU")[0] is None
+    assert tuned.load(tmp_path, build="0123456789abcdef")[0] is None
+    assert tuned.record_path(tmp_path, cpu="A") != tuned.record_path(tmp_path, cpu="B")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "not valid JSON"),
+    ('{"cpu": "x"}', "not a Tessera tuning record"),
+    (json.dumps({**_record(spin_us=1), "tessera_tuning": 99}), "record version 99, this build reads version 1"),
+    (json.dumps({**_record(spin_us=1), "cpu": "Other CPU"}), "measured on CPU 'Other CPU'"),
+    (json.dumps({**_record(spin_us=1), "build": "feedfacefeedface"}), "measured with native build 'feedfacefeedface'"),
+    (json.dumps(_record(threads_per_phase=3)), "unknown knob 'threads_per_phase'"),
+    (json.dumps(_record(spin_us="fast")), "knob 'spin_us': 'value' must be a whole number"),
+])
+def test_bad_record_is_ignored_with_a_named_message(tmp_path, text, problem):
+    path = tuned.record_path(tmp_path)
+    path.write_text(text)
+    record, message = tuned.load(tmp_path)
+    assert record is None
+    assert message.startswith(f"tuning record {path}: ") and problem in message
+    assert message.endswith("ignored, the kernels' defaults are used")
+    st = tuned.status(tmp_path)
+    assert not st["stored"] and st["message"] == message
+    assert all(k["source"] != "measured" for k in st["knobs"].values())
+
+
+_APPLY = """
+import json, sys
+from engine import tuned
+rec, msg = tuned.load(sys.argv[1])
+print(json.dumps([tuned.apply(rec), msg]))
+"""
+
+
+def test_environment_wins_over_the_record(tmp_path):
+    tuned.save(_record(spin_us=123, prefetch_bytes=4096), tmp_path)
+    env = dict(os.environ, TESSERA_SPIN_US="7")
+    env.pop("TESSERA_PF", None)
+    out = subprocess.run([sys.executable, "-c", _APPLY, str(tmp_path)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    knobs, message = json.loads(out)
+    assert message == ""
+    assert knobs["spin_us"] == {"value": 7, "source": "environment"}
+    assert knobs["prefetch_bytes"] == {"value": 4096, "source": "measured"}
+    assert knobs["amx_tile_min_rows"]["source"] in ("default", "environment")
+
+
+def test_pick_takes_the_best_median_and_keeps_the_default_on_a_near_tie():
+    knob = calibrate.Knob("spin_us", 50, (0, 10, 50), "decode")
+    runs = {0: iter([9.0, 1.0, 1.0]), 10: iter([2.0, 2.0, 2.0]), 50: iter([3.0, 3.0, 3.0])}  # 0: one slow outlier
+    best, medians = calibrate.pick(knob, lambda v: next(runs[v]), rounds=3)
+    assert best == 0 and medians == {0: 1.0, 10: 2.0, 50: 3.0}
+    near = {0: 0.99, 10: 1.5, 50: 1.0}  # 1 % better than the default: within MARGIN, noise
+    assert calibrate.pick(knob, lambda v: near[v], rounds=3)[0] == 50
+
+
+def test_measure_knob_times_each_value_with_the_knob_set():
+    """A fake clock that advances by what the knob in force costs: the calibration must set the native knob before
+    timing each candidate, pick the cheapest, and leave the knob as it found it."""
+    cost = {0: 5e-3, 10: 2e-3, 50: 4e-3, 200: 8e-3}  # seconds per step by spin_us
+    now = [0.0]
+
+    def work():
+        now[0] += cost[native.tuning()["spin_us"]]
+
+    before = native.tuning()["spin_us"]
+    knob = calibrate.Knob("spin_us", 50, tuple(cost), "decode")
+    best, medians = calibrate.measure_knob(knob, work, steps=4, rounds=3, clock=lambda: now[0])
+    assert best == 10
+    assert medians == pytest.approx(cost)
+    assert native.tuning()["spin_us"] == before
+
+
+def test_knobs_follow_the_backend():
+    names = lambda b: [k.name for k in calibrate.knobs_for(b)]  # noqa: E731
+    assert names("AVX512") == ["spin_us", "prefetch_bytes"] and names("AVX2") == ["spin_us", "prefetch_bytes"]
+    assert names("AVX512Int8") == ["spin_us"]
+    assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows"] and names("AMXBF16-emulated") == ["spin_us"]
+
+
+def test_real_short_tune_on_a_tiny_shape(tmp_path, capsys):
+    before = native.tuning()
+    assert main(["tune", "--shape", "tiny", "--threads", "2", "--seconds", "0.3", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "stored " in out and "spin_us = " in out
+    record, message = tuned.load(tmp_path)
+    assert message == "" and record["shape"]["H"] == 64 and record["backend"] in ("AVX512", "AVX2", "AVX512Int8",
+                                                                                   "AMXInt8", "AMXBF16", "Reference")
+    for name, k in record["knobs"].items():
+        knob = next(kn for kn in calibrate.knobs_for(record["backend"]) if kn.name == name)
+        assert k["value"] in knob.candidates and set(k["median_ms"]) == {str(c) for c in knob.candidates}
+        assert all(ms > 0 for ms in k["median_ms"].values())
+    assert native.tuning() == before  # measuring leaves the process's knobs alone; a load applies the record
+    assert main(["tune", "--show", "--dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"Measured {record['measured_at']}" in shown and "(measured)" in shown
+
+
+def test_tune_bad_arguments_are_named(capsys):
+    assert main(["tune", "--shape", "tiny", "--seconds", "0"]) == 1
+    assert "error: --seconds: must be positive" in capsys.readouterr().err
+
+
+def test_load_applies_a_record_or_says_defaults(tmp_path):
+    line = tuned.prepare_for_load("AVX2", 16, 64, 32, 4, folder=tmp_path, calibrate=False)
+    assert line.startswith("kernels not calibrated on this CPU yet: defaults used")
+    tuned.record_path(tmp_path).write_text("{broken")
+    line = tuned.prepare_for_load("AVX2", 16, 64, 32, 4, folder=tmp_path, calibrate=False)
+    assert "not valid JSON" in line and "ignored" in line
+
+
+_FIRST_LOAD = """
+import sys
+from engine import native, tuned
+line = tuned.prepare_for_load(sys.argv[2], 16, 64, 32, 4, threads=2, folder=sys.argv[1])
+print(line)
+print(tuned.load(sys.argv[1])[0] is not None)
+"""
+
+
+def test_first_load_calibrates_once_when_asked(tmp_path):
+    """TESSERA_TUNE_ON_LOAD=1 (tests otherwise never calibrate): the first load measures and stores, the second applies
+    what the first stored."""
+    backend = native.dense_kernel() if native.dense_kernel() in ("AVX512", "AVX2") else "Reference"
+    env = dict(os.environ, TESSERA_TUNE_ON_LOAD="1")
+    run = lambda: subprocess.run([sys.executable, "-c", _FIRST_LOAD, str(tmp_path), backend], env=env,  # noqa: E731
+                                 capture_output=True, text=True, check=True).stdout.splitlines()
+    first = run()
+    assert first[0].startswith("kernels calibrated in ") and first[1] == "True"
+    second = run()
+    assert second[0].startswith("kernel tuning measured ") and "spin_us" in second[0] and "(measured)" in second[0]
