@@ -13,6 +13,7 @@
 #include <string>
 #include <sys/mman.h>
 
+#include "tessera/attention.h"  // attention over a bf16 KV cache (attention_bindings.inc)
 #include "tessera/backend.h"
 #include "tessera/cpu.h"
 #include "tessera/dense.h"
@@ -225,6 +226,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 }
 
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
+#include "attention_bindings.inc"  // attention over a bf16 KV cache: bind_attention(m)
 
 }  // namespace
 
@@ -348,6 +350,7 @@ NB_MODULE(_native, m) {
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
+  bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;
