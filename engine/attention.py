@@ -3,11 +3,13 @@
 Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
 - native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
   kernel for this head dim. Flash style: query blocks x key blocks of 32 with an online softmax, K/V read in place as
-  stored (never widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped. It serves both
-  prefill (any cached start) and decode.
-- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512). K/V are widened to float32 once per
-  layer (KVCache.keys_values); prefill goes through torch's SDPA (is_causal when nothing is cached before, so torch's
-  CPU flash kernel skips the upper triangle; an explicit [T, S] mask otherwise), decode through two small matmuls.
+  stored (never widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped. It runs decode
+  (where reading the cache is the whole cost) and prefill after cached positions (a second turn), where torch would
+  need an explicit [T, S] mask and compute the whole square.
+- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512), and a prompt with nothing cached
+  before it: K/V are widened to float32 once per layer (KVCache.keys_values, O(S), small beside O(T*S) work), then
+  torch's SDPA with is_causal, whose CPU flash kernel (query/key blocks, no T x T matrix either) measured faster than
+  ours on this first prefill (docs/BENCHMARKS.md, "Long context"); decode takes two small matmuls.
 
 Letters: T new positions, S = cached + new, nh query heads, nkv key/value heads, hd head dim.
 """
@@ -42,7 +44,7 @@ def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.
     when start > 0 and T > 1. `pool`: the native thread pool (default engine.dense.dense_pool(), torch's count now; a
     model passes the one it was built with, as its Linears do, since a step may run with torch at one thread)."""
     nh, T, hd = q.shape
-    if uses_native(cache, layer):
+    if uses_native(cache, layer) and (T == 1 or start > 0):
         out = torch.empty(T, nh * hd)  # [T, nh*hd]
         kt, v = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16, read in place
         native.attention_bf16(q.contiguous(), kt, v, start, hd**-0.5, out, pool or dense_pool())
