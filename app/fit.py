@@ -31,11 +31,11 @@ class FitEstimate:
 
 
 def estimate(info: dict, ram_available: int, vram_free: int = 0) -> FitEstimate:
-    """The load fits when the engine's estimate is at most 80 % of free RAM + VRAM (the rest for the OS, the app and
-    activations), is tight up to 100 %, and won't fit beyond."""
+    """The load fits when the engine's estimate is at most the engine's fit share (`fit_share`, 90 %: the margin
+    `tessera-cli check` judges by) of free RAM + VRAM, is tight up to 100 %, and won't fit beyond."""
     needed = int(info["ram"]["total_bytes"])
     available = ram_available + vram_free
-    if needed <= 0.8 * available:
+    if needed <= float(info["fit_share"]) * available:
         verdict = "fits"
     elif needed <= available:
         verdict = "tight"

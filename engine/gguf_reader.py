@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,16 +74,20 @@ class GGUFFile:
         self.path = Path(path)
         self.source = str(path)
         try:
-            size = self.path.stat().st_size
+            fh = open(self.path, "rb")
         except OSError as e:
             raise ModelFormatError(self.source, f"cannot open: {e.strerror or e}") from None
-        if size == 0:
-            raise ModelFormatError(self.source, "the file is empty")
-        self.file_size = size
-        try:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, no copies
-        except (OSError, ValueError) as e:
-            raise ModelFormatError(self.source, f"cannot memory-map: {e}") from None
+        with fh:
+            # what was mapped, for engine.scale_record (a file checked before and unchanged since is not rescanned)
+            self.stat, self.opened_at = os.fstat(fh.fileno()), time.time()
+            size = self.stat.st_size
+            if size == 0:
+                raise ModelFormatError(self.source, "the file is empty")
+            self.file_size = size
+            try:
+                self._map = np.memmap(fh, dtype=np.uint8, mode="c")  # copy-on-write: writable views, no copies
+            except (OSError, ValueError) as e:
+                raise ModelFormatError(self.source, f"cannot memory-map: {e}") from None
         parsed = _Parser(self._map, self.source).parse()
         self.version, self.metadata, self.tensors, self.alignment, self.data_offset = parsed
 

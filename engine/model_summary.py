@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from engine.model_info import ModelInfo, RamEstimate
     from engine.weights import ModelFile
 
+# A load "fits" when it needs at most this share of the free RAM (+ free VRAM): the rest is for the OS, other programs
+# and activations. The one margin: `check`/the hardware wizard (engine.hardware.verdict) and the app's fit line
+# (app/fit.py, which reads it from `facts`) judge with it, so they never disagree near the edge.
+FIT_SHARE = 0.9
+
 _UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
 
 
@@ -82,11 +87,11 @@ def ram_dict(ram: RamEstimate) -> dict:
 
 def facts(info: ModelInfo) -> dict:
     """What the panel, the fit estimate and the hardware check show of an inspected model (`info.ram` sized for the
-    load asked for): {"type_mix": str, "ram": dict with total_bytes, "ram_text": str}."""
+    load asked for): {"type_mix": str, "ram": dict with total_bytes, "ram_text": str, "fit_share": FIT_SHARE}."""
     if info.ram is None:
         raise ValueError(f"{info.path}: ModelInfo without its RAM estimate (engine.model_info.inspect_model fills it)")
     ram = ram_dict(info.ram)
-    return {"type_mix": type_mix(info.type_bytes), "ram": ram, "ram_text": ram_text(ram)}
+    return {"type_mix": type_mix(info.type_bytes), "ram": ram, "ram_text": ram_text(ram), "fit_share": FIT_SHARE}
 
 
 def sized_for_load(

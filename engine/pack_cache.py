@@ -13,7 +13,9 @@ Every file is verified before its bytes are used: header, size, key and the SHA-
 very buffer the kernels will read. A file that fails any check is deleted and the layer repacked, with a one-line
 notice. A cache folder that cannot be written (read-only, a file in its place) only costs the speed-up: the model
 loads without storing, and says so once per process. The cache keeps to a budget (default: the smaller of 25 % of the
-disk space it may use and twice the largest cached model) by evicting the least recently loaded models first.
+disk space it may use, free space plus the cache itself, and twice the largest cached model; TESSERA_PACK_CACHE_BUDGET
+sets it) by evicting the least recently loaded models first. A model larger than the whole budget keeps what fits, a
+prefix of its layers, and the notice says how much disk space or which budget would keep all of it.
 
 Notices go to the `tessera.pack_cache` logger (printed on stderr when nothing else handles it) and to
 `PackCache.notices`, which the loader copies into its LoadStats.
@@ -164,6 +166,7 @@ class PackCache:
         self.notices: list[str] = []
         self.budget_override = budget
         self.store_enabled = True
+        self.admitted: set[str] | None = None  # make_room: the keys of a model over the budget that are stored
         self.usable, self.writable = self._probe()
 
     # -- notices
@@ -268,7 +271,7 @@ class PackCache:
     def store(self, key: str, blob: np.ndarray) -> bool:
         """Writes the blob atomically (temporary file, then rename). A full disk or an I/O error costs only the next
         start: said once, then storing stops for this load."""
-        if not (self.writable and self.store_enabled):
+        if not (self.writable and self.store_enabled) or (self.admitted is not None and key not in self.admitted):
             return False
         path = self.layer_path(key)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -330,28 +333,57 @@ class PackCache:
         return layers + sum(_size(p) for d in self._legacy_dirs() for p in d.rglob("*") if p.is_file())
 
     def budget(self, incoming_model_bytes: int = 0) -> int:
+        return self.budget_explained(incoming_model_bytes)[0]
+
+    def budget_explained(self, incoming_model_bytes: int = 0) -> tuple[int, str]:
+        """(the budget in bytes, where it comes from, for people). Every byte the cache holds counts as room: a load
+        may evict all of it (least recently used first), so the disk share is of free space plus the cache."""
         if self.budget_override is not None:
-            return self.budget_override
+            return self.budget_override, "set by the caller"
         env = os.environ.get(_BUDGET_ENV)
         if env:
-            return parse_size(env, _BUDGET_ENV)
+            return parse_size(env, _BUDGET_ENV), f"set by {_BUDGET_ENV}"
         largest = max([incoming_model_bytes] + [m.bytes for m in self.models()])
         free = shutil.disk_usage(self.root).free if self.root.is_dir() else 0
-        return default_budget(free, self.held_bytes(), largest)
+        held = self.held_bytes()
+        budget = default_budget(free, held, largest)
+        disk = f"{DISK_SHARE:.0%} of {human_bytes(free + held)} (free disk space plus the cache)"
+        if budget < MODEL_MULTIPLE * largest:
+            return budget, disk
+        return budget, f"{MODEL_MULTIPLE} x the largest model, {human_bytes(largest)}; {disk} would allow more"
+
+    def _room_hint(self, model_bytes: int, why: str) -> str:
+        """What would make the budget hold `model_bytes`: more free disk space (when the disk share decides it) or
+        TESSERA_PACK_CACHE_BUDGET (in GiB, rounded up, as parse_size reads it)."""
+        setting = f"set {_BUDGET_ENV}={-(-model_bytes * 10 // 2**30) / 10:.1f}G"
+        if why.startswith("set by"):
+            return setting
+        more = int(model_bytes / DISK_SHARE) - shutil.disk_usage(self.root).free - self.held_bytes()
+        return f"free {human_bytes(more)} more disk space on {self.root}'s disk, or {setting}"
 
     def make_room(self, keys: Iterable[str], sizes: Iterable[int], model: str, backend: str) -> None:
         """Before a load stores its layers: evict least recently used models (never a layer of this load) until the
-        cache and the layers still to store fit the budget; when this model alone does not fit, store nothing."""
+        cache and the layers still to store fit the budget. A model larger than the whole budget keeps the layers
+        that fit, in load order (those load from the cache next time, the others pack at every load; said in a
+        notice with what to do): `store` then stores only those."""
         if not self.writable:
             return
         keys, sizes = list(keys), [HEADER_BYTES + n for n in sizes]  # file sizes
         model_bytes = sum(sizes)
-        budget = self.budget(model_bytes)
+        budget, why = self.budget_explained(model_bytes)
         if model_bytes > budget:
-            self.store_enabled = False
+            admitted, total = [], 0
+            for k, n in zip(keys, sizes):
+                if total + n > budget:
+                    break
+                admitted.append(k)
+                total += n
+            self.admitted = set(admitted)
             self.notice(f"this model packs to {human_bytes(model_bytes)}, over the cache budget of "
-                        f"{human_bytes(budget)} (set {_BUDGET_ENV} or free disk space); loading without storing")
-            return
+                        f"{human_bytes(budget)} ({why}); caching {len(admitted)} of its {len(keys)} layers "
+                        f"({human_bytes(total)}), the other {len(keys) - len(admitted)} are packed again at every "
+                        f"load. To cache all of it: {self._room_hint(model_bytes, why)}")
+            keys, sizes = admitted, sizes[: len(admitted)]
         incoming = sum(n for k, n in zip(keys, sizes) if not self.layer_path(k).is_file())
         self.evict(budget - incoming, keep=set(keys), keep_model=self._manifest_path(model, backend).stem)
 

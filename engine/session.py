@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine import readahead
 from engine.chat_tokens import ChatPrompt
 from engine.errors import Cancelled, TesseraError
 from engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
@@ -53,14 +54,23 @@ def load(
             raise TesseraError("--threads", f"must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     model = open_model(path)  # every header read once, here
-    info = inspect_model(model)
-    weights = load_weights(model, progress=progress, cancel=cancel)
-    _check_cancel(cancel)
-    tokenizer = Tokenizer.from_model(model)
-    _check_cancel(cancel)
-    return Session(path, weights, tokenizer, info, backend=backend, threads=threads, context_length=context_length,
-                   progress=progress, prefix_cache_bytes=prefix_cache_bytes, placement=placement,
-                   twin=twin)
+    # the file into the page cache on a thread, in file order, while the loader and the first forward walk it
+    ahead = readahead.start(part.path for part in model.gguf.files) if model.gguf is not None else None
+    try:
+        info = inspect_model(model)
+        weights = load_weights(model, progress=progress, cancel=cancel)
+        _check_cancel(cancel)
+        tokenizer = Tokenizer.from_model(model)
+        _check_cancel(cancel)
+        session = Session(path, weights, tokenizer, info, backend=backend, threads=threads,
+                          context_length=context_length, progress=progress, prefix_cache_bytes=prefix_cache_bytes,
+                          placement=placement, twin=twin)
+    except BaseException:
+        if ahead is not None:
+            ahead.stop()
+        raise
+    session.readahead = ahead
+    return session
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -109,6 +119,7 @@ class Session:
             progress(ProgressEvent("prepare", 1, 1, ""))
         self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
         self._busy = threading.Lock()
+        self.readahead: readahead.ReadAhead | None = None  # load() sets it: the file's read-ahead, stopped by close()
 
     def _new_cache(self, capacity: int) -> KVCache:
         return self.model.new_cache(capacity)
@@ -229,6 +240,8 @@ class Session:
         self.prefix_cache.clear()
 
     def close(self) -> None:
+        if self.readahead is not None:
+            self.readahead.stop()
         if self.model is not None:
             self.model.experts.close()
         self.model = None

@@ -8,7 +8,8 @@ tokenizer all take the opened `ModelFile`, so loading reads each header once.
 Routed experts are stacked per layer: gate_proj/up_proj [E, I, H], down_proj [E, H, I] (GGUF stores them stacked
 already; HF stores `model.layers.{i}.mlp.experts.{e}.{proj}.weight` one by one and they are copied into one tensor).
 Stored dtypes are kept (bf16 stays bf16, zero-copy from the memory map). Block-quantized GGUF tensors have their f16
-block scales checked for NaN/Inf first (a named error: tensor and block); then they stay as their blocks, views of the
+block scales checked for NaN/Inf first (a named error: tensor and block; skipped only for a file that passed before
+and is unchanged since, engine.scale_record); then they stay as their blocks, views of the
 memory map: the routed experts as engine.quantized.QuantizedTensor (dequantized an expert at a time when used), the
 2-D weights (attention, dense MLP, lm_head, embedding) as QuantizedMatrix (multiplied in place by the native kernels,
 engine.dense). Only a 2-D weight of a type those kernels do not read (Q5_0, Q5_1, IQ4_NL) becomes float32.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from engine import quants
+from engine import quants, scale_record
 from engine.checkpoint_layout import GGUFTensor, gguf_tensors, hf_shapes
 from engine.config import ModelConfig
 from engine.errors import Cancelled, ModelFormatError
@@ -102,28 +103,38 @@ def load_weights(
         model = open_model(model)
     total = len(model.tensors)
     tensors: dict[str, torch.Tensor] = {}
+    parts = _identities(model.gguf) if model.gguf is not None else []
+    scales_checked = scale_record.is_checked(parts)
     for n, t in enumerate(model.tensors):
         _check_cancel(cancel)
         if progress:
             progress(ProgressEvent("load", n, total, t.name if model.gguf is not None else t.canonical))
         if model.gguf is not None:
-            tensors[t.canonical] = _gguf_tensor(model.gguf, t, str(model.path))
+            tensors[t.canonical] = _gguf_tensor(model.gguf, t, str(model.path), check=not scales_checked)
         elif t.stacked:
             tensors[t.canonical] = _stack(model.hf, t, str(model.path), cancel)
         else:
             tensors[t.canonical] = model.hf.get(t.sources[0])
+    if parts and not scales_checked:  # every quantized tensor passed: the same unchanged file is not scanned again
+        scale_record.mark_checked(parts, min(f.opened_at for f in model.gguf.files))
     if progress:
         progress(ProgressEvent("load", total, total, ""))
     return ModelWeights(model.config, tensors, str(model.path))
 
 
-def _gguf_tensor(f: GGUFModel, t: GGUFTensor, source: str) -> torch.Tensor | QuantizedTensor:
+def _identities(f: GGUFModel) -> list[dict]:
+    """Each part's identity as it was when opened (engine.scale_record), in part order."""
+    return [scale_record.identity(part.path, part.stat) for part in f.files]
+
+
+def _gguf_tensor(f: GGUFModel, t: GGUFTensor, source: str, check: bool = True) -> torch.Tensor | QuantizedTensor:
     """One GGUF tensor as the model holds it (engine.quantized.keeps_blocks decides, the rule inspect_model sizes
-    loads with)."""
+    loads with). `check`: scan its block scales (False only for a file engine.scale_record says passed unchanged)."""
     g = f.info(t.name)
     if g.ggml_type in quants.QUANT_TYPES:
         raw = f.raw(t.name)  # [..., row bytes] uint8 view of the map
-        check_scales(raw, g.ggml_type, source, t.name)
+        if check:
+            check_scales(raw, g.ggml_type, source, t.name)
         if keeps_blocks(g.ggml_type, t.stacked, len(g.shape)):
             cls = QuantizedTensor if t.stacked else QuantizedMatrix
             return cls(raw, g.ggml_type, tuple(g.shape), t.name)

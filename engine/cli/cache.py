@@ -37,17 +37,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     models = cache.models()
     held = cache.held_bytes() if cache.usable else 0
-    budget = cache.budget() if cache.usable else 0
+    budget, why = cache.budget_explained() if cache.usable else (0, "no usable folder")
+    stored = {m.id: sum(cache.layer_path(k).is_file() for k in m.keys) for m in models}
     if args.json:
-        print(json.dumps({"folder": str(root), "bytes": held, "budget": budget,
+        print(json.dumps({"folder": str(root), "bytes": held, "budget": budget, "budget_from": why,
                           "models": [{"model": m.model, "backend": m.backend, "bytes": m.bytes,
-                                      "layers": len(m.keys), "last_used": m.last_used} for m in models]}))
+                                      "layers": len(m.keys), "layers_stored": stored[m.id],
+                                      "last_used": m.last_used} for m in models]}))
         return 0
     print(f"packed-weight cache: {terminal_safe(str(root))}")
     for m in reversed(models):  # most recent first
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_used))
-        print(f"  {human_bytes(m.bytes):>10}  {m.backend:<11} {when}  {terminal_safe(m.model)}")
+        part = "" if stored[m.id] == len(m.keys) else (
+            f"  ({stored[m.id]} of {len(m.keys)} layers stored; the others pack at every load)")
+        print(f"  {human_bytes(m.bytes):>10}  {m.backend:<11} {when}  {terminal_safe(m.model)}{part}")
     if not models:
         print("  (empty)")
-    print(f"total {human_bytes(held)} of a {human_bytes(budget)} budget")
+    print(f"total {human_bytes(held)} of a {human_bytes(budget)} budget ({why})")
     return 0

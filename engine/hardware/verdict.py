@@ -10,9 +10,9 @@ from pathlib import Path
 from engine.config import ModelConfig
 from engine.errors import TesseraError
 from engine.hardware.presets import BYTES_PER_WEIGHT, active_expert_params, dense_params, expert_params, preset
+from engine.model_summary import FIT_SHARE as RAM_HEADROOM  # the one fit margin, shared with the app's fit line
 
 GB = 1e9
-RAM_HEADROOM = 0.9  # plan to use at most this share of available RAM / free VRAM (KV cache, activations, the OS)
 
 
 def backends() -> tuple[dict[str, dict], str, str]:
@@ -127,9 +127,12 @@ def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dic
     if load is not None:
         out.update(type_mix=load["type_mix"], ram=load["ram"], ram_text=load["ram_text"])
     if gpu:
-        out["vram_needed_gb"] = round(dense_bytes / GB, 2)
+        # On CUDA a quantized dense weight is widened once to bf16 (engine/dense.py Linear._init_quantized); f32 and
+        # 16-bit weights go as stored. So VRAM counts 2 bytes a weight for a Q8_0 file, not its 34/32 in RAM.
+        vram_bytes = dense * BYTES_PER_WEIGHT["f32" if stored == "f32" else "bf16"]
+        out["vram_needed_gb"] = round(vram_bytes / GB, 2)
         out["vram_free_gb"] = gpu["vram_free_gb"]
-        out["fits_vram"] = dense_bytes <= RAM_HEADROOM * gpu["vram_free_gb"] * GB
+        out["fits_vram"] = vram_bytes <= RAM_HEADROOM * gpu["vram_free_gb"] * GB
     else:
         out["decode_tok_s_upper_bound_cpu_only"] = round(bw / (active + dense_per_token), 2) if bw > 0 else 0.0
     # The one ceiling to headline is the one that applies here. With a CUDA GPU the attention, router and output

@@ -116,7 +116,8 @@ class FakeApi:
                 "num_key_value_heads": 2, "head_dim": 16, "total_bytes": 5_000_000, "loaded_bytes": 5_000_000,
                 "context_length": 2048, "type_bytes": {"F32": 5_000_000}, "tensor_types": {"F32": 30},
                 "type_mix": "F32 100 %", "ram": ram,
-                "ram_text": "about 8.00 MB: weights 5.00 MB + packed experts 2.00 MB + KV cache 1.00 MB"}
+                "ram_text": "about 8.00 MB: weights 5.00 MB + packed experts 2.00 MB + KV cache 1.00 MB",
+                "fit_share": 0.9}
 
     ram_free = 64_000_000_000  # what ram_available reports; a test lowers it to leave no room for two models
 

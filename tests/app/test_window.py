@@ -312,7 +312,7 @@ def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypat
     from app.fit import estimate
 
     w = harness.window
-    huge = {"ram": {"total_bytes": 10**15}, "ram_text": "about 1000000 GB: weights 1000000 GB"}
+    huge = {"ram": {"total_bytes": 10**15}, "ram_text": "about 1000000 GB: weights 1000000 GB", "fit_share": 0.9}
     w.fits["/models/huge.gguf"] = estimate(huge, 16 * 10**9)
     asked = []
     monkeypatch.setattr(w, "confirm_load", lambda text: asked.append(text) or False)

@@ -52,6 +52,15 @@ def test_estimate_with_gpu_splits_ram_and_vram():
     assert "RTX 4090" in m["placement"] and "decode_tok_s_upper_bound_cpu_only" not in m
 
 
+@pytest.mark.parametrize(("stored", "device_bytes"), [("q8_0", 2), ("bf16", 2), ("f32", 4)])
+def test_vram_counts_what_cuda_holds_not_the_file_blocks(stored, device_bytes):
+    # A Q8_0 file's dense weights are 34/32 bytes a weight in RAM but widened to bf16 on the device: VRAM must say 2.
+    cfg = presets.preset("qwen3-30b-a3b")
+    gpu = {"name": "RTX 4090", "vram_free_gb": 22.0}
+    m = verdict.estimate(cfg, "Qwen3-30B-A3B", stored, auto="AVX512Int8", memory=MEM, gpus=[gpu])
+    assert m["vram_needed_gb"] == pytest.approx(presets.dense_params(cfg) * device_bytes / 1e9, abs=0.01)
+
+
 def test_model_shape_from_model_files(tiny_hf_model, tiny_gguf_model, tmp_path):
     """A model is read by the engine's inspector: the config it loads with, its name, its experts' stored type."""
     from engine.make_model import make_model
