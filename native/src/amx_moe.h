@@ -6,7 +6,9 @@
 //
 // forward: rows grouped by expert; per expert with M rows, gate/up/down run on AMX tiles when M >= the tile threshold
 // and on the vector kernels (amx_vec.h, same packing) otherwise. Every output element is computed by one task in a
-// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path. bf16:
+// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path. int8:
+// activations carry two digits (amx_pack.h quantize_row_i8): the vector path loads each weight row once for both
+// (decode reads the same bytes, as AVX512Int8's kernel does), the tiles run both digit tiles against each B tile. bf16:
 // tiles take bf16 activations (TDPBF16PS), vectors keep them f32 (fp32 FMA on the widened bf16 weights).
 #pragma once
 
@@ -44,61 +46,57 @@ inline TileConfig gemm_tile_config(int ra0, int ra1) {
 
 template <class Tiles>
 struct TileGemm {
-  // Same contract as VecKernels::gemm_i8 (amx_vec.h).
+  // Same contract as VecKernels::gemm_i8 (amx_vec.h): A rows hold the hi digits at [0, Kp) and the lo digits at
+  // [Kp, 2 Kp). Per 16 token rows, tile 0 holds their hi digits and tile 1 their lo digits (same rows, stride lda),
+  // so C tiles 4/5 are hi x B0/B1 and 6/7 lo x B0/B1, combined per group by the shared epilogue.
   // The group epilogue runs through vec (vectorized where the CPU allows; it rounds like every other path).
   static void i8(const VecKernels& vec, const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
                  const float* ascale, const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C,
                  int64_t ldc) {
     const int64_t kpg = L.kblocks_per_group();
     alignas(64) int32_t cbuf[4][16 * 16];
-    alignas(64) float facc[32][32];
-    int cur0 = -1, cur1 = -1;
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
-      const int ra0 = static_cast<int>(std::min<int64_t>(16, M - m0));
-      const int ra1 = static_cast<int>(std::clamp<int64_t>(M - m0 - 16, 0, 16));
-      if (ra0 != cur0 || ra1 != cur1) {  // edge rows: reconfigure (LDTILECFG zeroes the tiles; nothing is live)
-        Tiles::config(gemm_tile_config(ra0, ra1));
-        cur0 = ra0;
-        cur1 = ra1;
+    alignas(64) float facc[16][32];
+    int cur = -1;
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int ra = static_cast<int>(std::min<int64_t>(16, M - m0));
+      if (ra != cur) {  // edge rows: reconfigure (LDTILECFG zeroes the tiles; nothing is live)
+        Tiles::config(gemm_tile_config(ra, ra));
+        cur = ra;
       }
-      const int8_t* a0 = A + m0 * lda;
-      const int8_t* a1 = a0 + 16 * lda;
+      const int8_t* hi = A + m0 * lda;
+      const int8_t* lo = hi + L.Kp;
       for (int64_t nb = nb0; nb < nb1; nb += 2) {
         const bool two = nb + 1 < nb1;
-        for (int r = 0; r < ra0 + ra1; ++r) std::fill(facc[r], facc[r] + 32, 0.0f);
+        for (int r = 0; r < ra; ++r) std::fill(facc[r], facc[r] + 32, 0.0f);
         for (int64_t g = 0; g < L.ngroups; ++g) {
           Tiles::template zero<4>();
           Tiles::template zero<5>();
-          if (ra1) {
-            Tiles::template zero<6>();
-            Tiles::template zero<7>();
-          }
+          Tiles::template zero<6>();
+          Tiles::template zero<7>();
           for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
-            Tiles::template load<0>(a0 + kb * kTileKInt8, lda);
-            if (ra1) Tiles::template load<1>(a1 + kb * kTileKInt8, lda);
+            Tiles::template load<0>(hi + kb * kTileKInt8, lda);
+            Tiles::template load<1>(lo + kb * kTileKInt8, lda);
             Tiles::template load<2>(L.tile(W, nb, kb), 64);
             if (two) Tiles::template load<3>(L.tile(W, nb + 1, kb), 64);
-            Tiles::template dpbsud<4, 0, 2>();  // A signed activations, B the +128 weight bytes
-            if (two) Tiles::template dpbsud<5, 0, 3>();
-            if (ra1) {
-              Tiles::template dpbsud<6, 1, 2>();
-              if (two) Tiles::template dpbsud<7, 1, 3>();
+            Tiles::template dpbsud<4, 0, 2>();  // A signed digits, B the +128 weight bytes
+            Tiles::template dpbsud<6, 1, 2>();
+            if (two) {
+              Tiles::template dpbsud<5, 0, 3>();
+              Tiles::template dpbsud<7, 1, 3>();
             }
           }
           Tiles::template store<4>(cbuf[0], 64);
-          if (two) Tiles::template store<5>(cbuf[1], 64);
-          if (ra1) {
-            Tiles::template store<6>(cbuf[2], 64);
-            if (two) Tiles::template store<7>(cbuf[3], 64);
+          Tiles::template store<6>(cbuf[2], 64);
+          if (two) {
+            Tiles::template store<5>(cbuf[1], 64);
+            Tiles::template store<7>(cbuf[3], 64);
           }
-          for (int i = 0; i < (ra1 ? 2 : 1); ++i)
-            for (int j = 0; j < (two ? 2 : 1); ++j)
-              vec.i8_epilogue(cbuf[2 * i + j], L.scales(W, nb + j) + g * kTileN,
-                              ascale + (m0 + 16 * i) * L.ngroups + g, corr + (m0 + 16 * i) * L.ngroups + g,
-                              L.ngroups, i ? ra1 : ra0, &facc[16 * i][16 * j], 32);
+          for (int j = 0; j < (two ? 2 : 1); ++j)
+            vec.i8_epilogue(cbuf[j], cbuf[2 + j], L.scales(W, nb + j) + g * kTileN, ascale + m0 * L.ngroups + g,
+                            corr + m0 * L.ngroups + g, L.ngroups, ra, &facc[0][16 * j], 32);
         }
         const int64_t ncols = std::min<int64_t>((two ? 32 : 16), L.N - nb * kTileN);
-        for (int r = 0; r < ra0 + ra1; ++r) std::memcpy(C + (m0 + r) * ldc + nb * kTileN, facc[r], ncols * 4);
+        for (int r = 0; r < ra; ++r) std::memcpy(C + (m0 + r) * ldc + nb * kTileN, facc[r], ncols * 4);
       }
     }
     Tiles::release();
@@ -208,9 +206,10 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
   for (int64_t e = 0; e < E; ++e)
     if (offs[e + 1] > offs[e]) active.push_back(e);
 
-  // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H]. bf16 rows take 4 bytes per element:
-  // an expert on tiles reads its rows as bf16 (stride 2*Kp elements), one on vectors as f32 (stride Kp).
-  const size_t ab = kInt8 ? 1 : 4;
+  // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H]. int8 rows take 2 bytes per element
+  // (hi digits, then lo digits: stride 2*Kp); bf16 rows 4: an expert on tiles reads its rows as bf16 (stride 2*Kp
+  // elements), one on vectors as f32 (stride Kp).
+  const size_t ab = kInt8 ? 2 : 4;
   std::vector<char> row_tiles(R);
   for (int64_t e : active)
     std::fill(row_tiles.begin() + offs[e], row_tiles.begin() + offs[e + 1], offs[e + 1] - offs[e] >= min_rows);
@@ -234,7 +233,7 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
       for (int64_t r = c * kRowChunk; r < std::min(R, (c + 1) * kRowChunk); ++r) {
         const float* v = src + (tok ? tok[r] : r) * ld;
         if constexpr (kInt8)
-          vec.quantize_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * ML.Kp, sc + r * ML.ngroups,
+          vec.quantize_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * 2 * ML.Kp, sc + r * ML.ngroups,
                           cr + r * ML.ngroups);
         else if (row_tiles[r])
           vec.convert_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * 2 * ML.Kp);
@@ -249,9 +248,9 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
     if constexpr (kInt8) {
       const int8_t* a = reinterpret_cast<const int8_t*>(Ain);
       if (M >= min_rows)
-        TileGemm<Tiles>::i8(vec, ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
+        TileGemm<Tiles>::i8(vec, ML, W, a, 2 * ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
       else
-        vec.gemm_i8(ML, W, a, ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
+        vec.gemm_i8(ML, W, a, 2 * ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
     } else if (M >= min_rows) {
       TileGemm<Tiles>::bf16(ML, W, reinterpret_cast<const uint16_t*>(Ain), 2 * ML.Kp, M, nb0, nb1, C, ldc);
     } else {

@@ -125,17 +125,26 @@ void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w) {
 }
 
 void quantize_row_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr) {
+  int8_t* lo = q + L.Kp;
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
     const float s = k0 < k1 ? group_scale(x, k0, k1) : 0.0f;
-    scales[g] = s;
-    const float inv = inverse(s);
-    for (int64_t k = k0; k < k1; ++k) q[k] = quantize_value(x[k], inv);
-    int32_t sum = 0;
-    for (int64_t k = k0; k < k1; ++k) sum += q[k];
-    corr[g] = 128 * sum;
+    scales[g] = s / 254.0f;
+    const float inv = inverse(s), inv_lo = inv * 254.0f;
+    uint32_t sum_hi = 0, sum_lo = 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      q[k] = quantize_value(x[k], inv);
+      const float r = x[k] - static_cast<float>(q[k]) * s;  // |r| <= s / 2 (NaN where x is)
+      lo[k] = quantize_value(r, inv_lo);
+      sum_hi += static_cast<uint32_t>(static_cast<int32_t>(q[k]));
+      sum_lo += static_cast<uint32_t>(static_cast<int32_t>(lo[k]));
+    }
+    corr[g] = static_cast<int32_t>(128u * (254u * sum_hi + sum_lo));
   }
-  if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);
+  if (L.Kp > L.K) {
+    std::memset(q + L.K, 0, L.Kp - L.K);
+    std::memset(lo + L.K, 0, L.Kp - L.K);
+  }
 }
 
 void convert_row_bf16(const MatLayout& L, const float* x, uint16_t* q) {
@@ -193,6 +202,10 @@ LayerLayout read_layer(const uint8_t* blob, const char* backend, WeightFormat fm
     throw std::invalid_argument(std::string(backend) + ": packed with another AMX layout revision; repack");
   if (h.format != static_cast<int32_t>(fmt))
     throw std::invalid_argument(std::string(backend) + ": packed for another weight format");
+  if (fmt == WeightFormat::Int8 && (h.group < kTileKInt8 || h.group > kMaxInt8Group || h.group % kTileKInt8 != 0))
+    throw std::invalid_argument(std::string(backend) + ": int8 group " + std::to_string(h.group) +
+                                " in the AMX header is not a multiple of 64 in [64, " + std::to_string(kMaxInt8Group) +
+                                "]; repack");
   const LayerLayout L = LayerLayout::make(fmt, dims.E, dims.H, dims.I, h.group);
   if (h.E != L.E || h.H != L.H || h.I != L.I || h.gate_offset != L.gate_offset || h.up_offset != L.up_offset ||
       h.down_offset != L.down_offset)

@@ -3,13 +3,16 @@
 // AVX-512 VNNI/FMA (amx_vec_avx512.cpp, its own translation unit) and a portable scalar twin (amx_vec_scalar.cpp).
 //
 // Contract (both formats): for rows m < M and outputs n in [nb0*16, min(nb1*16, N)),
-//   int8: C[m*ldc + n] = sum_g ((float)(acc_g[m][n] - corr[m*ngroups + g]) * wscale[g][n]) * ascale[m*ngroups + g]
-//         (sum in g order from 0) where acc_g is the int32 dot product of A row m with the stored (+128) weight bytes
-//         of row n over group g and corr = 128 * sum of A's group: the difference is the exact signed dot product;
+//   int8: A row m holds two activation digits (amx_pack.h quantize_row_i8): hi at A[m*lda + k], lo at
+//         A[m*lda + Kp + k], k < Kp. With hi_g / lo_g the int32 dot products of those digits with the stored (+128)
+//         weight bytes of row n over group g, and d_g = 254 * hi_g + lo_g - corr[m*ngroups + g] (int32, modulo 2^32:
+//         the exact signed dot product of 254 * hi + lo with the weights, which fits in int32 for groups <= 256),
+//         C[m*ldc + n] = sum_g ((float)d_g * wscale[g][n]) * ascale[m*ngroups + g]   (sum in g order from 0);
 //   bf16: A is f32 (decode keeps full-precision activations; only the tiles need bf16 ones):
 //         C[m*ldc + n] = e + o, where e and o start at 0 and take, for k = 0, 2, 4, ... in order,
 //         e = fma(A[m][k], W[n][k], e) and o = fma(A[m][k+1], W[n][k+1], o)   (IEEE fp32, RNE, no flushing).
-// A rows hold Kp elements (zero beyond K) at stride lda (elements); C is the row base (column n at C[m*ldc + n]).
+// A rows hold Kp elements (zero beyond K; int8: two digit rows of Kp) at stride lda (elements); C is the row base
+// (column n at C[m*ldc + n]).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +27,11 @@ struct VecKernels {
                   const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc);
   void (*gemm_bf16)(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda, int64_t M, int64_t nb0,
                     int64_t nb1, float* C, int64_t ldc);
-  // The tile path's int8 group epilogue over a stored C tile: for r < rows, n < 16:
-  //   facc[r*ldf + n] += ((float)(acc[r*16 + n] - corr[r*as_stride]) * wscale[n]) * ascale[r*as_stride]
-  void (*i8_epilogue)(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
-                      int64_t as_stride, int rows, float* facc, int64_t ldf);
+  // The tile path's int8 group epilogue over the stored C tiles of the hi and lo digits: for r < rows, n < 16,
+  //   facc[r*ldf + n] += ((float)d * wscale[n]) * ascale[r*as_stride],
+  //   d = 254 * hi[r*16 + n] + lo[r*16 + n] - corr[r*as_stride] (int32 modulo 2^32, as in gemm_i8)
+  void (*i8_epilogue)(const int32_t* hi, const int32_t* lo, const float* wscale, const float* ascale,
+                      const int32_t* corr, int64_t as_stride, int rows, float* facc, int64_t ldf);
   // g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u with exp as exp_poly below: the same bits on either variant.
   void (*silu_mul)(float* g, const float* u, int64_t n);
   // Activation rows as amx_pack.h's quantize_row_i8 / convert_row_bf16 define them, bit for bit.
@@ -70,9 +74,15 @@ inline float exp(float x) {
 
 inline float silu_mul(float g, float u) { return g / (1.0f + exp_poly::exp(-g)) * u; }
 
+// 254 * hi + lo - corr in int32 modulo 2^32 (unsigned arithmetic: wrapping is defined; the true value fits).
+inline int32_t i8_two_digit_dot(int32_t hi, int32_t lo, int32_t corr) {
+  return static_cast<int32_t>(254u * static_cast<uint32_t>(hi) + static_cast<uint32_t>(lo) - static_cast<uint32_t>(corr));
+}
+
 // The int8 epilogue of one group for 16 lanes, shared by every path (tiles included) so all round identically.
-inline void i8_group_epilogue(const int32_t* acc, const float* wscale, float ascale, int32_t corr, float* facc) {
-  for (int n = 0; n < 16; ++n) facc[n] += (static_cast<float>(acc[n] - corr) * wscale[n]) * ascale;
+inline void i8_group_epilogue(const int32_t* hi, const int32_t* lo, const float* wscale, float ascale, int32_t corr,
+                              float* facc) {
+  for (int n = 0; n < 16; ++n) facc[n] += (static_cast<float>(i8_two_digit_dot(hi[n], lo[n], corr)) * wscale[n]) * ascale;
 }
 
 }  // namespace tessera::amx

@@ -18,7 +18,10 @@ namespace tessera::amx {
 
 namespace {
 
-constexpr int kRowsPerPass = 4;  // token rows sharing each loaded weight row
+constexpr int kRowsPerPass = 4;  // bf16: token rows sharing each loaded weight row
+// int8, as AVX512Int8's kernel (moe_avx512_int8.cpp): 3 token rows x 4 n-blocks x 2 digits = 24 zmm accumulators,
+// so each 64-byte weight row is loaded once for up to 3 tokens and both digits, 4 weight streams in flight.
+constexpr int kI8Rows = 3, kI8Blocks = 4;
 
 inline __m512i bcast_quad(const int8_t* p) {
   int32_t v;
@@ -31,56 +34,84 @@ inline __mmask16 lane_mask(const MatLayout& L, int64_t nb) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
 }
 
-// VPDPBUSD with the stored (+128, unsigned) weight row as the u8 operand and 4 activation bytes broadcast as s8.
-template <int MR>
-void i8_rows(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
-             const int32_t* corr, int64_t nb, float* C, int64_t ldc) {
-  const int64_t kpg = L.kblocks_per_group();
-  __m512 facc[MR];
-  for (int i = 0; i < MR; ++i) facc[i] = _mm512_setzero_ps();
-  const float* ws = L.scales(W, nb);
+// 254 * hi + lo - corr (int32, wrapping like i8_two_digit_dot).
+inline __m512i two_digit_dot(__m512i hi, __m512i lo, int32_t corr) {
+  return _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(hi, _mm512_set1_epi32(254)), lo),
+                          _mm512_set1_epi32(corr));
+}
+
+// MR token rows x NB n-blocks from nb. The tiles of one n-block are consecutive, so its tile rows form one panel of
+// Kp / 4 rows of 64 bytes (row q: 16 lanes x K quad q), read front to back. VPDPBUSD with the stored (+128, unsigned)
+// weight row as the u8 operand and 4 activation bytes (hi or lo digit) broadcast as s8.
+template <int MR, int NB>
+void i8_block(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
+              const int32_t* corr, int64_t nb, float* C, int64_t ldc) {
+  const size_t panel = static_cast<size_t>(L.kblocks) * kBTileBytes;
+  const uint8_t* P = L.tile(W, nb, 0);
+  const int64_t quads = L.group / 4;
+  __m512 facc[MR][NB];
+  for (int i = 0; i < MR; ++i)
+    for (int b = 0; b < NB; ++b) facc[i][b] = _mm512_setzero_ps();
   for (int64_t g = 0; g < L.ngroups; ++g) {
-    __m512i acc0[MR], acc1[MR];
-    for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_si512();
-    for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
-      const uint8_t* t = L.tile(W, nb, kb);
-      const int64_t k0 = kb * kTileKInt8;
-      for (int r = 0; r < 16; r += 2) {
-        const __m512i b0 = _mm512_load_si512(t + r * 64);
-        const __m512i b1 = _mm512_load_si512(t + (r + 1) * 64);
-        for (int i = 0; i < MR; ++i) {
-          acc0[i] = _mm512_dpbusd_epi32(acc0[i], b0, bcast_quad(A + i * lda + k0 + 4 * r));
-          acc1[i] = _mm512_dpbusd_epi32(acc1[i], b1, bcast_quad(A + i * lda + k0 + 4 * r + 4));
+    __m512i hi[MR][NB], lo[MR][NB];
+    for (int i = 0; i < MR; ++i)
+      for (int b = 0; b < NB; ++b) hi[i][b] = lo[i][b] = _mm512_setzero_si512();
+    for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
+      __m512i w[NB];
+      for (int b = 0; b < NB; ++b) {
+        const uint8_t* p = P + b * panel + q * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
+        w[b] = _mm512_load_si512(p);
+      }
+      for (int i = 0; i < MR; ++i) {
+        const __m512i ah = bcast_quad(A + i * lda + 4 * q), al = bcast_quad(A + i * lda + L.Kp + 4 * q);
+        for (int b = 0; b < NB; ++b) {
+          hi[i][b] = _mm512_dpbusd_epi32(hi[i][b], w[b], ah);
+          lo[i][b] = _mm512_dpbusd_epi32(lo[i][b], w[b], al);
         }
       }
     }
-    const __m512 wsv = _mm512_load_ps(ws + g * kTileN);
-    for (int i = 0; i < MR; ++i) {
-      const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(acc0[i], acc1[i]),
-                                           _mm512_set1_epi32(corr[i * L.ngroups + g]));
-      const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), wsv),
-                                     _mm512_set1_ps(ascale[i * L.ngroups + g]));
-      facc[i] = _mm512_add_ps(facc[i], p);
+    for (int b = 0; b < NB; ++b) {
+      const __m512 ws = _mm512_load_ps(L.scales(W, nb + b) + g * kTileN);
+      for (int i = 0; i < MR; ++i) {
+        const __m512i d = two_digit_dot(hi[i][b], lo[i][b], corr[i * L.ngroups + g]);
+        const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), ws),
+                                       _mm512_set1_ps(ascale[i * L.ngroups + g]));
+        facc[i][b] = _mm512_add_ps(facc[i][b], p);
+      }
     }
   }
-  const __mmask16 mask = lane_mask(L, nb);
-  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + nb * kTileN, mask, facc[i]);
+  for (int b = 0; b < NB; ++b) {
+    const __mmask16 mask = lane_mask(L, nb + b);
+    for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + (nb + b) * kTileN, mask, facc[i][b]);
+  }
+}
+
+template <int MR>
+void i8_rows(int nbc, const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* as,
+             const int32_t* cr, int64_t nb, float* C, int64_t ldc) {
+  switch (nbc) {
+    case 4: return i8_block<MR, 4>(L, W, A, lda, as, cr, nb, C, ldc);
+    case 3: return i8_block<MR, 3>(L, W, A, lda, as, cr, nb, C, ldc);
+    case 2: return i8_block<MR, 2>(L, W, A, lda, as, cr, nb, C, ldc);
+    default: return i8_block<MR, 1>(L, W, A, lda, as, cr, nb, C, ldc);
+  }
 }
 
 void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
              const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
-  for (int64_t m = 0; m < M; m += kRowsPerPass) {
-    const int64_t mr = M - m < kRowsPerPass ? M - m : kRowsPerPass;
+  for (int64_t m = 0; m < M; m += kI8Rows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kI8Rows, M - m));
     const int8_t* a = A + m * lda;
     const float* as = ascale + m * L.ngroups;
     const int32_t* cr = corr + m * L.ngroups;
     float* c = C + m * ldc;
-    for (int64_t nb = nb0; nb < nb1; ++nb) {
+    for (int64_t nb = nb0; nb < nb1; nb += kI8Blocks) {
+      const int nbc = static_cast<int>(std::min<int64_t>(kI8Blocks, nb1 - nb));
       switch (mr) {
-        case 4: i8_rows<4>(L, W, a, lda, as, cr, nb, c, ldc); break;
-        case 3: i8_rows<3>(L, W, a, lda, as, cr, nb, c, ldc); break;
-        case 2: i8_rows<2>(L, W, a, lda, as, cr, nb, c, ldc); break;
-        default: i8_rows<1>(L, W, a, lda, as, cr, nb, c, ldc); break;
+        case 3: i8_rows<3>(nbc, L, W, a, lda, as, cr, nb, c, ldc); break;
+        case 2: i8_rows<2>(nbc, L, W, a, lda, as, cr, nb, c, ldc); break;
+        default: i8_rows<1>(nbc, L, W, a, lda, as, cr, nb, c, ldc); break;
       }
     }
   }
@@ -127,12 +158,13 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda
   }
 }
 
-void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
+void i8_epilogue(const int32_t* hi, const int32_t* lo, const float* wscale, const float* ascale, const int32_t* corr,
                  int64_t as_stride, int rows, float* facc, int64_t ldf) {
   const __m512 ws = _mm512_loadu_ps(wscale);
   for (int r = 0; r < rows; ++r) {
-    const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + r * 16), _mm512_set1_epi32(corr[r * as_stride]));
-    const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), ws), _mm512_set1_ps(ascale[r * as_stride]));
+    const __m512i d = two_digit_dot(_mm512_loadu_si512(hi + r * 16), _mm512_loadu_si512(lo + r * 16),
+                                    corr[r * as_stride]);
+    const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), ws), _mm512_set1_ps(ascale[r * as_stride]));
     _mm512_storeu_ps(facc + r * ldf, _mm512_add_ps(_mm512_loadu_ps(facc + r * ldf), p));
   }
 }
@@ -165,10 +197,18 @@ void silu_mul_rows(float* g, const float* u, int64_t n) {
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
 
-// quantize_row_i8 (amx_pack.cpp) 16 lanes at a time: the same amax, scale, reciprocal, clamp and round to nearest
-// even (the MXCSR default), and q = 0 where x * (1 / scale) is NaN.
+// One digit of quantize_row_i8: round to nearest even (the MXCSR default) of clamp(v * inv, +-127), 0 where the
+// product is NaN or the lane is outside m.
+inline __m512i digit16(__m512 v, __m512 inv, __mmask16 m) {
+  const __m512 p = _mm512_mul_ps(v, inv);
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(p, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_maskz_cvtps_epi32(m & ~_mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q), c);
+}
+
+// quantize_row_i8 (amx_pack.cpp) 16 lanes at a time: the same amax, scale, reciprocals, residual (an unfused
+// multiply and subtract), clamp and rounding, so both digits, scales and corrections match bit for bit.
 void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr) {
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  int8_t* lo = q + L.Kp;
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
     __m512 amax = _mm512_setzero_ps();
@@ -181,21 +221,29 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
     const float s = k0 >= k1 ? 0.0f
                     : nan    ? std::numeric_limits<float>::quiet_NaN()
                              : _mm512_reduce_max_ps(amax) / 127.0f;
-    scales[g] = s;
-    const __m512 inv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
-    __m512i sum = _mm512_setzero_si512();
+    scales[g] = s / 254.0f;
+    const float inv = s == 0.0f ? 0.0f : 1.0f / s;
+    const __m512 vinv = _mm512_set1_ps(inv), vinv_lo = _mm512_set1_ps(inv * 254.0f), vs = _mm512_set1_ps(s);
+    __m512i sum_hi = _mm512_setzero_si512(), sum_lo = _mm512_setzero_si512();
     for (int64_t k = k0; k < k1; k += 16) {
       const __mmask16 m = tail_mask(k1 - k);
       const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-      const __m512 p = _mm512_mul_ps(v, inv);
-      const __m512 c = _mm512_min_ps(_mm512_max_ps(p, lo), hi);
-      const __m512i qi = _mm512_maskz_cvtps_epi32(m & ~_mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q), c);
-      sum = _mm512_add_epi32(sum, qi);
-      _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(qi));
+      const __m512i h = digit16(v, vinv, m);
+      const __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(h), vs));
+      const __m512i l = digit16(r, vinv_lo, m);
+      sum_hi = _mm512_add_epi32(sum_hi, h);
+      sum_lo = _mm512_add_epi32(sum_lo, l);
+      _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(h));
+      _mm_mask_storeu_epi8(lo + k, m, _mm512_cvtepi32_epi8(l));
     }
-    corr[g] = 128 * _mm512_reduce_add_epi32(sum);
+    const uint32_t sh = static_cast<uint32_t>(_mm512_reduce_add_epi32(sum_hi));
+    const uint32_t sl = static_cast<uint32_t>(_mm512_reduce_add_epi32(sum_lo));
+    corr[g] = static_cast<int32_t>(128u * (254u * sh + sl));
   }
-  if (L.Kp > L.K) std::memset(q + L.K, 0, L.Kp - L.K);
+  if (L.Kp > L.K) {
+    std::memset(q + L.K, 0, L.Kp - L.K);
+    std::memset(lo + L.K, 0, L.Kp - L.K);
+  }
 }
 
 // f32_to_bf16 (tessera/bf16.h) lane-wise: round to nearest even, NaN -> quiet NaN.

@@ -16,20 +16,25 @@ void gemm_i8(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda,
              const int32_t* corr, int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
   const int64_t kpg = L.kblocks_per_group();
   for (int64_t m = 0; m < M; ++m) {
-    const int8_t* a = A + m * lda;
+    const int8_t* hi = A + m * lda;
+    const int8_t* lo = hi + L.Kp;
     for (int64_t nb = nb0; nb < nb1; ++nb) {
       float facc[16] = {};
       for (int64_t g = 0; g < L.ngroups; ++g) {
-        int32_t acc[16] = {};
+        int32_t acc_hi[16] = {}, acc_lo[16] = {};
         for (int64_t kb = g * kpg; kb < (g + 1) * kpg; ++kb) {
           const uint8_t* t = L.tile(W, nb, kb);
-          const int8_t* ak = a + kb * kTileKInt8;
+          const int64_t k0 = kb * kTileKInt8;
           for (int r = 0; r < 16; ++r)
             for (int n = 0; n < 16; ++n)
-              for (int q = 0; q < 4; ++q) acc[n] += int32_t(ak[4 * r + q]) * int32_t(t[r * 64 + 4 * n + q]);
+              for (int q = 0; q < 4; ++q) {
+                const int32_t w = t[r * 64 + 4 * n + q];
+                acc_hi[n] += int32_t(hi[k0 + 4 * r + q]) * w;
+                acc_lo[n] += int32_t(lo[k0 + 4 * r + q]) * w;
+              }
         }
-        i8_group_epilogue(acc, L.scales(W, nb) + g * kTileN, ascale[m * L.ngroups + g], corr[m * L.ngroups + g],
-                          facc);
+        i8_group_epilogue(acc_hi, acc_lo, L.scales(W, nb) + g * kTileN, ascale[m * L.ngroups + g],
+                          corr[m * L.ngroups + g], facc);
       }
       for (int n = 0; n < 16 && nb * 16 + n < L.N; ++n) C[m * ldc + nb * 16 + n] = facc[n];
     }
@@ -59,10 +64,10 @@ void gemm_bf16(const MatLayout& L, const uint8_t* W, const float* A, int64_t lda
   }
 }
 
-void i8_epilogue(const int32_t* acc, const float* wscale, const float* ascale, const int32_t* corr,
+void i8_epilogue(const int32_t* hi, const int32_t* lo, const float* wscale, const float* ascale, const int32_t* corr,
                  int64_t as_stride, int rows, float* facc, int64_t ldf) {
   for (int r = 0; r < rows; ++r)
-    i8_group_epilogue(acc + r * 16, wscale, ascale[r * as_stride], corr[r * as_stride], facc + r * ldf);
+    i8_group_epilogue(hi + r * 16, lo + r * 16, wscale, ascale[r * as_stride], corr[r * as_stride], facc + r * ldf);
 }
 
 void silu_mul_rows(float* g, const float* u, int64_t n) {

@@ -323,7 +323,7 @@ void test_activation_conversions_agree() {
       for (auto& f : x) f = std::ldexp(std::normal_distribution<float>()(rng), int(rng() % 40) - 20);
       if (K > 30) x[30] = NAN;  // one NaN group
       if (K > 10) x[10] = 0x1.0101p-126f * 0.5f;  // a denormal
-      std::vector<int8_t> q1(L.Kp, 7), q2(L.Kp, 9);
+      std::vector<int8_t> q1(2 * L.Kp, 7), q2(2 * L.Kp, 9);
       std::vector<float> s1(L.ngroups), s2(L.ngroups);
       std::vector<int32_t> c1(L.ngroups), c2(L.ngroups);
       quantize_row_i8(L, x.data(), q1.data(), s1.data(), c1.data());
@@ -370,9 +370,9 @@ Packed make_packed(WeightFormat fmt, int64_t N, int64_t K, int64_t group, std::m
   return p;
 }
 
-// Independent int8 reference from unpacked int8 values: exact int64 dots per group, then the documented epilogue.
+// Independent int8 reference from unpacked int8 values: exact int64 dots of 254 * hi + lo per group, then the
+// documented epilogue (the +128 bias of the stored bytes is removed here per weight, not through the activation sums).
 void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float* C) {
-  // (the +128 bias of the stored bytes is removed here per weight, not through the activation sums)
   const MatLayout& L = p.L;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < L.N; ++n) {
@@ -381,28 +381,60 @@ void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float*
         int64_t acc = 0;
         for (int64_t k = g * L.group; k < (g + 1) * L.group && k < L.K; ++k) {
           const uint8_t* t = L.tile(p.W, n / 16, k / 64);
-          acc += int64_t(A[m * L.Kp + k]) * (int(t[((k % 64) / 4) * 64 + (n % 16) * 4 + k % 4]) - 128);
+          const int64_t a = 254 * int64_t(A[m * 2 * L.Kp + k]) + A[m * 2 * L.Kp + L.Kp + k];
+          acc += a * (int(t[((k % 64) / 4) * 64 + (n % 16) * 4 + k % 4]) - 128);
         }
+        CHECK(acc == int64_t(int32_t(acc)));  // the int32 contract holds for groups <= kMaxInt8Group
         facc += (float(acc) * L.scales(p.W, n / 16)[g * 16 + n % 16]) * as[m * L.ngroups + g];
       }
       C[m * L.N + n] = facc;
     }
 }
 
+// quantize_row_i8's two digits reconstruct x within 1/254 of a one-digit step: |x - u (254 hi + lo)| <= u / 2 + slack.
+void test_two_digit_activations_reconstruct() {
+  std::mt19937 rng(10);
+  for (int64_t K : {5, 64, 200}) {
+    const MatLayout L = MatLayout::make(WeightFormat::Int8, 16, K, 64);
+    std::vector<float> x(K);
+    for (auto& f : x) f = std::ldexp(std::student_t_distribution<float>(3.0f)(rng), int(rng() % 6) - 3);
+    std::vector<int8_t> q(2 * L.Kp, 5);
+    std::vector<float> s(L.ngroups);
+    std::vector<int32_t> c(L.ngroups);
+    quantize_row_i8(L, x.data(), q.data(), s.data(), c.data());
+    for (int64_t g = 0; g < L.ngroups; ++g) {
+      int64_t sum = 0;
+      for (int64_t k = g * 64; k < (g + 1) * 64; ++k) sum += 254 * int64_t(q[k]) + q[L.Kp + k];
+      CHECK(c[g] == int32_t(128 * sum));
+    }
+    for (int64_t k = 0; k < L.Kp; ++k) {
+      const float u = s[k / 64];
+      const double back = double(u) * (254.0 * q[k] + q[L.Kp + k]);
+      if (k < K) {
+        CHECK(std::abs(int(q[L.Kp + k])) <= 127);
+        CHECK(std::fabs(back - x[k]) <= 0.5 * u * 1.01 + 1e-12);
+      } else {
+        CHECK(q[k] == 0 && q[L.Kp + k] == 0);
+      }
+    }
+  }
+}
+
 void test_tile_gemm_i8_edges_bit_exact() {
   std::mt19937 rng(5);
-  const int64_t shapes[][3] = {{1, 16, 64}, {3, 17, 65}, {16, 32, 128}, {17, 33, 200}, {40, 50, 130}, {33, 16, 64}};
+  const int64_t shapes[][3] = {{1, 16, 64},  {3, 17, 65},  {16, 32, 128}, {17, 33, 200},
+                               {40, 50, 130}, {33, 16, 64}, {7, 150, 64},  {5, 100, 256}};
   for (int64_t group : {0, 64, 128}) {
     for (const auto& s : shapes) {
       const int64_t M = s[0], N = s[1], K = s[2];
       Packed p = make_packed(WeightFormat::Int8, N, K, group, rng);
       std::vector<float> x(M * K);
       for (auto& f : x) f = std::normal_distribution<float>()(rng);
-      std::vector<int8_t> A(M * p.L.Kp);
+      std::vector<int8_t> A(M * 2 * p.L.Kp);  // [M][hi Kp | lo Kp]
       std::vector<float> as(M * p.L.ngroups);
       std::vector<int32_t> cr(M * p.L.ngroups);
       for (int64_t m = 0; m < M; ++m)
-        quantize_row_i8(p.L, x.data() + m * K, A.data() + m * p.L.Kp, as.data() + m * p.L.ngroups,
+        quantize_row_i8(p.L, x.data() + m * K, A.data() + m * 2 * p.L.Kp, as.data() + m * p.L.ngroups,
                         cr.data() + m * p.L.ngroups);
       std::vector<float> want(M * N), tiles(M * N, NAN), vs(M * N, NAN), vv(M * N, NAN);
       ref_i8(p, A.data(), as.data(), M, want.data());
@@ -410,10 +442,10 @@ void test_tile_gemm_i8_edges_bit_exact() {
       const int64_t mid = p.L.nblocks / 2;
       for (auto [nb0, nb1] : {std::pair<int64_t, int64_t>{0, mid}, {mid, p.L.nblocks}}) {
         if (nb0 == nb1) continue;
-        TileGemm<TileEmu>::i8(vec_best(), p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1,
-                              tiles.data(), N);
-        vec_scalar().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1, vs.data(), N);
-        vec_best().gemm_i8(p.L, p.W, A.data(), p.L.Kp, as.data(), cr.data(), M, nb0, nb1, vv.data(), N);
+        const int64_t lda = 2 * p.L.Kp;
+        TileGemm<TileEmu>::i8(vec_best(), p.L, p.W, A.data(), lda, as.data(), cr.data(), M, nb0, nb1, tiles.data(), N);
+        vec_scalar().gemm_i8(p.L, p.W, A.data(), lda, as.data(), cr.data(), M, nb0, nb1, vs.data(), N);
+        vec_best().gemm_i8(p.L, p.W, A.data(), lda, as.data(), cr.data(), M, nb0, nb1, vv.data(), N);
       }
       for (int64_t i = 0; i < M * N; ++i) {
         CHECK(bits(tiles[i]) == bits(want[i]));
@@ -521,6 +553,7 @@ int tessera_amx_tests() {
       {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
       {"silu_variants_agree_and_are_accurate", test_silu_variants_agree_and_are_accurate},
       {"activation_conversions_agree", test_activation_conversions_agree},
+      {"two_digit_activations_reconstruct", test_two_digit_activations_reconstruct},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},
       {"layer_forward_vs_reference", test_layer_forward_vs_reference},

@@ -1,7 +1,8 @@
 """AMX backends (AMXInt8, AMXBF16) through the native module: the emulated twins on every CPU, the real tiles where the
 CPU has AMX (skipped with CpuFeatures' reason otherwise). Against a float64 torch MoE: NMSE <= 1e-3 for int8 (group-64
-weights and activations), <= 1e-4 for bf16. Int8 is bit-identical between the tile and the vector path, across thread
-counts, and between real and emulated tiles; bf16 decode keeps f32 activations."""
+weights, two-digit group-64 activations), <= 1e-4 for bf16. Int8 is bit-identical between the tile and the vector path,
+across thread counts, and between real and emulated tiles; bf16 decode keeps f32 activations. The int8 layer error
+meets the issue's goal (<= 1.5 % relative L2 on a Qwen3-MoE-like layer) and is no worse than AVX512Int8's."""
 
 
 import numpy as np
@@ -220,3 +221,37 @@ def test_nan_in_a_token_stays_in_that_token(name, rows, layer, pool, tile_rows):
     _native.backend(name).forward(blob, ids, w, x, out, pool)
     bad = torch.isnan(out).any(dim=1)  # [T]
     assert bad[4] and not bad[torch.arange(20) != 4].any()
+
+
+def _rel_l2(a, ref):
+    return float((a.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("name", [p for p in BACKENDS if "Int8" in p.values[0]])
+@pytest.mark.parametrize("rows", [1, 10**9], ids=["tiles", "vectors"])
+def test_int8_layer_error_meets_goal_and_matches_avx512int8(name, rows, pool, tile_rows):
+    """Relative L2 vs float64 on unit-variance bf16-like weights (bench-moe's recipe) with Gaussian inputs: two-digit
+    activations leave only the weights' group-64 error (~1.0 %); one digit gave ~1.7 %. AVX512Int8 (group 128, two
+    digits, ~1.1 %) is the bar where this CPU has it."""
+    Eb, Hb, Ib, k, T = 4, 512, 256, 2, 24
+    g = torch.Generator().manual_seed(21)
+    big = (torch.randn(Eb, Ib, Hb, generator=g) * Hb**-0.5, torch.randn(Eb, Ib, Hb, generator=g) * Hb**-0.5,
+           torch.randn(Eb, Hb, Ib, generator=g) * Ib**-0.5)  # [E, I, H] x2, [E, H, I]
+    ids = torch.stack([torch.randperm(Eb, generator=g)[:k] for _ in range(T)])  # [T, k]
+    w = torch.softmax(torch.randn(T, k, generator=g), -1)  # [T, k]
+    x = torch.randn(T, Hb, generator=g)  # [T, H]
+    ref = _reference(big, ids, w, x)
+    tile_rows(rows)
+
+    def err(backend):
+        gate, up, down = (t.contiguous() for t in big)
+        blob = _native.aligned_empty(_native.backend(backend).packed_bytes(Eb, Hb, Ib, "float32"))
+        _native.backend(backend).pack(gate, up, down, blob, pool)
+        out = torch.full_like(x, float("nan"))  # [T, H]
+        _native.backend(backend).forward(blob, ids, w, x, out, pool)
+        return _rel_l2(out, ref)
+
+    mine = err(name)
+    assert mine <= 0.015
+    if _status("AVX512Int8")["available"]:
+        assert mine <= err("AVX512Int8") * 1.02
