@@ -11,7 +11,11 @@ Where the computation happens is chosen here, never in the model:
   accumulates in f32 on the native thread pool. Measured on the development machine (docs/BENCHMARKS.md): it beats
   torch on an f32 copy made per call at every T from 1 to 512 (and an f32 copy kept resident for T <= 16), so it is
   used up to `NATIVE_MAX_TOKENS` tokens (TESSERA_DENSE_NATIVE_MAX_T overrides); beyond that torch runs on an f32
-  upcast made per call.
+  upcast made per call. Exception, the prefill GEMM: bf16 weights on a CPU with avx512_bf16 take
+  `engine.native.dense_gemm_bf16` from `GEMM_MIN_TOKENS` tokens on, at any T (the activations rounded once to bf16,
+  as llama.cpp and torch's bf16 matmul do; exact products, f32 sums in vdpbf16ps; each weight read once per call),
+  2-4x faster than the mat-vec at T=128..512 on the development machine (docs/BENCHMARKS.md,
+  scripts/bench_bf16_prefill.py).
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
   kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
   to int8 per 256 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
@@ -46,6 +50,10 @@ NATIVE_DTYPES = (torch.bfloat16, torch.float16)
 
 NATIVE_MAX_TOKENS = int(native.tuning()["dense_native_max_tokens"])  # TESSERA_DENSE_NATIVE_MAX_T, default 512
 NATIVE_PATHS = ("native", "native-quant")  # the paths that run on the dense pool
+
+
+GEMM_AVAILABLE = native.dense_gemm_bf16_available()  # avx512_bf16 under the TESSERA_MAX_ISA cap
+GEMM_MIN_TOKENS = 16  # bf16 weights from this many tokens on: the vdpbf16ps GEMM (docs/BENCHMARKS.md)
 
 
 QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 512
@@ -96,6 +104,7 @@ class Linear:
             else "torch-device"
         )
         self._pool = dense_pool() if self.path == "native" else None
+        self._gemm = self.path == "native" and self.weight.dtype == torch.bfloat16 and GEMM_AVAILABLE
 
     def _init_quantized(self, weight: QuantizedMatrix, device: torch.device, name: str) -> None:
         self.name, self.device = name, device
@@ -142,6 +151,11 @@ class Linear:
             return x @ self.weight.T  # [T, N]
         if self.path == "torch-device":
             return (x.to(self.weight.dtype) @ self.weight.T).to(torch.float32)  # [T, N]
+        if self.path == "native" and x.shape[0] >= GEMM_MIN_TOKENS and self._gemm:
+            x = x.to(torch.float32).contiguous()  # [T, K]
+            out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
+            native.dense_gemm_bf16(self.weight, x, out, self._pool)
+            return out
         if self.path == "native" and 0 < x.shape[0] <= NATIVE_MAX_TOKENS:
             x = x.to(torch.float32).contiguous()  # [T, K]
             out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
@@ -159,6 +173,31 @@ class Linear:
     def __repr__(self) -> str:
         kind = self.weight.qtype.name if isinstance(self.weight, QuantizedMatrix) else self.weight.dtype
         return f"Linear({self.name}, {self.out_features}x{self.in_features} {kind}, {self.path})"
+
+
+class FusedMatvec:
+    """The one-token step of several Linears that multiply the same x (a layer's q/k/v projections): when every one
+    is a quantized weight on the dense pool (path native-quant), `engine.native.quant_matvec_multi` runs them in one
+    pool dispatch with x quantized once, bit-identical to calling each Linear; otherwise (`fused` False) each Linear
+    runs as usual. Saves a decode step two pool wake-ups, two activation quantizations and two Python calls a layer."""
+
+    def __init__(self, linears: Iterable[Linear]):
+        self.linears = list(linears)
+        first = self.linears[0]
+        self.fused = len(self.linears) > 1 and all(
+            lin.path == "native-quant" and lin.in_features == first.in_features and lin._pool is first._pool
+            for lin in self.linears)
+        if self.fused:
+            self._qtypes = [lin.weight.qtype for lin in self.linears]
+            self._ws = [lin.weight.raw for lin in self.linears]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:  # x [T, K] f32 -> one [T, N_i] f32 per Linear
+        if not self.fused or x.shape[0] != 1:
+            return [lin(x) for lin in self.linears]
+        x = x.to(torch.float32).contiguous()  # [1, K]
+        outs = [torch.empty(1, lin.out_features, dtype=torch.float32) for lin in self.linears]  # [1, N_i]
+        native.quant_matvec_multi(x, self._qtypes, self._ws, outs, self.linears[0]._pool)
+        return outs
 
 
 def embedding_rows(table: torch.Tensor | QuantizedMatrix, ids: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import attend
-from engine.dense import Linear, dense_pool, embedding_rows, place_table, step_torch_threads, torch_threads
+from engine.dense import FusedMatvec, Linear, dense_pool, embedding_rows, place_table, step_torch_threads, torch_threads
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -85,14 +85,16 @@ class Attention:
         proj = {n: Linear(p[f"{n}.weight"], device, f"{prefix}{n}.weight") for n in names}
         self.q_proj, self.k_proj = proj["q_proj"], proj["k_proj"]  # [nh*hd, H], [nkv*hd, H]
         self.v_proj, self.o_proj = proj["v_proj"], proj["o_proj"]  # [nkv*hd, H], [H, nh*hd]
+        self.qkv = FusedMatvec([self.q_proj, self.k_proj, self.v_proj])  # decode: one native call for the three
         self.q_norm, self.k_norm = _f32(p["q_norm.weight"], device), _f32(p["k_norm.weight"], device)  # [hd], [hd]
         self.pool = dense_pool() if torch.device(device).type == "cpu" else None  # the native attention's threads
 
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.nh, self.hd)  # [T, nh, hd]
-        k = self.k_proj(x).view(T, self.nkv, self.hd)  # [T, nkv, hd]
-        v = self.v_proj(x).view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        q, k, v = self.qkv(x)  # [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
+        q = q.view(T, self.nh, self.hd)  # [T, nh, hd]
+        k = k.view(T, self.nkv, self.hd)  # [T, nkv, hd]
+        v = v.view(T, self.nkv, self.hd)  # [T, nkv, hd]
         q = rms_norm(q, self.q_norm, self.eps).transpose(0, 1)  # [nh, T, hd]
         k = rms_norm(k, self.k_norm, self.eps).transpose(0, 1)  # [nkv, T, hd]
         q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)  # [nh, T, hd], [nkv, T, hd]

@@ -102,6 +102,18 @@ def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: in
     _native.attention_bf16(q, kt, v, start, scale, out, pool, reference)
 
 
+def dense_gemm_bf16_available() -> bool:
+    """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
+    return bool(_native.dense_gemm_bf16_available())
+
+
+def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+    """Prefill GEMM: out[T, N] = bf16(x)[T, K] @ w[N, K].T with w bf16 as stored; x is rounded once to bf16 (nearest
+    even), products are exact and sums f32 (vdpbf16ps, which flushes bf16 denormals to zero). out is overwritten.
+    Raises RuntimeError where `dense_gemm_bf16_available()` is False, TypeError/ValueError naming a bad argument."""
+    _native.dense_gemm_bf16(w, x, out, pool)
+
+
 # ------------------------------------------------------------------------------------------------------------- packing
 
 
@@ -493,6 +505,14 @@ def quant_matmul(qtype, w, x, out, pool, isa: str = "auto") -> None:
     """out[T, N] = x[T, K] @ W[N, K].T with W given as its quantized rows w[N, row_bytes] uint8 (read in place),
     x and out float32 C-contiguous (out overwritten). isa: auto | avx512_vnni | avx2 | reference."""
     _native.quant_matmul(_qtype_id(qtype), w, x, out, pool, isa)
+
+
+def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
+    """One token through several quantized weights that share it: outs[i][1, N_i] = x[1, K] @ W_i[N_i, K].T for
+    ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized once and every row group in one pool dispatch;
+    equal to quant_matmul per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
+    _native.quant_matvec_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
+                               pool, isa)
 
 
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,

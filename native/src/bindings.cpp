@@ -20,6 +20,7 @@
 #include "tessera/pool.h"
 #include "tessera/probe.h"
 #include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
+#include "tessera/quant_decode.h"  // fused decode mat-vecs (quant_decode_bindings.inc)
 #include "tessera/tuning.h"
 
 namespace nb = nanobind;
@@ -227,6 +228,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
 #include "attention_bindings.inc"  // attention over a bf16 KV cache: bind_attention(m)
+#include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
 
 }  // namespace
 
@@ -348,9 +350,21 @@ NB_MODULE(_native, m) {
     if (reference) dense_matvec_reference(a, pool); else dense_matvec(a, pool);
   }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("reference") = false,
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
+  m.def("dense_gemm_bf16_available", []() { return dense_gemm_bf16_available(); },
+        "Whether dense_gemm_bf16 runs here: the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512.");
+  m.def("dense_gemm_bf16", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+    DenseArgs a = check_dense(w, x, out);
+    if (a.type != WeightType::BF16) throw nb::type_error("w: the bf16 GEMM takes bfloat16 weights, got float16");
+    if (!dense_gemm_bf16_available())
+      throw std::runtime_error("dense_gemm_bf16: this CPU (or TESSERA_MAX_ISA) has no avx512_bf16");
+    nb::gil_scoped_release nogil;
+    dense_gemm_bf16(a, pool);
+  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
+     "Prefill: out[T, N] = bf16(x)[T, K] . w[N, K]^T with vdpbf16ps; w bf16 as stored, f32 sums.");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
+  bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;

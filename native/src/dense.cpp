@@ -3,6 +3,7 @@
 #include "tessera/dense.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "tessera/bf16.h"
 #include "tessera/cpu.h"
@@ -55,6 +56,21 @@ void dense_matvec(const DenseArgs& a, ThreadPool& pool) {
     case DenseKernel::AVX2: dense_isa::matvec_avx2(a, pool); break;
     default: dense_matvec_reference(a, pool); break;
   }
+}
+
+bool dense_gemm_bf16_available() {
+  static const bool ok = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx512f && c.avx512bw && c.avx512vl && c.avx512dq && c.avx512_bf16 && c.os_avx512 &&
+           max_isa_cap() >= IsaLevel::AVX512;
+  }();
+  return ok;
+}
+
+void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool) {
+  if (!dense_gemm_bf16_available()) throw std::runtime_error("dense_gemm_bf16: this CPU (or TESSERA_MAX_ISA) has no avx512_bf16");
+  if (a.type != WeightType::BF16) throw std::invalid_argument("dense_gemm_bf16: w must be bfloat16");
+  dense_isa::gemm_bf16_avx512(a, pool);
 }
 
 }  // namespace tessera

@@ -81,6 +81,16 @@ struct Tiles {
   Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
 };
 
+// A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI takes the GEMM
+// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct.
+void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs,
+               int nt, float* out) {
+  if (kr.isa == QIsa::AVX512VNNI && nt >= quant::kGemmMinTokens)
+    quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
+  else
+    kr.dot_direct(t, w, row_bytes, R, K, xs, nt, out);
+}
+
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 }  // namespace
@@ -103,7 +113,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
       float res[kRowGroup * kTokenBlock];  // [row, token]
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
       for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
-      kr.dot_direct(a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K, xs, nt, res);
+      dot_block(kr, a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K, xs, nt, res);
       for (int r = 0; r < R; ++r)
         for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
       return;
@@ -165,8 +175,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         const int64_t i0 = rg * kRowGroup;
         const int R = int(std::min(I, i0 + kRowGroup) - i0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
-        kr.dot_direct(a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
-        kr.dot_direct(a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
+        dot_block(kr, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
+        dot_block(kr, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
         for (int r = 0; r < R; ++r)
           for (int64_t s = s0; s < s1; ++s)
             act[size_t(sl[size_t(s)] * I + i0 + r)] = silu(g[r * nt + (s - s0)]) * u[r * nt + (s - s0)];
@@ -213,7 +223,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         const int64_t h0 = rg * kRowGroup;
         const int R = int(std::min(H, h0 + kRowGroup) - h0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
-        kr.dot_direct(a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
+        dot_block(kr, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
         for (int r = 0; r < R; ++r)
           for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
         return;

@@ -55,6 +55,13 @@ struct Kernels {
                      float* out);
 };
 
+// Prefill GEMM (quant_gemm_avx512.cpp), the contract of Kernels::dot_direct for 1 <= nt <= kTokenBlock tokens: rows
+// decoded once per call, 16 tokens per vector lane set. The driver sends it blocks of kGemmMinTokens tokens and more
+// on the AVX-512 VNNI ISA; its f32 rounding order differs from dot_direct's (same integer dots).
+void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                      float* out);
+constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would be mostly padding)
+
 const Kernels& kernels_reference();  // quant_ref.cpp
 const Kernels& kernels_avx2();       // quant_avx2.cpp
 const Kernels& kernels_avx512_vnni();  // quant_avx512_vnni.cpp

@@ -27,9 +27,16 @@ void dense_matvec(const DenseArgs& a, ThreadPool& pool);
 // The scalar twin with double accumulation (tests, the Reference level).
 void dense_matvec_reference(const DenseArgs& a, ThreadPool& pool);
 
+// Prefill GEMM on bf16 weights (dense_gemm_avx512_bf16.cpp): x is rounded once to bf16 (nearest even) and multiplied
+// with vdpbf16ps (exact products, f32 sums, bf16 denormals flushed); each weight is read once per call whatever T is.
+// Available when the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512; callers check, then pass a.type == BF16.
+bool dense_gemm_bf16_available();
+void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool);
+
 namespace dense_isa {
 void matvec_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_avx512.cpp (AVX-512F)
 void matvec_avx2(const DenseArgs& a, ThreadPool& pool);    // dense_avx2.cpp (AVX2 + FMA + F16C)
+void gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_gemm_avx512_bf16.cpp (AVX512-BF16)
 }  // namespace dense_isa
 
 }  // namespace tessera

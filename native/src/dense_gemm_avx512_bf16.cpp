@@ -1,0 +1,194 @@
+// Dense bf16 GEMM for prefill: out[T, N] = bf16(x)[T, K] . W[N, K]^T with W the stored bf16 matrix (row-major, read in
+// place, never copied whole) and x rounded once to bf16 (round to nearest even, vcvtne2ps2bf16); products are exact
+// and sums accumulate in f32 inside vdpbf16ps (which flushes bf16 denormals to zero). AVX512-BF16 code between the ISA
+// markers (isa_target.h); dense.cpp calls it only when CPUID reports avx512_bf16.
+//
+// Blocking (per pool task = one block of kRows = 64 output rows):
+//   for each K block of kKc pairs: the block's 4 x 16 rows are transposed into 4 "pair panels" (moe_panels.h's layout:
+//   panel row p = the 16 rows' bf16 pairs (2p, 2p+1), 64 bytes) in a thread-local 64 KB buffer (L2), then every group
+//   of kMr tokens runs the register tile over it: kMr tokens x 4 panels = 24 zmm accumulators, per pair 4 panel loads +
+//   kMr broadcasts for 4 * kMr vdpbf16ps. Each weight is read from memory once per call whatever T is; the activations
+//   (T x K bf16) are re-read from L2/L3 once per row block.
+// Letters: T tokens, K inputs, N outputs, kp0 = ceil(K / 2) pairs (kp: the padded row stride of the activations).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tessera/dense.h"
+
+#include "isa_target.h"
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_BF16)
+
+namespace tessera {
+namespace {
+namespace dense_gemm {
+
+constexpr int kNb = 4;              // panels of 16 rows per register tile
+constexpr int kRows = 16 * kNb;     // rows per task
+constexpr int kMr = 6;              // tokens per register tile
+constexpr int64_t kKc = 256;        // pairs per K block: 4 panels x 256 x 64 B = 64 KB packed (L2)
+// Padding of the bf16 activation rows (pairs) and of each packed panel (64-byte lines), so the 6 activation rows and
+// the 4 panels a tile reads are not all 4 KB apart (same L1 set). A sweep of K block 64/128/256/512 pairs, with and
+// without the padding, on q/o/k_proj at T=128/512 (2 threads, 2026-12-03) stayed within the noise of a shared
+// machine (190-360 GFLOP/s either way): 256 is kept as the middle, the padding as the safe default.
+constexpr int64_t kPadPairs = 16;
+constexpr size_t kPadPanel = 64;
+
+// C[m * ldc + b * 16 + i] (+)= sum_p A[m * lda + p] . panel b row p, lane i (bf16 pairs in 32-bit words).
+template <int MR, int NB>
+inline void tile(const uint8_t* P, size_t panel_bytes, int64_t kc, const uint32_t* A, int64_t lda, float* C,
+                 int64_t ldc, bool acc_in) {
+  __m512 acc[MR][NB];
+  for (int m = 0; m < MR; ++m)
+    for (int b = 0; b < NB; ++b) acc[m][b] = acc_in ? _mm512_loadu_ps(C + m * ldc + b * 16) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m512bh w[NB];
+    for (int b = 0; b < NB; ++b) w[b] = (__m512bh)_mm512_load_si512(P + size_t(b) * panel_bytes + size_t(p) * 64);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int(A[m * lda + p]));
+      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], w[b], a);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(C + m * ldc + b * 16, acc[m][b]);
+}
+
+template <int NB>
+inline void tile_mr(int mr, const uint8_t* P, size_t pb, int64_t kc, const uint32_t* A, int64_t lda, float* C,
+                    int64_t ldc, bool acc) {
+  switch (mr) {
+    case 1: return tile<1, NB>(P, pb, kc, A, lda, C, ldc, acc);
+    case 2: return tile<2, NB>(P, pb, kc, A, lda, C, ldc, acc);
+    case 3: return tile<3, NB>(P, pb, kc, A, lda, C, ldc, acc);
+    case 4: return tile<4, NB>(P, pb, kc, A, lda, C, ldc, acc);
+    case 5: return tile<5, NB>(P, pb, kc, A, lda, C, ldc, acc);
+    default: return tile<6, NB>(P, pb, kc, A, lda, C, ldc, acc);
+  }
+}
+
+inline void tile_any(int mr, int nb, const uint8_t* P, size_t pb, int64_t kc, const uint32_t* A, int64_t lda,
+                     float* C, int64_t ldc, bool acc) {
+  switch (nb) {
+    case 1: return tile_mr<1>(mr, P, pb, kc, A, lda, C, ldc, acc);
+    case 2: return tile_mr<2>(mr, P, pb, kc, A, lda, C, ldc, acc);
+    case 3: return tile_mr<3>(mr, P, pb, kc, A, lda, C, ldc, acc);
+    default: return tile_mr<4>(mr, P, pb, kc, A, lda, C, ldc, acc);
+  }
+}
+
+// 16 rows x 16 pairs of 32-bit words, transposed in registers: r[i] = row i's pairs -> r[j] = pair j's 16 rows.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int q = 0; q < 4; ++q) {  // rows 4q..4q+3: u[4q + j] lane L = column 4L + j of those rows
+    const __m512i lo0 = t[4 * q], hi0 = t[4 * q + 1], lo1 = t[4 * q + 2], hi1 = t[4 * q + 3];
+    u[4 * q + 0] = _mm512_unpacklo_epi64(lo0, lo1);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(lo0, lo1);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(hi0, hi1);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(hi0, hi1);
+  }
+  for (int j = 0; j < 4; ++j) {  // column 4L + j = lane L of u[j], u[4 + j], u[8 + j], u[12 + j]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+    r[4 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+  }
+}
+
+// Panel of rows [n0, n0 + 16) x pairs [p0, p0 + kc) into dst (kc rounded up to 16 rows of 64 bytes). Elements past K
+// and rows past N are zero (masked loads: nothing outside the matrix is read).
+inline void pack_panel(const uint16_t* w, int64_t N, int64_t K, int64_t n0, int64_t p0, int64_t kc, uint8_t* dst) {
+  for (int64_t q = 0; q < kc; q += 16) {
+    const int64_t k0 = 2 * (p0 + q);  // first element of this 16-pair column block
+    const int64_t left = K - k0;
+    const __mmask32 mask = left >= 32 ? __mmask32(0xffffffffu) : left <= 0 ? 0 : __mmask32((1u << left) - 1);
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = n0 + i < N ? _mm512_maskz_loadu_epi16(mask, w + (n0 + i) * K + k0) : _mm512_setzero_si512();
+    transpose16(r);
+    for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + (q + j) * 64, r[j]);
+  }
+}
+
+// x[t] (K f32) -> ceil(K / 2) bf16 pairs (round to nearest even; the odd K's last pair padded with +0).
+inline void convert_row(const float* x, int64_t K, uint32_t* dst) {
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+    _mm512_storeu_si512(d + k, (__m512i)v);
+  }
+  for (; k < K; k += 16) {
+    const int64_t n = std::min<int64_t>(16, K - k);
+    const __mmask16 m = __mmask16((1u << n) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k));
+    _mm256_mask_storeu_epi16(d + k, m, (__m256i)v);
+  }
+  if (K % 2) d[K] = 0;
+}
+
+inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+}
+
+void gemm(const DenseArgs& a, ThreadPool& pool) {
+  const int64_t T = a.T, N = a.N, K = a.K, kp0 = (K + 1) / 2, kp = kp0 + kPadPairs;
+  thread_local std::vector<uint8_t> xbuf;
+  uint32_t* xb = reinterpret_cast<uint32_t*>(aligned_scratch(xbuf, size_t(T * kp) * 4));  // [T, kp] pairs, padded
+  if (T * K < (int64_t(1) << 16) || pool.size() == 1) {
+    for (int64_t t = 0; t < T; ++t) convert_row(a.x + t * K, K, xb + t * kp);
+  } else {
+    const int64_t per = 16, tasks = (T + per - 1) / per;
+    pool.parallel_for(tasks, [&](int64_t task, int) {
+      for (int64_t t = task * per; t < std::min(T, (task + 1) * per); ++t) convert_row(a.x + t * K, K, xb + t * kp);
+    });
+  }
+  const int64_t blocks = (N + kRows - 1) / kRows;
+  auto block = [&](int64_t blk) {
+    thread_local std::vector<uint8_t> pbuf, cbuf;
+    const int64_t kc_max = std::min(kKc, (kp0 + 15) / 16 * 16);
+    const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64 + kPadPanel;
+    uint8_t* P = aligned_scratch(pbuf, kNb * panel_bytes);
+    const int64_t n0 = blk * kRows, rows = std::min<int64_t>(kRows, N - n0);
+    const int nb = int((rows + 15) / 16);
+    const bool whole = rows == int64_t(nb) * 16;  // the tile writes nb * 16 columns: direct to out only if they exist
+    float* C = whole ? a.out + n0 : reinterpret_cast<float*>(aligned_scratch(cbuf, size_t(T) * kRows * 4));
+    const int64_t ldc = whole ? N : kRows;
+    for (int64_t p0 = 0; p0 < kp0; p0 += kKc) {
+      const int64_t kc = std::min(kKc, kp0 - p0);
+      for (int b = 0; b < nb; ++b) pack_panel(a.w, N, K, n0 + 16 * b, p0, kc, P + size_t(b) * panel_bytes);
+      for (int64_t t0 = 0; t0 < T; t0 += kMr) {
+        const int mr = int(std::min<int64_t>(kMr, T - t0));
+        tile_any(mr, nb, P, panel_bytes, kc, xb + t0 * kp + p0, kp, C + t0 * ldc, ldc, p0 > 0);
+      }
+    }
+    if (!whole)
+      for (int64_t t = 0; t < T; ++t) std::memcpy(a.out + t * N + n0, C + t * kRows, size_t(rows) * 4);
+  };
+  if (blocks == 1 || pool.size() == 1) {
+    for (int64_t b = 0; b < blocks; ++b) block(b);
+  } else {
+    pool.parallel_for(blocks, [&](int64_t b, int) { block(b); });
+  }
+}
+
+}  // namespace dense_gemm
+}  // namespace
+
+void dense_isa::gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool) { dense_gemm::gemm(a, pool); }
+
+}  // namespace tessera
+
+TESSERA_ISA_END

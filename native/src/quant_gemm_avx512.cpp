@@ -1,0 +1,249 @@
+// Quantized prefill GEMM, AVX-512 VNNI: R weight rows (one driver task, <= kRowGroup) times nt tokens (<= kTokenBlock)
+// on the file's blocks, for every type of quant_kernels.h. Decode (nt = 1) stays with the mat-vec (dot_direct).
+//
+// Why a GEMM: the mat-vec path keeps one row's 256 decoded values in registers and runs each token over them with
+// vpmaddubsw + vpdpwssd (2 multiply ops per 64 MACs) and a 16-lane f32 accumulator per (row, token), reduced across
+// lanes at the end. Here the lanes are tokens instead: 16 tokens per zmm, their int8 activations transposed so that
+// one int32 lane holds 4 consecutive values of one token, and one vpdpbusd multiplies 4 consecutive codes of a row
+// (broadcast) by those 16 tokens' 4 values: 64 MACs per op, one op. The sub-scale A_g of the row's 16- or 32-value
+// group is applied once per (row, group, 16 tokens) in f32 (convert + FMA), the token scale dx once per (row, 256
+// values, 16 tokens), and the B term (mins, code offsets) is a small f32 GEMM of the rows' B_g by the tokens' dx * sum(q)
+// per group, one FMA per (row, group, 16 tokens). No horizontal sums.
+//
+// Steps per call: (1) decode the R rows once into a per-thread scratch (u8 codes, f32 A_g and B_g, quant_body.inc's
+// unpack: the same values as every other path); (2) transpose the tokens' activations 16 at a time; (3) for every
+// 16-token group and every 8 rows, the register micro-kernel (8 int32 group sums, 8 f32 partial sums per 256 values,
+// 8 f32 results = 24 zmm). Rows past R are decoded as zeros and not stored; tokens past nt are zero and not stored.
+//
+// Arithmetic: u8 codes x int8 activations summed exactly in int32 per group, then f32. Not bit-identical to the
+// mat-vec path (different f32 rounding order; tests hold both to Reference at NMSE 1e-10), but each (row, token)
+// result depends only on that row and that token, not on which other rows or tokens share the call.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "quant_kernels.h"
+#include "tessera/bf16.h"
+
+#include "isa_target.h"
+
+namespace tessera {
+namespace quant {
+namespace {
+// Per-thread scratch, grown on demand (outside the ISA region: baseline code only, see isa_target.h).
+uint8_t* gemm_scratch(size_t bytes);
+}  // namespace
+}  // namespace quant
+}  // namespace tessera
+
+TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
+
+namespace tessera {
+namespace quant {
+namespace {
+
+#include "quant_body.inc"
+
+constexpr int kLanes = 16;  // tokens per zmm
+constexpr int kMR = 8;      // rows per micro-tile
+
+// 16 x 16 int32 transpose in registers: r[i] lane j -> r[j] lane i.
+__attribute__((always_inline)) inline void transpose16(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // r[4i + j], 128-bit lane L: element 4L + j of rows 4i .. 4i + 3.
+  for (int j = 0; j < 4; ++j) {
+    const __m512i a = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xDD);
+    const __m512i c = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88), d = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xDD);
+    t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+    t[8 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    t[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+    t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// One 16-token group's activations: xt [Kq/4][16] int32 (4 int8 values of one token per lane), dx [nsb][16], and per
+// G-value group g either (off > 0) the integer start of its dot, z [g][16] = -off * sum(q), or (off = 0) the B term's
+// factor sb [g][16] = dx * sum(q). Tokens past n: zero.
+template <int G>
+void pack_tokens(const ActRow* xs, int n, int64_t Kq, int off, const int8_t* zeros, int32_t* xt, float* dx,
+                 float* sb, int32_t* z) {
+  const int64_t nsb = Kq / 256, ng = Kq / G;
+  const int8_t* q[kLanes];
+  for (int l = 0; l < kLanes; ++l) q[l] = l < n ? xs[l].q : zeros;
+  for (int64_t k = 0; k < Kq; k += 64) {
+    __m512i r[16];
+    for (int l = 0; l < kLanes; ++l) r[l] = _mm512_loadu_si512(q[l] + k);
+    transpose16(r);
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(xt + (k / 4 + j) * kLanes, r[j]);
+  }
+  for (int64_t s = 0; s < nsb; ++s)
+    for (int l = 0; l < kLanes; ++l) dx[s * kLanes + l] = l < n ? xs[l].d256[s] : 0.0f;
+  for (int64_t g = 0; g < ng; ++g)
+    for (int l = 0; l < kLanes; ++l) {
+      if (off > 0)
+        z[g * kLanes + l] = l >= n ? 0 : -off * (G == 16 ? xs[l].bs16[g] : xs[l].bs16[2 * g] + xs[l].bs16[2 * g + 1]);
+      else
+        sb[g * kLanes + l] = l >= n ? 0.0f : G == 16 ? xs[l].s16[g] : xs[l].s16[2 * g] + xs[l].s16[2 * g + 1];
+    }
+}
+
+// R rows from their blocks -> u [R8][Kq] codes, a [R8][ng] A_g, b [R8][ng] B_g (R8 = R rounded up to kMR; the rows
+// past R and the values past K are zero). tmp: Kq / 4 + Kq / 16 floats.
+template <int G>
+void decode_panel(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, int64_t Kq, uint8_t* u, float* a,
+                  float* b, float* tmp) {
+  const int64_t ng = Kq / G, Kp = padded_k(K);
+  const int R8 = (R + kMR - 1) / kMR * kMR;
+  float* a4 = tmp;
+  float* b16 = tmp + Kq / 4;
+  for (int r = 0; r < R8; ++r) {
+    uint8_t* ur = u + r * Kq;
+    float* ar = a + r * ng;
+    float* br = b + r * ng;
+    if (r >= R) {
+      std::memset(ur, 0, size_t(Kq));
+      std::fill(ar, ar + ng, 0.0f);
+      std::fill(br, br + ng, 0.0f);
+      continue;
+    }
+    unpack_row_body(t, w + size_t(r) * row_bytes, K, ur, a4, b16);  // pads u to Kp, a4 to Kp/4, b16 to S16
+    std::memset(ur + Kp, 0, size_t(Kq - Kp));
+    for (int64_t g = 0; g < ng; ++g) {
+      const bool in = g * G < Kp;
+      ar[g] = in ? a4[g * G / 4] : 0.0f;
+      br[g] = in ? b16[g * G / 16] : 0.0f;
+    }
+  }
+}
+
+// out[r][lane] for kMR rows x 16 tokens: sum over 256-value blocks s of dx[s] * sum_{g in s} A_g * dot_g, where
+// dot_g = sum_{i in g} (u_i - off) q_i exactly in int32 (kOff: the group's dot starts at z[g] = -off * sum(q)),
+// minus (!kOff, Q4_K/Q5_K's mins) sum_g B_g * sb[g].
+template <int G, bool kOff>
+__attribute__((always_inline)) inline void micro(const uint8_t* u, const float* a, const float* b, int64_t Kq,
+                                                 const int32_t* xt, const float* dx, const float* sb, const int32_t* z,
+                                                 __m512* acc) {
+  const int64_t nsb = Kq / 256, ng = Kq / G;
+  constexpr int kGroups = 256 / G, kSteps = G / 4;
+  for (int r = 0; r < kMR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    __m512 part[kMR];
+    for (int r = 0; r < kMR; ++r) part[r] = _mm512_setzero_ps();
+    for (int gi = 0; gi < kGroups; ++gi) {
+      const int64_t g = s * kGroups + gi;
+      __m512i d[kMR];
+      const __m512i d0 = kOff ? _mm512_load_si512(z + g * kLanes) : _mm512_setzero_si512();
+      for (int r = 0; r < kMR; ++r) d[r] = d0;
+      for (int j = 0; j < kSteps; ++j) {
+        const int64_t k4 = g * kSteps + j;
+        const __m512i x = _mm512_load_si512(xt + k4 * kLanes);
+        for (int r = 0; r < kMR; ++r) {
+          int32_t c;
+          std::memcpy(&c, u + r * Kq + 4 * k4, 4);
+          d[r] = _mm512_dpbusd_epi32(d[r], _mm512_set1_epi32(c), x);
+        }
+      }
+      for (int r = 0; r < kMR; ++r) part[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), _mm512_set1_ps(a[r * ng + g]), part[r]);
+    }
+    const __m512 dxs = _mm512_load_ps(dx + s * kLanes);
+    for (int r = 0; r < kMR; ++r) acc[r] = _mm512_fmadd_ps(part[r], dxs, acc[r]);
+  }
+  for (int64_t g = 0; g < (kOff ? 0 : ng); ++g) {
+    const __m512 sv = _mm512_load_ps(sb + g * kLanes);
+    for (int r = 0; r < kMR; ++r) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(b[r * ng + g]), sv, acc[r]);
+  }
+}
+
+inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+template <int G, bool kOff>
+void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
+  const int R8 = (R + kMR - 1) / kMR * kMR;
+  const int ngroups = (nt + kLanes - 1) / kLanes;
+  // Scratch: codes, A, B, unpack temporaries, zero activations, then per token group xt, dx, sb.
+  const size_t n_u = align64(size_t(R8 * Kq)), n_ab = align64(size_t(R8 * ng) * 4), n_tmp = align64(size_t(Kq / 4 + Kq / 16) * 4),
+               n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
+               n_sb = align64(size_t(ng) * kLanes * 4);
+  const int off = t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
+  uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_tmp + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
+  uint8_t* u = base;
+  float* a = reinterpret_cast<float*>(base + n_u);
+  float* b = reinterpret_cast<float*>(base + n_u + n_ab);
+  float* tmp = reinterpret_cast<float*>(base + n_u + 2 * n_ab);
+  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_u + 2 * n_ab + n_tmp);
+  uint8_t* tok = base + n_u + 2 * n_ab + n_tmp + n_zero;
+  std::memset(zeros, 0, size_t(Kq));
+
+  decode_panel<G>(t, w, row_bytes, R, K, Kq, u, a, b, tmp);
+  for (int gi = 0; gi < ngroups; ++gi) {
+    uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
+    pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
+                   reinterpret_cast<float*>(p + n_xt), reinterpret_cast<float*>(p + n_xt + n_dx),
+                   reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
+  }
+  for (int gi = 0; gi < ngroups; ++gi) {
+    const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
+    const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
+    const __mmask16 mask = __mmask16((1u << n) - 1);
+    for (int r0 = 0; r0 < R; r0 += kMR) {
+      __m512 acc[kMR];
+      micro<G, kOff>(u + r0 * Kq, a + r0 * ng, b + r0 * ng, Kq, reinterpret_cast<const int32_t*>(p),
+                     reinterpret_cast<const float*>(p + n_xt), reinterpret_cast<const float*>(p + n_xt + n_dx),
+                     reinterpret_cast<const int32_t*>(p + n_xt + n_dx + n_sb), acc);
+      for (int r = 0; r < kMR && r0 + r < R; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                      float* out) {
+  switch (t) {
+    case QType::Q6_K: gemm_g<16, true>(t, w, row_bytes, R, K, xs, nt, out); break;
+    case QType::Q4_K:
+    case QType::Q5_K: gemm_g<32, false>(t, w, row_bytes, R, K, xs, nt, out); break;
+    default: gemm_g<32, true>(t, w, row_bytes, R, K, xs, nt, out); break;  // Q8_0, Q4_0, IQ4_XS
+  }
+}
+
+}  // namespace quant
+}  // namespace tessera
+
+TESSERA_ISA_END
+
+namespace tessera {
+namespace quant {
+namespace {
+uint8_t* gemm_scratch(size_t bytes) {
+  struct Buf {
+    uint8_t* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (buf.n < bytes) {
+    std::free(buf.p);
+    buf.n = (bytes + 4095) / 4096 * 4096;
+    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, buf.n));
+  }
+  return buf.p;
+}
+}  // namespace
+}  // namespace quant
+}  // namespace tessera

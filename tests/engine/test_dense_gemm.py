@@ -1,0 +1,187 @@
+"""The bf16 prefill GEMM (native.dense_gemm_bf16, vdpbf16ps on bf16 weights read in place) against a float64 matmul
+of the same operands (x rounded to bf16 by torch, the weights as stored), on odd shapes and every T from 1 to 513;
+its argument checks; and engine.dense.Linear's choice of it. Skipped where the CPU has no avx512_bf16."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from engine import dense, native
+
+needs_gemm = pytest.mark.skipif(not native.dense_gemm_bf16_available(), reason="CPU lacks avx512_bf16")
+
+# N, K: N around the 16-row panels and 64-row tasks, K odd, below one 32-value vector, and over one 256-pair K block.
+SHAPES = [(1, 1), (3, 5), (37, 45), (64, 32), (65, 513), (129, 1000), (17, 2049), (200, 1031)]
+
+
+def _check(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> None:
+    """out against the float64 product of bf16(x) and w: only the f32 summation differs (products of two bf16 values
+    are exact in f32), so the error is at most ~K * 2^-24 of sum |x w| (6e-8 leaves a little room)."""
+    xb = x.to(torch.bfloat16).double()  # [T, K] round to nearest even, as vcvtne2ps2bf16
+    ref = xb @ w.double().T  # [T, N]
+    bound = w.shape[1] * 6e-8 * (xb.abs() @ w.double().abs().T) + 1e-30  # [T, N]
+    assert not torch.isnan(out).any(), "output left unwritten (NaN prefill survived)"
+    err = (out.double() - ref).abs()
+    assert bool((err <= bound).all()), f"max err {float(err.max())} (T={x.shape[0]}, N, K={tuple(w.shape)})"
+
+
+@needs_gemm
+def test_every_token_count_from_1_to_513():
+    g = torch.Generator().manual_seed(11)
+    pool = native.make_pool(2)
+    w = torch.randn(37, 45, generator=g).to(torch.bfloat16)  # [N, K]
+    for T in range(1, 514):
+        x = torch.randn(T, 45, generator=g)  # [T, K]
+        out = torch.full((T, 37), float("nan"))  # [T, N]
+        native.dense_gemm_bf16(w, x, out, pool)
+        _check(out, w, x)
+
+
+@needs_gemm
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_odd_shapes_match_float64(threads):
+    g = torch.Generator().manual_seed(12)
+    pool = native.make_pool(threads)
+    for N, K in SHAPES:
+        w = torch.randn(N, K, generator=g).to(torch.bfloat16)  # [N, K]
+        for T in (1, 5, 6, 7, 16, 33, 128, 257, 513):
+            x = torch.randn(T, K, generator=g)  # [T, K]
+            out = torch.full((T, N), float("nan"))  # [T, N]
+            native.dense_gemm_bf16(w, x, out, pool)
+            _check(out, w, x)
+
+
+@needs_gemm
+def test_weights_are_read_in_place_from_a_strided_parent():
+    """A row slice of a larger matrix (C-contiguous view): nothing past its last row or column is read into a result."""
+    g = torch.Generator().manual_seed(13)
+    big = torch.randn(80, 33, generator=g).to(torch.bfloat16)
+    big[70:] = float("nan")  # rows after the view: a read past N would poison the last panel
+    w = big[:70]  # [70, 33], odd K: the last pair of each row straddles into the next row's first value
+    x = torch.randn(20, 33, generator=g)
+    out = torch.full((20, 70), float("nan"))
+    native.dense_gemm_bf16(w, x, out, native.make_pool(2))
+    _check(out, w, x)
+
+
+@needs_gemm
+def test_special_values_propagate():
+    w = torch.ones(70, 40, dtype=torch.bfloat16)
+    w[1, 3], w[2, 39], w[69, 0] = float("inf"), float("nan"), float("-inf")
+    x = torch.ones(20, 40)
+    out = torch.zeros(20, 70)
+    native.dense_gemm_bf16(w, x, out, native.make_pool(2))
+    assert out[:, 0].eq(40.0).all()
+    assert torch.isposinf(out[:, 1]).all() and torch.isnan(out[:, 2]).all() and torch.isneginf(out[:, 69]).all()
+    assert out[:, 3:69].eq(40.0).all()  # the zero padding past K = 40 and past N = 70 adds nothing
+
+
+@needs_gemm
+def test_argument_errors_name_the_argument():
+    pool = native.make_pool(1)
+    w = torch.zeros(6, 10, dtype=torch.bfloat16)
+    x, out = torch.zeros(2, 10), torch.zeros(2, 6)
+    cases = [
+        ((w.half(), x, out), TypeError, "w: the bf16 GEMM takes bfloat16 weights, got float16"),
+        ((w.float(), x, out), TypeError, "w: expected bfloat16 or float16, got float32"),
+        ((w, x.double(), out), TypeError, "x: expected float32"),
+        ((w, torch.zeros(2, 11), out), ValueError, r"x: expected shape \[\*, 10\], got \[2, 11\]"),
+        ((w, x, torch.zeros(3, 6)), ValueError, r"out: expected shape \[2, 6\], got \[3, 6\]"),
+        ((w, torch.zeros(0, 10), torch.zeros(0, 6)), ValueError, "x: needs at least one row"),
+        ((torch.zeros(10, 6, dtype=torch.bfloat16).T, x, out), ValueError, "w: must be C-contiguous"),
+    ]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            native.dense_gemm_bf16(*args, pool)
+
+
+def test_isa_cap_turns_it_off_with_a_clear_error():
+    script = textwrap.dedent("""
+        import torch
+        from engine import dense, native
+        assert not native.dense_gemm_bf16_available() and not dense.GEMM_AVAILABLE
+        w = torch.zeros(4, 8, dtype=torch.bfloat16)
+        try:
+            native.dense_gemm_bf16(w, torch.zeros(2, 8), torch.zeros(2, 4), native.make_pool(1))
+        except RuntimeError as e:
+            assert "avx512_bf16" in str(e), e
+        else:
+            raise AssertionError("no error")
+        lin = dense.Linear(w, "cpu", "q_proj")  # falls back to the exact mat-vec
+        x = torch.randn(40, 8)
+        torch.testing.assert_close(lin(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
+        print("ok")
+    """)
+    env = dict(os.environ, TESSERA_MAX_ISA="avx2")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------ Linear
+
+
+@needs_gemm
+def test_linear_uses_the_gemm_from_its_threshold_on(monkeypatch):
+    calls = []
+    real = native.dense_gemm_bf16
+    monkeypatch.setattr(native, "dense_gemm_bf16", lambda *a: (calls.append(a[1].shape[0]), real(*a)))
+    g = torch.Generator().manual_seed(14)
+    w = torch.randn(33, 70, generator=g).to(torch.bfloat16)
+    lin = dense.Linear(w, "cpu", "q_proj")
+    for T in (1, dense.GEMM_MIN_TOKENS - 1, dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3):
+        x = torch.randn(T, 70, generator=g)
+        y = lin(x)
+        if T >= dense.GEMM_MIN_TOKENS:
+            _check(y, w, x)
+        else:  # the exact mat-vec
+            torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
+    assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
+    f16 = dense.Linear(w.half(), "cpu", "q_proj")  # f16 weights: the exact mat-vec at every T up to the threshold
+    x = torch.randn(20, 70, generator=g)
+    torch.testing.assert_close(f16(x), x @ w.half().float().T, rtol=1e-5, atol=1e-5)
+    assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
+
+
+# ------------------------------------------------------------------------------------------------------- end to end
+
+
+@needs_gemm
+def test_bf16_model_prefill_through_the_gemm_matches_the_f32_path(monkeypatch):
+    """A bf16 model's 24-token prefill (every dense weight through the GEMM) against the same weights upcast to f32 in
+    torch. The only differences are the activations' rounding to bf16 (relative 2^-9 per value) and f32 summation
+    order, so the logits agree within 2 % of their range; a wrong panel, row or token in the GEMM moves logits by
+    their own scale."""
+    from hf_reference import CONFIGS, canonical_weights, hf_model
+
+    from engine.experts import TorchExperts
+    from engine.model import Qwen3MoeModel, layer_experts
+
+    ref = hf_model(CONFIGS["dense_layers"], seed=4)
+
+    def weights(dtype):
+        w = canonical_weights(ref)
+        w.tensors = {name: t.to(torch.bfloat16).to(dtype) for name, t in w.tensors.items()}
+        return w
+
+    w16, w32 = weights(torch.bfloat16), weights(torch.float32)
+    new = Qwen3MoeModel(w16, TorchExperts(layer_experts(w16.config, w16.tensors)))
+    with monkeypatch.context() as m:
+        m.setattr(dense, "_bf16_exact", lambda w: False)
+        old = Qwen3MoeModel(w32, TorchExperts(layer_experts(w32.config, w32.tensors)))
+    assert {lin.path for lin in new.linears} == {"native"} and {lin.path for lin in old.linears} == {"torch-f32"}
+    calls = []
+    real = native.dense_gemm_bf16
+    monkeypatch.setattr(native, "dense_gemm_bf16", lambda *a: (calls.append(1), real(*a)))
+    ids = torch.randint(0, ref.config.vocab_size, (24,), generator=torch.Generator().manual_seed(6))
+    a = new.forward(ids, new.new_cache(32), last_only=False)  # [24, V]
+    b = old.forward(ids, old.new_cache(32), last_only=False)
+    assert len(calls) >= len(new.linears)  # every dense weight went through the GEMM at least once
+    scale = float(b.max() - b.min())
+    assert scale > 1.0
+    assert float((a - b).abs().max()) <= 0.02 * scale

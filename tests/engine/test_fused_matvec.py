@@ -1,0 +1,61 @@
+"""engine.dense.FusedMatvec: the one-token step of a layer's q/k/v projections in one native call when all three are
+quantized weights on the dense pool, bit-identical to calling each Linear (whose arithmetic test_quant_dense.py checks
+against gguf.quants.dequantize); every other case calls each Linear as before."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine import dense, native
+from engine.quantize import quantize
+from engine.quantized import QuantizedMatrix
+
+Q = gguf.GGMLQuantizationType
+
+
+def _linear(qtype: Q, n: int, k: int = 512, seed: int = 0) -> dense.Linear:
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05  # [n, k]
+    qm = QuantizedMatrix(quantize(w, qtype, "test weight"), qtype, (n, k), "t.weight")
+    return dense.Linear(qm, "cpu", f"w{seed}")
+
+
+def _qkv() -> list[dense.Linear]:
+    return [_linear(Q.Q4_K, 96, seed=1), _linear(Q.Q4_K, 32, seed=2), _linear(Q.Q6_K, 32, seed=3)]  # as a Q4_K_M file
+
+
+def test_one_token_is_one_native_call_equal_to_each_linear(monkeypatch):
+    lins = _qkv()
+    fused = dense.FusedMatvec(lins)
+    assert fused.fused
+    calls = []
+    monkeypatch.setattr(native, "quant_matmul", lambda *a, **k: calls.append(a) or pytest.fail("per-weight call"))
+    real = native._native.quant_matvec_multi
+    monkeypatch.setattr(native._native, "quant_matvec_multi", lambda *a: calls.append(a) or real(*a))
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(0))  # [1, K]
+    outs = fused(x)
+    assert len(calls) == 1
+    monkeypatch.undo()
+    for lin, y in zip(lins, outs):
+        assert y.shape == (1, lin.out_features) and y.dtype == torch.float32
+        assert torch.equal(y, lin(x))
+
+
+def test_several_tokens_call_each_linear():
+    lins = _qkv()
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))  # [T, K]
+    for lin, y in zip(lins, dense.FusedMatvec(lins)(x)):
+        assert torch.equal(y, lin(x))
+
+
+def test_not_fused_unless_every_weight_is_quantized_with_one_input_size():
+    f32 = dense.Linear(torch.randn(32, 512), "cpu", "f32.weight")
+    assert not dense.FusedMatvec([_linear(Q.Q4_K, 32), f32]).fused
+    assert not dense.FusedMatvec([_linear(Q.Q4_K, 32), _linear(Q.Q4_K, 32, k=768)]).fused
+    lins = [_linear(Q.Q8_0, 32), f32]
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(2))  # [1, K]
+    for lin, y in zip(lins, dense.FusedMatvec(lins)(x)):
+        assert torch.equal(y, lin(x))
+
