@@ -1,8 +1,10 @@
 """KV cache of one token sequence, and the prefix cache that keeps several of them across turns and conversations.
 
 `KVCache` holds per-layer K/V buffers, allocated ahead in chunks and written in place, plus the token ids whose K/V they
-hold. `PrefixCache` is a bounded LRU (by bytes) of such caches: a request takes the cache sharing the longest common
-token prefix with its prompt, so a chat's second turn prefills only the new tokens.
+hold. Keys are stored in tiles of 32 positions ([nkv, ceil(C/32), hd, 32]: one block of keys is one contiguous run,
+which the attention kernel streams); values as [nkv, C, hd]. `PrefixCache` is a bounded LRU (by bytes) of such caches:
+a request takes the cache sharing the longest common token prefix with its prompt, so a chat's second turn prefills
+only the new tokens.
 
 Letters: L layers, nkv key/value heads, C capacity (positions allocated), S positions filled, T new tokens, hd head dim.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 
 _CHUNK = 256  # positions added per growth step
+KEY_TILE = 32  # positions per key tile (native/include/tessera/attention.h)
 KV_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a cache can store; bf16 is the default
 
 
@@ -19,8 +22,9 @@ class KVCache:
     """K/V of one token sequence for every layer, stored in `dtype` (bfloat16 by default: half of float32's bytes, as
     llama.cpp's f16 cache; float32 for reference checks). Positions [0, length) are valid and belong to `tokens`.
 
-    Attention reads K/V as float32: a bf16 cache widens the layer being computed into one float32 scratch per device
-    (reused by every layer, so it costs one layer's float32 K/V, not the whole cache's).
+    The native attention (engine.attention) reads a bf16 cache in place. The torch path reads K/V as float32 through
+    `keys_values`: it widens the layer being computed into one float32 scratch per device (reused by every layer, so it
+    costs one layer's float32 K/V, not the whole cache's).
 
     `devices` gives each layer's device (where its attention runs); default all on the CPU.
     """
@@ -37,7 +41,7 @@ class KVCache:
         self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
         capacity = max(1, capacity)
-        self.k = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
+        self.k = [self._key_buffer(capacity, d) for d in self.devices]  # L x [nkv, ceil(C/32), hd, 32]
         self.v = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
         self.tokens: list[int] = []
         self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> f32 [nkv, C, hd] x 2
@@ -45,13 +49,17 @@ class KVCache:
     def _buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
         return torch.empty(self.kv_heads, capacity, self.head_dim, device=device, dtype=self.dtype)  # [nkv, C, hd]
 
+    def _key_buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
+        shape = (self.kv_heads, -(-capacity // KEY_TILE), self.head_dim, KEY_TILE)
+        return torch.empty(shape, device=device, dtype=self.dtype)  # [nkv, ceil(C/32), hd, 32]
+
     @property
     def length(self) -> int:
         return len(self.tokens)
 
     @property
     def capacity(self) -> int:
-        return self.k[0].shape[1]
+        return self.v[0].shape[1]
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +67,7 @@ class KVCache:
 
     @property
     def scratch_bytes(self) -> int:
-        """Bytes of the float32 scratch the attention reads a bf16 cache through (0 for a float32 cache)."""
+        """Bytes of the float32 scratch the torch attention path reads the cache through (0 until it is used)."""
         return sum(k.nbytes + v.nbytes for k, v in self._scratch.values())
 
     def reserve(self, positions: int) -> None:
@@ -67,34 +75,49 @@ class KVCache:
         if positions <= self.capacity:
             return
         new_cap = -(-positions // _CHUNK) * _CHUNK
-        for bufs in (self.k, self.v):
-            for i, old in enumerate(bufs):
-                new = self._buffer(new_cap, old.device)  # [nkv, C', hd]
-                new[:, : self.length] = old[:, : self.length]
-                bufs[i] = new
+        tiles = -(-self.length // KEY_TILE)
+        for i, old in enumerate(self.k):
+            new = self._key_buffer(new_cap, old.device)  # [nkv, C'/32, hd, 32]
+            new[:, :tiles] = old[:, :tiles]
+            self.k[i] = new
+        for i, old in enumerate(self.v):
+            new = self._buffer(new_cap, old.device)  # [nkv, C', hd]
+            new[:, : self.length] = old[:, : self.length]
+            self.v[i] = new
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write this step's k, v ([nkv, T, hd], rounded to the cache's dtype) after the committed positions."""
+        start, end = self.length, self.length + k.shape[1]
+        if end > self.capacity:
+            raise ValueError(f"KV cache: positions [{start}, {end}) beyond its capacity {self.capacity}; reserve first")
+        keys = self.k[layer]  # [nkv, C/32, hd, 32]
+        if k.shape[1] == 1:
+            keys[:, start // KEY_TILE, :, start % KEY_TILE] = k[:, 0]  # [nkv, hd]
+        else:
+            pos = torch.arange(start, end, device=keys.device)  # [T]
+            keys[:, pos // KEY_TILE, :, pos % KEY_TILE] = k.transpose(0, 1).to(self.dtype)  # [T, nkv, hd]
+        self.v[layer][:, start:end] = v
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v ([nkv, T, hd], rounded to the cache's dtype) after the committed positions; return
-        K, V of [0, length+T) in the cache's dtype."""
-        start, end = self.length, self.length + k.shape[1]
-        self.k[layer][:, start:end] = k
-        self.v[layer][:, start:end] = v
-        if self.dtype == torch.float32:
-            return self.k[layer][:, :end], self.v[layer][:, :end]  # [nkv, S, hd], [nkv, S, hd]
-        return self._widened(layer, end)
+        """`write`, then return K, V of [0, length+T) as float32 (the torch attention path)."""
+        self.write(layer, k, v)
+        return self.keys_values(layer, self.length + k.shape[1])
 
-    def _widened(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of positions [0, end) of `layer` as float32, in the scratch of the layer's device."""
+    def keys_values(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of positions [0, end) of `layer` as float32 [nkv, S, hd], in the scratch of the layer's device."""
         device = self.k[layer].device
         ks, vs = self._scratch.get(device, (None, None))
         if ks is None or ks.shape[1] < end:
             shape = (self.kv_heads, self.capacity, self.head_dim)
             ks, vs = torch.empty(shape, device=device), torch.empty(shape, device=device)  # [nkv, C, hd] x 2
             self._scratch[device] = (ks, vs)
-        keys, values = ks[:, :end], vs[:, :end]  # [nkv, S, hd] float32 views
-        keys.copy_(self.k[layer][:, :end])
-        values.copy_(self.v[layer][:, :end])
-        return keys, values
+        full, rest = divmod(end, KEY_TILE)
+        tiled = ks[:, : full * KEY_TILE].view(self.kv_heads, full, KEY_TILE, self.head_dim)  # [nkv, full, 32, hd]
+        tiled.copy_(self.k[layer][:, :full].transpose(2, 3))
+        if rest:
+            ks[:, full * KEY_TILE : end].copy_(self.k[layer][:, full, :, :rest].transpose(1, 2))  # [nkv, rest, hd]
+        vs[:, :end].copy_(self.v[layer][:, :end])
+        return ks[:, :end], vs[:, :end]  # [nkv, S, hd] float32 views
 
     def commit(self, tokens: list[int]) -> None:
         """Mark the positions written by the last `append` of every layer as belonging to `tokens`."""
@@ -111,9 +134,10 @@ class KVCache:
         """A new cache holding the first `length` positions of this one."""
         capacity = -(-max(length, 1) // _CHUNK) * _CHUNK
         out = KVCache(self.layers, self.kv_heads, self.head_dim, capacity, self.devices, self.dtype)
-        for dst, src in ((out.k, self.k), (out.v, self.v)):
-            for i in range(self.layers):
-                dst[i][:, :length] = src[i][:, :length]
+        tiles = -(-length // KEY_TILE)
+        for i in range(self.layers):
+            out.k[i][:, :tiles] = self.k[i][:, :tiles]
+            out.v[i][:, :length] = self.v[i][:, :length]
         out.tokens = self.tokens[:length]
         return out
 

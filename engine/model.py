@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.dense import FusedMatvec, Linear, embedding_rows, place_table, step_torch_threads, torch_threads
+from engine.attention import attend
+from engine.dense import FusedMatvec, Linear, dense_pool, embedding_rows, place_table, step_torch_threads, torch_threads
 from engine.experts import ExpertBackend, LayerExperts
 from engine.kv_cache import KVCache
 
@@ -86,6 +87,7 @@ class Attention:
         self.v_proj, self.o_proj = proj["v_proj"], proj["o_proj"]  # [nkv*hd, H], [H, nh*hd]
         self.qkv = FusedMatvec([self.q_proj, self.k_proj, self.v_proj])  # decode: one native call for the three
         self.q_norm, self.k_norm = _f32(p["q_norm.weight"], device), _f32(p["k_norm.weight"], device)  # [hd], [hd]
+        self.pool = dense_pool() if torch.device(device).type == "cpu" else None  # the native attention's threads
 
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
@@ -96,24 +98,9 @@ class Attention:
         q = rms_norm(q, self.q_norm, self.eps).transpose(0, 1)  # [nh, T, hd]
         k = rms_norm(k, self.k_norm, self.eps).transpose(0, 1)  # [nkv, T, hd]
         q, k = Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)  # [nh, T, hd], [nkv, T, hd]
-        keys, values = cache.append(layer, k, v.transpose(0, 1))  # [nkv, S, hd], [nkv, S, hd] float32
-        if T == 1:  # decode: two small matmuls, ~4x faster than torch's CPU SDPA at long contexts
-            out = decode_attention(q, keys, values).reshape(1, self.nh * self.hd)  # [1, nh*hd]
-        else:
-            out = F.scaled_dot_product_attention(
-                q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=self.nh != self.nkv
-            )  # [1, nh, T, hd]
-            out = out[0].transpose(0, 1).reshape(T, self.nh * self.hd)  # [T, nh*hd]
-        return self.o_proj(out)  # [T, H]
-
-
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One query position against every cached one (no mask), grouped-query: query head h reads KV head h // (nh/nkv),
-    as transformers' repeat_kv does. q [nh, 1, hd], keys/values [nkv, S, hd] -> [nh, hd]."""
-    nh, nkv, hd = q.shape[0], keys.shape[0], q.shape[-1]
-    qg = q.reshape(nkv, nh // nkv, hd)  # [nkv, g, hd]
-    scores = torch.matmul(qg, keys.transpose(1, 2)) * hd**-0.5  # [nkv, g, S]
-    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(nh, hd)  # [nh, hd]
+        start = cache.length
+        cache.write(layer, k, v.transpose(0, 1))  # positions [start, start+T)
+        return self.o_proj(attend(q, cache, layer, start, mask, self.pool))  # [T, H]
 
 
 class Router:

@@ -93,6 +93,20 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
     _native.dense_matvec(w, x, out, pool, reference)
 
 
+def attention_kernel(head_dim: int) -> str:
+    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512" or "Reference"."""
+    return str(_native.attention_kernel(head_dim))
+
+
+def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: int, scale: float, out: torch.Tensor,
+                   pool, *, reference: bool = False) -> None:
+    """out[T, nh*hd] = causal softmax(q k^T * scale) v, query t (position start+t) seeing positions [0, start+t].
+    q [nh, T, hd] f32; kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read
+    in place.
+    `reference` runs the scalar double-accumulation twin."""
+    _native.attention_bf16(q, kt, v, start, scale, out, pool, reference)
+
+
 def dense_gemm_bf16_available() -> bool:
     """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
     return bool(_native.dense_gemm_bf16_available())

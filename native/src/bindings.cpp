@@ -13,6 +13,7 @@
 #include <string>
 #include <sys/mman.h>
 
+#include "tessera/attention.h"  // attention over a bf16 KV cache (attention_bindings.inc)
 #include "tessera/backend.h"
 #include "tessera/cpu.h"
 #include "tessera/dense.h"
@@ -226,6 +227,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 }
 
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
+#include "attention_bindings.inc"  // attention over a bf16 KV cache: bind_attention(m)
 #include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
 
 }  // namespace
@@ -381,6 +383,7 @@ NB_MODULE(_native, m) {
      "Prefill: out[T, N] = bf16(x)[T, K] . w[N, K]^T with vdpbf16ps; w bf16 as stored, f32 sums.");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
+  bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
   bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {

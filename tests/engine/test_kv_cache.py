@@ -20,11 +20,12 @@ def filled(tokens, layers=2, heads=1, hd=4):
 
 def test_reserve_keeps_contents_and_copy_prefix():
     c = filled(range(10))
-    before = c.k[1][:, :10].clone()
+    before = [t.clone() for t in c.keys_values(1, 10)]
     c.reserve(1000)
-    assert c.capacity >= 1000 and torch.equal(c.k[1][:, :10], before)
+    assert c.capacity >= 1000 and all(torch.equal(a, b) for a, b in zip(c.keys_values(1, 10), before))
     d = c.copy_prefix(6)
-    assert d.tokens == list(range(6)) and torch.equal(d.v[1][:, :6], c.v[1][:, :6])
+    assert d.tokens == list(range(6)) and torch.equal(d.keys_values(1, 6)[1], before[1][:, :6])
+    assert torch.equal(d.keys_values(1, 6)[0], before[0][:, :6])
     d.truncate(2)
     assert d.tokens == [0, 1] and c.length == 10
 
@@ -46,7 +47,7 @@ def test_bf16_storage_halves_the_bytes_and_attention_reads_float32():
 
 
 def test_decode_attention_equals_sdpa():
-    from engine.model import decode_attention
+    from engine.attention import decode_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(6, 1, 16, generator=g)  # [nh, 1, hd]

@@ -1,0 +1,31 @@
+// Causal grouped-query attention over a bf16 KV cache, read in place (never widened as a whole, no T x S score matrix).
+// Letters: T new query positions, nh query heads, nkv key/value heads (g = nh / nkv query heads per KV head), hd head
+// dim, C cache capacity (positions allocated), start = positions already cached before these T, S = start + T.
+#pragma once
+#include <cstdint>
+
+#include "tessera/pool.h"
+
+namespace tessera {
+
+struct AttentionArgs {
+  const float* q;      // [nh, T, hd] f32, after q-norm and RoPE (not yet scaled)
+  const uint16_t* kt;  // [nkv, ceil(C/32), hd, 32] bf16: keys in tiles of 32 positions
+  const uint16_t* v;   // [nkv, C, hd] bf16
+  int64_t T, nh, nkv, hd, C, start;
+  float scale;         // applied to q (1/sqrt(hd) for Qwen3)
+  float* out;          // [T, nh, hd] f32: query t at position start+t attends to keys [0, start+t]
+};
+
+// The AVX-512 kernel where the CPU (and TESSERA_MAX_ISA) allows and hd is a multiple of 32, else the reference.
+void attention_bf16(const AttentionArgs& a, ThreadPool& pool);
+// Scalar, double accumulation, two passes (max, then exp-sum): the yardstick the fast kernel is tested against.
+void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool);
+// "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU.
+const char* attention_kernel_name(int64_t hd);
+
+namespace attention_isa {
+void attention_avx512(const AttentionArgs& a, ThreadPool& pool);
+}
+
+}  // namespace tessera

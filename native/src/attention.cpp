@@ -1,0 +1,57 @@
+// Attention over a bf16 KV cache: dispatch, and the scalar reference (double accumulation). Portable: no ISA flags.
+#include "tessera/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessera/bf16.h"
+#include "tessera/cpu.h"
+
+namespace tessera {
+namespace {
+
+bool avx512_ok(int64_t hd) {
+  static const bool cpu = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx512f && c.os_avx512 && max_isa_cap() >= IsaLevel::AVX512;
+  }();
+  return cpu && hd % 32 == 0 && hd <= 512;
+}
+
+}  // namespace
+
+const char* attention_kernel_name(int64_t hd) { return avx512_ok(hd) ? "AVX512" : "Reference"; }
+
+void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
+  const int64_t g = a.nh / a.nkv;
+  pool.parallel_for(a.nh * a.T, [&](int64_t task, int) {
+    const int64_t hq = task / a.T, t = task % a.T, h = hq / g, S = a.start + t + 1;  // keys [0, S)
+    const float* q = a.q + (hq * a.T + t) * a.hd;
+    const uint16_t* kt = a.kt + h * ((a.C + 31) / 32) * 32 * a.hd;  // [ceil(C/32), hd, 32]
+    const uint16_t* v = a.v + h * a.C * a.hd;
+    std::vector<double> s(size_t(S), 0.0), o(size_t(a.hd), 0.0);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < S; ++j) {
+      double d = 0.0;
+      for (int64_t i = 0; i < a.hd; ++i) d += double(q[i]) * double(bf16_to_f32(kt[(j / 32) * a.hd * 32 + i * 32 + j % 32]));
+      s[size_t(j)] = d * double(a.scale);
+      mx = std::max(mx, s[size_t(j)]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < S; ++j) {
+      const double p = std::exp(s[size_t(j)] - mx);
+      sum += p;
+      for (int64_t i = 0; i < a.hd; ++i) o[size_t(i)] += p * double(bf16_to_f32(v[j * a.hd + i]));
+    }
+    float* out = a.out + (t * a.nh + hq) * a.hd;
+    for (int64_t i = 0; i < a.hd; ++i) out[i] = float(o[size_t(i)] / sum);
+  });
+}
+
+void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
+  if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
+  else attention_bf16_reference(a, pool);
+}
+
+}  // namespace tessera

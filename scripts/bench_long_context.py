@@ -1,0 +1,173 @@
+"""Long context on the CPU: causal attention alone at Qwen3-30B-A3B's shapes, and a model's prefill / decode split
+into attention, routed experts and the rest (dense projections, norms, router, lm_head).
+
+    python scripts/bench_long_context.py --kernels [--threads 2] [--prefill 512 2048 4096] [--decode 128 2048 8192]
+    python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
+
+--kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
+(engine/attention.py's path) and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
+explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few runs.
+MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
+engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
+Prints figures only; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine import native
+
+NH, NKV, HD = 32, 4, 128  # Qwen3-30B-A3B attention
+
+
+def best_s(fn, reps: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def kernel_row(T: int, S: int) -> dict:
+    """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1)."""
+    from engine.attention import attend, decode_attention
+    from engine.kv_cache import KVCache
+
+    start = S - T
+    cache = KVCache(1, NKV, HD, S)
+    g = torch.Generator().manual_seed(0)
+    cache.write(0, torch.randn(NKV, S, HD, generator=g), torch.randn(NKV, S, HD, generator=g))
+    q = torch.randn(NH, T, HD, generator=g)  # [nh, T, hd]
+    mask = torch.arange(S)[None, :] <= torch.arange(start, S)[:, None]  # [T, S]
+    reps = 2 if T * S > 4e6 else 5
+    native_s = best_s(lambda: attend(q, cache, 0, start, mask), reps)
+
+    def old():  # the path before: widen the layer to f32, SDPA with the mask (prefill) or two matmuls (decode)
+        keys, values = cache.keys_values(0, S)
+        if T == 1:
+            return decode_attention(q, keys, values)
+        return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
+
+    row = {"T": T, "S": S, "native_ms": native_s * 1e3, "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
+    if T > 1:
+        keys, values = cache.keys_values(0, S)
+        row["sdpa_is_causal_f32_ms"] = 1e3 * best_s(lambda: F.scaled_dot_product_attention(
+            q[None], keys[None], values[None], is_causal=True, enable_gqa=True), reps)
+        flops = 2 * 2 * NH * HD * (T * (T + 1) / 2 + T * start)  # causal half of QK^T and PV
+        row["native_gflops"] = flops / native_s / 1e9
+    else:
+        row["native_kv_gb_s"] = 2 * NKV * S * HD * 2 / native_s / 1e9  # bf16 K and V read once
+    return row
+
+
+def kernels(a) -> list[dict]:
+    rows = []
+    for T, S in [(T, T) for T in a.prefill] + [(1, S) for S in a.decode]:
+        row = kernel_row(T, S)
+        rows.append(row)
+        print(json.dumps(row) if a.json else "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                       for k, v in row.items()), flush=True)
+    return rows
+
+
+class Split:
+    """Wall time inside attention and inside the expert backend during one forward (the rest is dense work)."""
+
+    def __init__(self, model):
+        import engine.model as em
+
+        self.attn = self.experts = 0.0
+        self._em, self._attend = em, em.attend
+        self._forward = model.experts.forward
+
+        def attend(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return self._attend(*args, **kw)
+            finally:
+                self.attn += time.perf_counter() - t
+
+        def experts(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return self._forward(*args, **kw)
+            finally:
+                self.experts += time.perf_counter() - t
+
+        em.attend, model.experts.forward = attend, experts
+
+    def reset(self):
+        self.attn = self.experts = 0.0
+
+
+def model_split(a) -> list[dict]:
+    import engine
+
+    session = engine.load(a.model, threads=a.threads, context_length=max(a.prefill + a.decode) + a.decode_steps + 8)
+    model = session.model
+    split = Split(model)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    model.forward(torch.randint(0, vocab, (8,), generator=g), model.new_cache(16))  # warm-up
+    rows = []
+    for n in sorted(set(a.prefill) | set(a.decode)):
+        cache = model.new_cache(n + a.decode_steps)
+        ids = torch.randint(0, vocab, (n,), generator=g)
+        split.reset()
+        t = time.perf_counter()
+        logits = model.forward(ids, cache)
+        total = time.perf_counter() - t
+        row = {"context": n, "prefill_s": total, "prefill_attention_s": split.attn, "prefill_experts_s": split.experts,
+               "prefill_dense_s": total - split.attn - split.experts, "prefill_tok_s": n / total}
+        if n in a.decode:
+            split.reset()
+            nxt = logits.argmax(-1)
+            t = time.perf_counter()
+            for _ in range(a.decode_steps):
+                nxt = model.forward(nxt.reshape(1), cache).argmax(-1)
+            dt = time.perf_counter() - t
+            row.update(decode_ms=1e3 * dt / a.decode_steps, decode_attention_ms=1e3 * split.attn / a.decode_steps,
+                       decode_experts_ms=1e3 * split.experts / a.decode_steps,
+                       decode_dense_ms=1e3 * (dt - split.attn - split.experts) / a.decode_steps,
+                       decode_tok_s=a.decode_steps / dt)
+        rows.append(row)
+        print(json.dumps(row) if a.json else "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                       for k, v in row.items()), flush=True)
+    session.close()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", help="a GGUF file or Hugging Face folder (omit with --kernels)")
+    p.add_argument("--kernels", action="store_true", help="time attention alone at Qwen3-30B-A3B's shapes")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--prefill", type=int, nargs="+", default=[512, 2048, 4096], help="prompt lengths")
+    p.add_argument("--decode", type=int, nargs="+", default=[128, 2048, 8192], help="decode contexts")
+    p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    a = p.parse_args()
+    if not a.kernels and not a.model:
+        p.error("give a MODEL or --kernels")
+    a.threads = a.threads or native.physical_cores()
+    torch.set_num_threads(a.threads)
+    from engine.attention import native_kernel
+
+    print(f"threads {a.threads}, attention kernel {native_kernel(HD)}", flush=True)
+    if a.kernels:
+        kernels(a)
+    if a.model:
+        model_split(a)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
