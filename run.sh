@@ -7,6 +7,6 @@ source scripts/setup_env.sh
 # Before the window: can Qt open the display? If not, say which system packages are missing and how to install them.
 case " $* " in
   *" -h "*|*" --help "*) ;;
-  *) .venv/bin/python -m app.display_check || exit 1 ;;
+  *) .venv/bin/python -m tessera.app.display_check || exit 1 ;;
 esac
-exec .venv/bin/python -m app "$@"
+exec .venv/bin/python -m tessera.app "$@"

@@ -59,9 +59,9 @@ fi
 
 case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 source_dir="$(cd "$source_dir" && pwd)" || die "--source: no such folder"
-[ -f "$source_dir/pyproject.toml" ] && [ -d "$source_dir/app" ] && [ -d "$source_dir/engine" ] \
-  || die "$source_dir: not a Tessera source checkout (pyproject.toml, app/, engine/ expected)"
-icons="$source_dir/resources/icons"
+[ -f "$source_dir/pyproject.toml" ] && [ -d "$source_dir/tessera/app" ] && [ -d "$source_dir/tessera/engine" ] \
+  || die "$source_dir: not a Tessera source checkout (pyproject.toml, tessera/app/, tessera/engine/ expected)"
+icons="$source_dir/tessera/resources/icons"
 [ -f "$icons/tessera.svg" ] || die "$icons/tessera.svg: missing (the launcher's icon)"
 manifest="$prefix/install-manifest.txt"
 if [ -f "$manifest" ]; then

@@ -1,4 +1,5 @@
-"""Render resources/icons/tessera.svg to the PNG sizes desktops ask for (resources/icons/tessera-<N>.png).
+"""Render tessera/resources/icons/tessera.svg to the PNG sizes desktops ask for
+(tessera/resources/icons/tessera-<N>.png).
 
 Run after editing the SVG: `QT_QPA_PLATFORM=offscreen python packaging/render_icons.py`. Uses Qt's SVG renderer
 (PySide6-Essentials ships QtSvg), so no extra tool is needed; the PNGs are committed so installing needs no Qt step.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons"
+ICONS = Path(__file__).resolve().parent.parent / "tessera" / "resources" / "icons"
 SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
 
 

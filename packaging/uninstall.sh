@@ -5,7 +5,7 @@ set -euo pipefail
 
 die() { echo "tessera-uninstall: error: $*" >&2; exit 1; }
 prefix="${XDG_DATA_HOME:-$HOME/.local/share}/tessera" quiet=0 cache_choice=ask
-# The packed-weight cache (engine/pack_cache.py default_root): packed expert copies, often tens of GB.
+# The packed-weight cache (tessera/engine/pack_cache.py default_root): packed expert copies, often tens of GB.
 cache="${TESSERA_PACK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/packed}"
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_dense import SHAPES, best_ms  # noqa: E402
 
-from engine import native  # noqa: E402
+from tessera.engine import native  # noqa: E402
 
 MOE = dict(E=128, H=2048, I=768, k=8)  # Qwen3-30B-A3B
 
@@ -69,7 +69,7 @@ def bench_dense(tokens, threads, pool, peak, torch_too):
 
 
 def bench_moe(tokens, threads, peak):
-    from engine.experts import LayerExperts
+    from tessera.engine.experts import LayerExperts
 
     E, H, I, k = MOE["E"], MOE["H"], MOE["I"], MOE["k"]
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from engine import native
+from tessera.engine import native
 
 # name -> (out, in): Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, head_dim 128, 128 experts, V 151,936).
 SHAPES = {

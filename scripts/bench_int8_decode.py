@@ -18,7 +18,7 @@ import time
 def main() -> None:
     import torch
 
-    import engine.native as N
+    import tessera.engine.native as N
 
     _native = N._native
     names = (sys.argv[1] if len(sys.argv) > 1 else "AVX512Int8,AMXInt8").split(",")

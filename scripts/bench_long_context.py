@@ -5,7 +5,7 @@ into attention, routed experts and the rest (dense projections, norms, router, l
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
-(engine/attention.py's path) and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
+(tessera/engine/attention.py's path) and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
 explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine import native
+from tessera.engine import native
 
 NH, NKV, HD = 32, 4, 128  # Qwen3-30B-A3B attention
 
@@ -38,8 +38,8 @@ def best_s(fn, reps: int) -> float:
 
 def kernel_row(T: int, S: int) -> dict:
     """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1)."""
-    from engine.attention import attend, decode_attention
-    from engine.kv_cache import KVCache
+    from tessera.engine.attention import attend, decode_attention
+    from tessera.engine.kv_cache import KVCache
 
     start = S - T
     cache = KVCache(1, NKV, HD, S)
@@ -82,7 +82,7 @@ class Split:
     """Wall time inside attention and inside the expert backend during one forward (the rest is dense work)."""
 
     def __init__(self, model):
-        import engine.model as em
+        import tessera.engine.model as em
 
         self.attn = self.experts = 0.0
         self._em, self._attend = em, em.attend
@@ -109,7 +109,7 @@ class Split:
 
 
 def model_split(a) -> list[dict]:
-    import engine
+    from tessera import engine
 
     session = engine.load(a.model, threads=a.threads, context_length=max(a.prefill + a.decode) + a.decode_steps + 8)
     model = session.model
@@ -159,7 +159,7 @@ def main() -> int:
         p.error("give a MODEL or --kernels")
     a.threads = a.threads or native.physical_cores()
     torch.set_num_threads(a.threads)
-    from engine.attention import native_kernel
+    from tessera.engine.attention import native_kernel
 
     print(f"threads {a.threads}, attention kernel {native_kernel(HD)}", flush=True)
     if a.kernels:

@@ -7,7 +7,7 @@ matmul, whole ("dequant+torch") or 4096 rows at a time as engine.dense.Linear do
 
 Random weights quantized by Tessera's own quantizer (engine.quantize); each figure is the best of several calls after
 a warm-up. `lm_head/8` is a 1/8 slice of the 151,936-row lm_head (the whole one takes minutes per T=512 call on two
-cores; per-row costs are the same). Prints figures only; nothing is asserted. engine/dense.py's
+cores; per-row costs are the same). Prints figures only; nothing is asserted. tessera/engine/dense.py's
 QUANT_NATIVE_MAX_TOKENS is chosen from these figures (docs/BENCHMARKS.md).
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine import dense, native
-from engine.quantize import quantize
-from engine.quantized import QuantizedMatrix
+from tessera.engine import dense, native
+from tessera.engine.quantize import quantize
+from tessera.engine.quantized import QuantizedMatrix
 
 # name -> (out, in): Qwen3-30B-A3B (H 2048, 32 query heads, 4 kv heads, head_dim 128, V 151,936).
 SHAPES = {

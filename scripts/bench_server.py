@@ -2,7 +2,7 @@
 `openai` client (streaming), then N concurrent clients. Prints one JSON object and a Markdown table for
 docs/BENCHMARKS.md.
 
-    python scripts/bench_server.py resources/demo/tessera-demo-moe.gguf [--runs 5] [--clients 4]
+    python scripts/bench_server.py tessera/resources/demo/tessera-demo-moe.gguf [--runs 5] [--clients 4]
 
 Work per request, as `tessera-cli bench` does: a random prompt of --prompt-tokens ids (sent as token ids to
 /v1/completions, so both paths run exactly the same ids), --gen-tokens generated greedily with end-of-sequence ignored.
@@ -37,7 +37,7 @@ def percentile(values: list[float], q: float) -> float:
 def in_process(model: str, args) -> list[dict]:
     runs = []
     for seed in range(args.runs):
-        out = subprocess.run([sys.executable, "-m", "engine", "bench", model, "--json", "--seed", str(seed),
+        out = subprocess.run([sys.executable, "-m", "tessera.engine", "bench", model, "--json", "--seed", str(seed),
                               "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)],
                              capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout))
@@ -45,8 +45,8 @@ def in_process(model: str, args) -> list[dict]:
 
 
 def start_server(model: str, max_queue: int):
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", model, "--port", "0", "--log-level", "warning",
-                             "--max-queue", str(max_queue)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tessera.engine", "serve", model, "--port", "0", "--log-level",
+                             "warning", "--max-queue", str(max_queue)], stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         m = re.search(r"at (http://\S+/v1);", line)
         if m:

@@ -36,19 +36,19 @@ summary "build: ok in $(( $(date +%s) - start )) s"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/hybrid tests/native -x >"$OUT/tests.log" 2>&1
 summary "tests (hybrid + native, exit $?): $(tail -1 "$OUT/tests.log")"
 "$PY" - >>"$OUT/summary.txt" 2>&1 <<'EOF'
-from engine import native
+from tessera.engine import native
 st = native.backend_status()
 print("backends:", ", ".join(f"{k}={'yes' if v[0] else 'no (' + v[1] + ')'}" for k, v in st.items()))
 EOF
 
 MODEL=/tmp/tessera-30b-4l.gguf
-[ -f "$MODEL" ] || timeout 180 "$PY" -m engine make-model "$MODEL" --preset qwen3-30b-a3b --layers 4 --dtype bf16 \
+[ -f "$MODEL" ] || timeout 180 "$PY" -m tessera.engine make-model "$MODEL" --preset qwen3-30b-a3b --layers 4 --dtype bf16 \
   --format gguf >>"$OUT/build.log" 2>&1 || { summary "make-model: FAILED"; exit 1; }
 for n in 0 32 128; do  # of 128 experts per layer: 0 %, 25 %, 100 %
-  timeout 100 "$PY" -m engine bench "$MODEL" --device cuda --gpu-experts "$n" --prompt-tokens 128 --gen-tokens 32 \
+  timeout 100 "$PY" -m tessera.engine bench "$MODEL" --device cuda --gpu-experts "$n" --prompt-tokens 128 --gen-tokens 32 \
     --json >"$OUT/bench-gpu-experts-$n.json" 2>>"$OUT/bench.log"
   summary "decode with $n/128 experts per layer on the GPU (exit $?): $(cat "$OUT/bench-gpu-experts-$n.json")"
 done
-timeout 100 "$PY" -m engine bench "$MODEL" --prompt-tokens 128 --gen-tokens 32 --json >"$OUT/bench-cpu-only.json" \
+timeout 100 "$PY" -m tessera.engine bench "$MODEL" --prompt-tokens 128 --gen-tokens 32 --json >"$OUT/bench-cpu-only.json" \
   2>>"$OUT/bench.log"
 summary "all on the CPU (exit $?): $(cat "$OUT/bench-cpu-only.json")"

@@ -61,8 +61,8 @@ def llama_cpp(node_modules: str, script: str, path: str, prompt: str) -> dict:
 def main() -> int:
     import torch
 
-    from engine.compare import teacher_forced_logits
-    from engine.tokenizer import Tokenizer
+    from tessera.engine.compare import teacher_forced_logits
+    from tessera.engine.tokenizer import Tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--node-modules", required=True, help="node_modules folder holding @fugood/llama.node")

@@ -20,9 +20,9 @@ import time
 
 import torch
 
-import engine
-from engine import dense, model
-from engine.sampling import SamplingParams
+from tessera import engine
+from tessera.engine import dense, model
+from tessera.engine.sampling import SamplingParams
 
 _spent: dict[str, float] = {"experts": 0.0, "dense": 0.0, "attention": 0.0}
 _stack: list[list[float]] = []  # per open timed call: [start, time spent in timed calls inside it]

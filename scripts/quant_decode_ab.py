@@ -3,7 +3,7 @@ this tree's, interleaved with the read-bandwidth probe, on the Qwen3-30B-A3B lay
 
 usage: python scripts/quant_decode_ab.py DTYPE[,DTYPE...] [rounds] [T]     (AB_E=8: experts fit the L3: compute only)
   mkdir -p /tmp/qk/old/oldq && touch /tmp/qk/old/oldq/__init__.py &&
-  cp OTHER_TREE/.venv/lib/python3.11/site-packages/engine/_native*.so /tmp/qk/old/oldq/
+  cp OTHER_TREE/.venv/lib/python3.11/site-packages/tessera/engine/_native*.so /tmp/qk/old/oldq/
 Per round: probe (2 threads), then each build's best 10-step batch (order alternating); medians over rounds. "%" =
 median of quantized bytes per token / step time / that round's probe (T=1 only).
 """
@@ -27,8 +27,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from engine import _native as new
-    from engine.cli.bench_moe_quant import DTYPES, random_blocks
+    from tessera.engine import _native as new
+    from tessera.engine.cli.bench_moe_quant import DTYPES, random_blocks
     old = importlib.import_module("oldq._native")
     E, H, I, k = int(os.environ.get("AB_E", 128)), 2048, 768, 8
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7

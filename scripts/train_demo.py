@@ -1,16 +1,17 @@
 #!/usr/bin/env python
 """Train Tessera's demo model: a small Qwen3-MoE that does arithmetic, letter counting, list reversal and sorting, and
-answers questions about Tessera, on procedurally generated chats (engine/demo). Then convert it with Tessera's own
-converter to a BF16 GGUF under resources/demo/ and write the numbers the model card quotes.
+answers questions about Tessera, on procedurally generated chats (tessera/engine/demo). Then convert it with Tessera's
+own converter to a BF16 GGUF under tessera/resources/demo/ and write the numbers the model card quotes.
 
     python scripts/train_demo.py                      # from scratch (fixed seed; 4,000 steps, not yet run on this data)
-    python scripts/train_demo.py --init-from resources/demo/tessera-demo-moe.gguf --lr 1e-3 --warmup 50 \
+    python scripts/train_demo.py --init-from tessera/resources/demo/tessera-demo-moe.gguf --lr 1e-3 --warmup 50 \
         --steps 2000 --gguf build/demo-train/tessera-demo-moe.gguf   # continue the shipped model on today's data
     python scripts/train_demo.py --steps 40 --out build/demo-smoke --gguf build/demo-smoke/demo.gguf   # smoke run
     nohup nice -n 19 python scripts/train_demo.py ... --pause-while-locked /tmp/bench.lock &   # yield to benchmarks
 
 Batches hold conversations of similar length up to --tokens-per-step padded tokens; chats run up to the model's
-context (engine/demo/dataset.py). --threads may differ between a run and its resumption; the other flags may not.
+context (tessera/engine/demo/dataset.py). --threads may differ between a run and its resumption;
+the other flags may not.
 
 Training uses transformers' Qwen3MoeForCausalLM, the numerical oracle Tessera's engine is tested equal to; it is a
 dev dependency of this script only (the engine never imports it). A checkpoint is written every --ckpt-every steps
@@ -37,7 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from engine.demo.dataset import (  # noqa: E402
+from tessera.engine.demo.dataset import (  # noqa: E402
     CONTEXT_TOKENS,
     IGNORE,
     SKILL_WEIGHTS,
@@ -45,12 +46,12 @@ from engine.demo.dataset import (  # noqa: E402
     encode_conversations,
     make_renderer,
 )
-from engine.demo.evaluate import MAX_REPLY_TOKENS, earlier_turns  # noqa: E402
-from engine.demo.skills import COUNT_PROMPTS, SKILLS, count_answer  # noqa: E402
-from engine.demo.split import eval_problems  # noqa: E402
-from engine.tokenizer_build import build_tokenizer, chat_template, save_tokenizer  # noqa: E402
+from tessera.engine.demo.evaluate import MAX_REPLY_TOKENS, earlier_turns  # noqa: E402
+from tessera.engine.demo.skills import COUNT_PROMPTS, SKILLS, count_answer  # noqa: E402
+from tessera.engine.demo.split import eval_problems  # noqa: E402
+from tessera.engine.tokenizer_build import build_tokenizer, chat_template, save_tokenizer  # noqa: E402
 
-DEFAULT_GGUF = REPO / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEFAULT_GGUF = REPO / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -179,8 +180,8 @@ def model_config(args, tok) -> dict:
 def init_from_gguf(path: Path, tok_dir: Path):
     """The tokenizer (written to `tok_dir`) and the weights of a demo model GGUF, the weights under transformers'
     Qwen3MoeForCausalLM names (routed experts fused: `mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])."""
-    from engine.tokenizer import Tokenizer as EngineTokenizer
-    from engine.weights import open_model
+    from tessera.engine.tokenizer import Tokenizer as EngineTokenizer
+    from tessera.engine.weights import open_model
 
     built = save_tokenizer(EngineTokenizer.from_path(path)._tk, tok_dir)
     mf = open_model(path)
@@ -452,7 +453,7 @@ def main(argv=None) -> int:
 
     hf_dir = args.out / "tessera-demo-moe"  # the folder name becomes the GGUF's general.name
     export_hf(model, hf_dir, config, tok_dir)
-    from engine.convert import convert
+    from tessera.engine.convert import convert
 
     args.gguf.parent.mkdir(parents=True, exist_ok=True)
     convert(hf_dir, args.gguf, dtype="bf16")

@@ -359,7 +359,7 @@ NB_MODULE(_native, m) {
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
                            " (prefetch_bytes, spin_us, amx_tile_min_rows)").c_str());
   }, nb::arg("name"), nb::arg("value"),
-     "Calibration (engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
+     "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");
 
   m.def("dense_kernel", []() { return std::string(dense_kernel_name()); },

@@ -1,15 +1,15 @@
-"""A test double of the engine calls EngineWorker makes (app/worker.py EngineApi), for the worker's own logic and the
-window's wiring. Its events are the engine's real dataclasses (engine/events.py), so payload conversion is exercised.
-The tests against a real tiny model live in test_real_engine.py."""
+"""A test double of the engine calls EngineWorker makes (tessera/app/worker.py EngineApi), for the worker's own logic
+and the window's wiring. Its events are the engine's real dataclasses (tessera/engine/events.py), so payload conversion
+is exercised. The tests against a real tiny model live in test_real_engine.py."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from app.payloads import BackendList
-from engine.errors import BackendUnavailableError, Cancelled, ModelFormatError
-from engine.events import DoneEvent, ProgressEvent, RequestMetrics, StepMetrics, TokenEvent
+from tessera.app.payloads import BackendList
+from tessera.engine.errors import BackendUnavailableError, Cancelled, ModelFormatError
+from tessera.engine.events import DoneEvent, ProgressEvent, RequestMetrics, StepMetrics, TokenEvent
 
 BACKENDS = {"Auto": (True, ""), "Torch": (True, "pure torch"), "AVX512": (True, "CPU has avx512f/bw/vl"),
             "AVX2": (True, "CPU has avx2+fma"), "Reference": (True, "scalar C++"),
@@ -164,7 +164,7 @@ def fake_api():
 
 @pytest.fixture
 def worker(qtbot, fake_api):
-    from app.worker import EngineWorker
+    from tessera.app.worker import EngineWorker
 
     w = EngineWorker(fake_api)
     w.start()

@@ -8,7 +8,7 @@ from app_fakes import data_dir, fake_api, worker  # noqa: F401 - re-exported as 
 @pytest.fixture
 def real_worker(qtbot):
     """An EngineWorker on the real engine, on its own thread; shut down after the test."""
-    from app.worker import EngineWorker
+    from tessera.app.worker import EngineWorker
 
     w = EngineWorker()
     w.start()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from app.chat_controller import ChatController
-from app.payloads import GenerationResult, TokenChunk
-from app.settings import Settings
-from app.store import ConversationStore
+from tessera.app.chat_controller import ChatController
+from tessera.app.payloads import GenerationResult, TokenChunk
+from tessera.app.settings import Settings
+from tessera.app.store import ConversationStore
 
 
 class StubWorker(QObject):

@@ -8,7 +8,7 @@ from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
 from PySide6.QtWidgets import QFileDialog
 from test_window import Harness
 
-from app import paths
+from tessera.app import paths
 
 
 @pytest.fixture

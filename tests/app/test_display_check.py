@@ -1,5 +1,6 @@
-"""app/display_check.py (run by ./run.sh before the window): missing system libraries of Qt's platform plugin are named
-with the packages and the install command; a display that cannot be opened, or none at all, is said in words."""
+"""tessera/app/display_check.py (run by ./run.sh before the window): missing system libraries of Qt's platform plugin
+are named with the packages and the install command; a display that cannot be opened, or none at all,
+is said in words."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app import display_check
+from tessera.app import display_check
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_platform_follows_the_environment():
 
 
 def _run(tmp_path: Path, ldd_output: str | None, **env_extra) -> subprocess.CompletedProcess:
-    """`python -m app.display_check` with a stand-in ldd that prints ldd_output."""
+    """`python -m tessera.app.display_check` with a stand-in ldd that prints ldd_output."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if ldd_output is not None:
@@ -72,7 +73,7 @@ def _run(tmp_path: Path, ldd_output: str | None, **env_extra) -> subprocess.Comp
         ldd.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", **env_extra)
-    return subprocess.run([sys.executable, "-m", "app.display_check"], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tessera.app.display_check"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -107,11 +108,12 @@ def test_run_sh_stops_before_the_app_when_the_check_fails(tmp_path):
     python = tree / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls.log"\n'
-                      'case "$*" in "-m app.display_check") echo "tessera: no display" >&2; exit 1 ;; esac\n')
+                      'case "$*" in "-m tessera.app.display_check") echo "tessera: no display" >&2; exit 1 ;; esac\n')
     python.chmod(0o755)
     r = subprocess.run(["bash", str(tree / "run.sh"), "--model", "x.gguf"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "tessera: no display" in r.stderr
-    assert (tmp_path / "calls.log").read_text().splitlines() == ["-m app.display_check"]  # the app never started
+    # the app never started
+    assert (tmp_path / "calls.log").read_text().splitlines() == ["-m tessera.app.display_check"]
     (tmp_path / "calls.log").unlink()
     r = subprocess.run(["bash", str(tree / "run.sh"), "--help"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and (tmp_path / "calls.log").read_text().splitlines() == ["-m app --help"]
+    assert r.returncode == 0 and (tmp_path / "calls.log").read_text().splitlines() == ["-m tessera.app --help"]

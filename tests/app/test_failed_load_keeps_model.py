@@ -13,7 +13,7 @@ import pytest
 from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
 from test_window import Harness
 
-from app.payloads import LoadProgress, WorkerError
+from tessera.app.payloads import LoadProgress, WorkerError
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def _real_reply(qtbot, worker) -> str:
 
 def test_real_engine_a_damaged_tensor_found_while_loading_keeps_the_model(qtbot, real_worker, tiny_gguf_model,
                                                                            tmp_path):
-    import engine
-    from engine.make_model import make_model
+    from tessera import engine
+    from tessera.engine.make_model import make_model
 
     damaged = make_model(tmp_path / "damaged.gguf", fmt="gguf", dtype="q8_0", seed=1)
     _damage_a_block_scale(damaged, "blk.1.ffn_up_exps.weight", 5)

@@ -110,7 +110,7 @@ def test_model_panel_states(harness, qtbot):
 
 
 def test_startup_reopens_the_last_model_by_default(harness, tmp_path):
-    from app import paths
+    from tessera.app import paths
 
     last = tmp_path / "last.gguf"
     last.write_bytes(b"GGUF")
@@ -166,8 +166,8 @@ def test_status_bar_messages_do_not_run_into_the_labels(harness):
 
 
 def test_interrupted_replies_notice_stays_in_the_chat(qtbot, data_dir):  # noqa: F811
-    from app import paths
-    from app.store import ConversationStore, Message
+    from tessera.app import paths
+    from tessera.app.store import ConversationStore, Message
 
     store = ConversationStore(paths.database_path())
     conv = store.create_conversation("killed", "good.gguf")
@@ -188,7 +188,7 @@ def test_edit_dialog_plural_and_tab(harness, qtbot, monkeypatch):
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QPlainTextEdit
 
-    from app.views.chat_view import EditDialog
+    from tessera.app.views.chat_view import EditDialog
 
     w, chat = harness.window, harness.window.chat
     harness.load()
@@ -220,7 +220,7 @@ def test_dialogs_start_at_home_and_exports_are_readable(harness, qtbot, monkeypa
 
     from PySide6.QtWidgets import QFileDialog
 
-    from app import paths
+    from tessera.app import paths
 
     w, panel = harness.window, harness.window.model_panel
     seen = []
@@ -309,7 +309,7 @@ def test_the_worker_keeps_the_loaded_model_when_the_new_one_cannot_load(harness,
 
 
 def test_convert_wizard_names_the_bf16_loss_and_opens_the_result(harness, qtbot):
-    from app.wizards.convert_wizard import bf16_label
+    from tessera.app.wizards.convert_wizard import bf16_label
 
     assert bf16_label(["BF16"]) == "BF16 — an exact copy of the BF16 checkpoint"
     assert "half the size, rounds the F32 weights to 8 significant bits" in bf16_label(["BF16", "F32"])

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.fit import estimate
-from app.worker import EngineApi
+from tessera.app.fit import estimate
+from tessera.app.worker import EngineApi
 
 
 def _packing_backend() -> str:
     """A native backend that runs here and keeps its own packed copy of float experts (int8 or bf16 weights)."""
-    from engine import backends
+    from tessera.engine import backends
 
     for b in backends.table():
         if b.available and b.weights in ("int8", "bf16"):
@@ -25,7 +25,7 @@ def info(tiny_gguf_model) -> dict:
 
 
 def test_the_estimate_is_the_engines_and_counts_the_packed_copy(info):
-    from engine.model_info import estimate_ram, inspect_model
+    from tessera.engine.model_info import estimate_ram, inspect_model
 
     ram = info["ram"]
     assert ram["backend"] == _packing_backend() and ram["context_length"] == 512
@@ -41,7 +41,7 @@ def test_verdicts_follow_the_margin(info):
     need = info["ram"]["total_bytes"]
     assert estimate(info, ram_available=2 * need).verdict == "fits"
     # the margin is the engine's, the one `check` judges by: at 0.95 of free RAM both say "does not fit comfortably"
-    from engine.hardware.verdict import RAM_HEADROOM
+    from tessera.engine.hardware.verdict import RAM_HEADROOM
 
     assert info["fit_share"] == RAM_HEADROOM
     assert estimate(info, ram_available=int(need / (RAM_HEADROOM - 0.01))).verdict == "fits"
@@ -61,7 +61,7 @@ def test_the_context_is_clamped_to_the_models_as_the_load_does(tiny_gguf_model):
 
 
 def test_a_backend_that_cannot_run_here_is_sized_as_auto(tiny_gguf_model):
-    from engine import backends
+    from tessera.engine import backends
 
     info = EngineApi().inspect(str(tiny_gguf_model), context_length=512, backend="NoSuchBackend")
     assert info["ram"]["backend"] == backends.auto()[0]

@@ -9,7 +9,7 @@ from app_fakes import data_dir  # noqa: F401 - fixture
 from PySide6.QtWidgets import QMessageBox
 from test_window import Harness
 
-from app.worker import EngineApi
+from tessera.app.worker import EngineApi
 
 
 @pytest.fixture

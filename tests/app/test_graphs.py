@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from app.payloads import GenerationResult, StepSample, TokenChunk
-from app.views.graphs import NO_EXPERT_CACHE, GraphsPanel
+from tessera.app.payloads import GenerationResult, StepSample, TokenChunk
+from tessera.app.views.graphs import NO_EXPERT_CACHE, GraphsPanel
 
 
 def chunk(steps, rid=1):

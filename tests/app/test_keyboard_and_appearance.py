@@ -9,8 +9,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QCheckBox, QComboBox, QHBoxLayout, QLineEdit, QPushButton, QWidget
 
-from app import theme
-from app.payloads import BackendList
+from tessera.app import theme
+from tessera.app.payloads import BackendList
 
 
 @pytest.fixture
@@ -77,9 +77,9 @@ def test_a_control_reached_with_tab_shows_the_ring(themed, qtbot, shade, kind):
 
 
 def test_settings_open_on_a_control_and_the_arrow_keys_change_it(qtbot, data_dir):  # noqa: F811
-    from app import paths
-    from app.settings import Settings
-    from app.views.settings_dialog import SettingsDialog
+    from tessera.app import paths
+    from tessera.app.settings import Settings
+    from tessera.app.views.settings_dialog import SettingsDialog
 
     dialog = SettingsDialog(Settings(paths.settings_path()), BackendList(dict(BACKENDS), "AVX512", "best"))
     qtbot.addWidget(dialog)
@@ -102,8 +102,8 @@ def test_settings_open_on_a_control_and_the_arrow_keys_change_it(qtbot, data_dir
 
 
 def test_the_theme_can_follow_the_desktop_and_the_font_size_is_a_setting(themed, qtbot, data_dir):  # noqa: F811
-    from app import paths
-    from app.settings import Settings
+    from tessera.app import paths
+    from tessera.app.settings import Settings
 
     settings = Settings(paths.settings_path())
     assert settings.get("ui/theme") == "system" and settings.get("ui/font_size") == 0
@@ -158,7 +158,7 @@ def test_the_graphs_hidden_for_a_small_window_are_saved_as_shown(harness, qtbot)
     _resize(qtbot, w, 1024, 700)
     assert w.graphs_dock.isHidden()
     w.close()
-    from app.main_window import MainWindow
+    from tessera.app.main_window import MainWindow
 
     again = MainWindow(harness.settings, harness.store, harness.worker)
     qtbot.addWidget(again)
@@ -168,7 +168,7 @@ def test_the_graphs_hidden_for_a_small_window_are_saved_as_shown(harness, qtbot)
 
 
 def test_messages_keep_a_reading_width_in_a_wide_window(harness, qtbot):
-    from app.views.chat_view import READING_CHARS
+    from tessera.app.views.chat_view import READING_CHARS
 
     w = harness.window
     harness.load()

@@ -1,5 +1,5 @@
-"""A `python -m app` process killed with SIGKILL while it streams a reply leaves the conversation and the partial reply
-in the database; the next start marks it interrupted and shows it."""
+"""A `python -m tessera.app` process killed with SIGKILL while it streams a reply leaves the conversation and the
+partial reply in the database; the next start marks it interrupted and shows it."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def finished_reply(db) -> bool:
 def run_and_kill(tmp_path, model, seed):
     """Start the app on `model` with one prompt, SIGKILL it once a partial reply is in the database.
     Returns (data dir, the partial reply seen) or None when the reply ended (an early end-of-sequence) first."""
-    from app.settings import Settings
+    from tessera.app.settings import Settings
 
     data = tmp_path / f"data-{seed}"
     data.mkdir()
@@ -57,7 +57,8 @@ def run_and_kill(tmp_path, model, seed):
     s.set("sampling/seed", seed)
     s.sync()
     db = data / "conversations.sqlite3"
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--model", str(model), "--prompt", "Tell me a long story"],
+    proc = subprocess.Popen([sys.executable, "-m", "tessera.app", "--model", str(model), "--prompt",
+                             "Tell me a long story"],
                             cwd=tmp_path, env=app_env(data), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     seen = None
@@ -77,7 +78,7 @@ def run_and_kill(tmp_path, model, seed):
 
 @pytest.mark.slow
 def test_sigkill_during_generation_keeps_the_partial_reply(tmp_path, tiny_gguf_model):
-    from app.store import ConversationStore
+    from tessera.app.store import ConversationStore
 
     # a random model may end its reply after a few tokens; then try another seed
     for seed in (3, 11, 29, 47):
@@ -94,6 +95,6 @@ def test_sigkill_during_generation_keeps_the_partial_reply(tmp_path, tiny_gguf_m
     assert reply.state == "interrupted" and len(reply.content + reply.thinking) > 0 and seen[1]
     store.close()
     # and the app starts again on that database without a traceback
-    again = subprocess.run([sys.executable, "-m", "app", "--no-demo", "--quit-after", "300"], cwd=tmp_path,
+    again = subprocess.run([sys.executable, "-m", "tessera.app", "--no-demo", "--quit-after", "300"], cwd=tmp_path,
                            env=app_env(data), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr

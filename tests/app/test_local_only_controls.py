@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
 
-from app import paths
-from app.main_window import MainWindow
-from app.payloads import ModelState
-from app.settings import Settings
-from app.store import ConversationStore
-from app.views.settings_dialog import LOCAL_ONLY
-from app.worker import EngineWorker
+from tessera.app import paths
+from tessera.app.main_window import MainWindow
+from tessera.app.payloads import ModelState
+from tessera.app.settings import Settings
+from tessera.app.store import ConversationStore
+from tessera.app.views.settings_dialog import LOCAL_ONLY
+from tessera.app.worker import EngineWorker
 
 REMOTE = ModelState(True, "http://gpu-box:8000/v1", "Qwen3-235B-A22B (remote)", "remote",
                     "an OpenAI-compatible server at http://gpu-box:8000/v1", "remote")

@@ -7,15 +7,15 @@ import collections
 import gguf
 import pytest
 
-from app.fit import estimate
-from app.payloads import ModelSummary
-from app.views.model_panel import ModelPanel
-from app.worker import EngineApi
+from tessera.app.fit import estimate
+from tessera.app.payloads import ModelSummary
+from tessera.app.views.model_panel import ModelPanel
+from tessera.app.worker import EngineApi
 
 
 @pytest.fixture(scope="module")
 def q4_k_m(tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("panel") / "q4_k_m.gguf", preset="tiny-kquant", fmt="gguf",
                       dtype="q4_k_m", seed=3)

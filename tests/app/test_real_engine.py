@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from app_fakes import data_dir  # noqa: F401 - fixture
 
-from app.payloads import GenerationResult, ModelState, TokenChunk, WorkerError
-from app.worker import EngineWorker
+from tessera.app.payloads import GenerationResult, ModelState, TokenChunk, WorkerError
+from tessera.app.worker import EngineWorker
 
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": 0}
 
@@ -74,10 +74,10 @@ def test_backend_switch_mid_conversation_keeps_conversation_and_kv(qtbot, real_w
 
 @pytest.mark.slow
 def test_window_chats_with_a_real_model(qtbot, data_dir, tiny_gguf_model):  # noqa: F811
-    from app import paths
-    from app.main_window import MainWindow
-    from app.settings import Settings
-    from app.store import ConversationStore
+    from tessera.app import paths
+    from tessera.app.main_window import MainWindow
+    from tessera.app.settings import Settings
+    from tessera.app.store import ConversationStore
 
     settings = Settings(paths.settings_path())
     settings.set("sampling/max_tokens", 16)
@@ -105,10 +105,10 @@ def test_window_chats_with_a_real_model(qtbot, data_dir, tiny_gguf_model):  # no
 
 @pytest.mark.slow
 def test_test_drive_button_makes_and_loads_a_random_model(qtbot, data_dir):  # noqa: F811
-    from app import paths
-    from app.main_window import MainWindow
-    from app.settings import Settings
-    from app.store import ConversationStore
+    from tessera.app import paths
+    from tessera.app.main_window import MainWindow
+    from tessera.app.settings import Settings
+    from tessera.app.store import ConversationStore
 
     store = ConversationStore(paths.database_path())
     worker = EngineWorker()

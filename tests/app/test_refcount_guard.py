@@ -1,5 +1,5 @@
-"""The PySide6 None-refcount workaround (app/_refcount_guard.py): with `app` imported, many void Qt calls and emits must
-not abort the interpreter, whatever the PySide6 build does with None's reference count."""
+"""The PySide6 None-refcount workaround (tessera/app/_refcount_guard.py): with `app` imported, many void Qt calls and
+emits must not abort the interpreter, whatever the PySide6 build does with None's reference count."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 SCRIPT = """
 import sys
-import app  # applies the guard
+from tessera import app  # applies the guard
 from PySide6.QtCore import QObject, Signal
 class O(QObject):
     s = Signal(int)
@@ -30,7 +30,7 @@ def test_many_void_calls_do_not_abort():
 
 
 def test_guard_only_acts_when_the_leak_is_there():
-    from app import _refcount_guard as g
+    from tessera.app import _refcount_guard as g
 
     if sys.version_info >= (3, 12):
         assert not g._applied  # immortal singletons: nothing to do

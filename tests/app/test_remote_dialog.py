@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from app_fakes import data_dir  # noqa: F401 - fixture
 
-import engine
-from app.remote_profiles import KeyStore, ProfileStore
-from app.views.remote_dialog import RemoteDialog
-from app.worker import EngineWorker
-from engine.scheduler import EngineScheduler
-from engine.server.app import ServerOptions
-from engine.server.run import ServerThread
+from tessera import engine
+from tessera.app.remote_profiles import KeyStore, ProfileStore
+from tessera.app.views.remote_dialog import RemoteDialog
+from tessera.app.worker import EngineWorker
+from tessera.engine.scheduler import EngineScheduler
+from tessera.engine.server.app import ServerOptions
+from tessera.engine.server.run import ServerThread
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +63,10 @@ def test_profile_test_save_and_connect(qtbot, server, tmp_path):
 
 
 def test_remote_mode_disables_local_settings_and_keeps_urls_out_of_recent(qtbot, server, data_dir):  # noqa: F811
-    from app import paths
-    from app.main_window import MainWindow
-    from app.settings import Settings
-    from app.store import ConversationStore
+    from tessera.app import paths
+    from tessera.app.main_window import MainWindow
+    from tessera.app.settings import Settings
+    from tessera.app.store import ConversationStore
 
     worker = EngineWorker()
     worker.start()

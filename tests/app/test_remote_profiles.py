@@ -9,7 +9,7 @@ import keyring
 import pytest
 from keyring.backend import KeyringBackend
 
-from app.remote_profiles import KEYRING_SERVICE, KeyStore, ProfileError, ProfileStore, RemoteProfile
+from tessera.app.remote_profiles import KEYRING_SERVICE, KeyStore, ProfileError, ProfileStore, RemoteProfile
 
 PROFILE = RemoteProfile("gpu box", "http://10.0.0.5:8000/v1", "Qwen/Qwen3-235B-A22B")
 

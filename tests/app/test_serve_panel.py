@@ -9,10 +9,10 @@ import httpx
 from app_fakes import data_dir  # noqa: F401 - fixture
 from PySide6.QtGui import QGuiApplication
 
-from app.views.serve_panel import ServePanel
-from app.worker import EngineWorker
+from tessera.app.views.serve_panel import ServePanel
+from tessera.app.worker import EngineWorker
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 
 
 def test_toggle_serves_and_shows_what_to_copy(qtbot):

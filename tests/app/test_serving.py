@@ -1,5 +1,5 @@
-"""app/serving.py: the app's loaded Session served over the OpenAI API while the app's own chat keeps using it; both
-go through one scheduler, so interleaved requests give the answers each would alone."""
+"""tessera/app/serving.py: the app's loaded Session served over the OpenAI API while the app's own chat keeps using it;
+both go through one scheduler, so interleaved requests give the answers each would alone."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import openai
 import pytest
 
-import engine
-from app.serving import LocalServer, new_api_key
-from engine.events import DoneEvent
-from engine.sampling import SamplingParams
+from tessera import engine
+from tessera.app.serving import LocalServer, new_api_key
+from tessera.engine.events import DoneEvent
+from tessera.engine.sampling import SamplingParams
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 GREEDY = SamplingParams(temperature=0, max_tokens=120)
 
 

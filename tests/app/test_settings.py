@@ -6,9 +6,9 @@ import pytest
 from app_fakes import BACKENDS
 from PySide6.QtCore import Qt
 
-from app.payloads import BackendList
-from app.settings import BY_KEY, TABLE, Settings, physical_cores
-from app.views.settings_dialog import SettingsDialog
+from tessera.app.payloads import BackendList
+from tessera.app.settings import BY_KEY, TABLE, Settings, physical_cores
+from tessera.app.views.settings_dialog import SettingsDialog
 
 
 def test_defaults_and_round_trip(tmp_path):
@@ -43,7 +43,7 @@ def test_table_is_the_only_schema():
     assert len(BY_KEY) == len(TABLE)
     import pathlib
 
-    app_dir = pathlib.Path(__file__).resolve().parents[2] / "app"
+    app_dir = pathlib.Path(__file__).resolve().parents[2] / "tessera" / "app"
     users = [p for p in app_dir.rglob("*.py") if "QSettings(" in p.read_text()]
     assert [p.name for p in users] == ["settings.py"]
 

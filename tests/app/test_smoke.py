@@ -1,4 +1,4 @@
-"""The app as a user starts it: `python -m app` in a subprocess, offscreen, from another working directory."""
+"""The app as a user starts it: `python -m tessera.app` in a subprocess, offscreen, from another working directory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 def run_app(tmp_path, *args, timeout=120):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TESSERA_DATA_DIR=str(tmp_path / "data"),
                PYTHONFAULTHANDLER="1")
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=tmp_path, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tessera.app", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -42,8 +42,8 @@ def test_bad_model_argument_shows_an_error_not_a_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_model_and_prompt_from_the_command_line(tmp_path, tiny_gguf_model):
-    from app.settings import Settings
-    from app.store import ConversationStore
+    from tessera.app.settings import Settings
+    from tessera.app.store import ConversationStore
 
     data = tmp_path / "data"
     data.mkdir()
@@ -62,11 +62,11 @@ def test_model_and_prompt_from_the_command_line(tmp_path, tiny_gguf_model):
 
 @pytest.mark.slow
 def test_without_a_model_argument_the_demo_model_opens(tmp_path):
-    from app import paths
-    from app.store import ConversationStore
+    from tessera.app import paths
+    from tessera.app.store import ConversationStore
 
     demo = paths.demo_model()
-    assert demo is not None, "the demo model ships in resources/demo/"
+    assert demo is not None, "the demo model ships in tessera/resources/demo/"
     proc = run_app(tmp_path, "--prompt", "What is 12 + 30?", "--quit-when-done")
     assert_clean(proc)
     store = ConversationStore(tmp_path / "data" / "conversations.sqlite3")
@@ -82,12 +82,12 @@ def test_serve_and_remote_screenshots(tmp_path):
     import re
     from pathlib import Path
 
-    demo = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+    demo = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
     serve_shot, remote_shot = tmp_path / "serve.png", tmp_path / "remote.png"
     proc = run_app(tmp_path, "--model", str(demo), "--screenshot-target", "serve", "--screenshot", str(serve_shot))
     assert_clean(proc)
     assert serve_shot.stat().st_size > 10_000
-    server = subprocess.Popen([sys.executable, "-m", "engine", "serve", str(demo), "--port", "0"],
+    server = subprocess.Popen([sys.executable, "-m", "tessera.engine", "serve", str(demo), "--port", "0"],
                               stderr=subprocess.PIPE, text=True)
     try:
         url = next(m.group(1) for line in server.stderr if (m := re.search(r"at (http://\S+/v1);", line)))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from app.export import to_json, to_markdown, write_atomic
-from app.store import ConversationStore, Message
-from app.thinking import split_thinking
-from app.views.markdown_html import render
+from tessera.app.export import to_json, to_markdown, write_atomic
+from tessera.app.store import ConversationStore, Message
+from tessera.app.thinking import split_thinking
+from tessera.app.views.markdown_html import render
 
 
 def test_store_crud_search_and_wal(tmp_path):

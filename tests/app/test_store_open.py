@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.store import ConversationStore, Message
-from app.store_open import open_store
+from tessera.app.store import ConversationStore, Message
+from tessera.app.store_open import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from probe import Tmpfs, can_mount  # noqa: E402
@@ -73,7 +73,7 @@ def test_a_read_only_data_folder_gives_a_read_only_session(tmp_path):
 
 
 def test_a_read_only_folder_without_a_database_starts_empty(tmp_path, monkeypatch):
-    import app.store_open as so
+    import tessera.app.store_open as so
 
     monkeypatch.setattr(so, "_writable", lambda folder: False)
     opened = open_store(tmp_path / "none" / "conversations.sqlite3")
@@ -113,8 +113,8 @@ def test_a_full_disk_keeps_the_message_and_says_why(tmp_path):
 
 
 def test_a_failure_at_start_still_opens_a_window(monkeypatch, tmp_path, capsys):
-    import app.__main__ as main_mod
-    import app.store_open as so
+    import tessera.app.__main__ as main_mod
+    import tessera.app.store_open as so
 
     monkeypatch.setenv("TESSERA_DATA_DIR", str(tmp_path))
 

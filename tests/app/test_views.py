@@ -7,9 +7,9 @@ import datetime as dt
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 
-from app.store import Conversation, Message
-from app.views.message_widget import MessageWidget, footer_text
-from app.views.sidebar import ConversationSidebar, day_group
+from tessera.app.store import Conversation, Message
+from tessera.app.views.message_widget import MessageWidget, footer_text
+from tessera.app.views.sidebar import ConversationSidebar, day_group
 
 
 def test_code_block_copy_link_copies_the_code(qtbot):

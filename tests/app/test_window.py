@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
 
-from app import paths
-from app.main_window import MainWindow
-from app.settings import Settings
-from app.store import ConversationStore
-from app.worker import EngineWorker
+from tessera.app import paths
+from tessera.app.main_window import MainWindow
+from tessera.app.settings import Settings
+from tessera.app.store import ConversationStore
+from tessera.app.worker import EngineWorker
 
 
 class Harness:
@@ -309,7 +309,7 @@ def test_the_fit_follows_the_backend_and_context_settings(harness, qtbot, tmp_pa
 
 
 def test_a_model_that_will_not_fit_asks_before_loading(harness, qtbot, monkeypatch):
-    from app.fit import estimate
+    from tessera.app.fit import estimate
 
     w = harness.window
     huge = {"ram": {"total_bytes": 10**15}, "ram_text": "about 1000000 GB: weights 1000000 GB", "fit_share": 0.9}

@@ -3,7 +3,7 @@ signals with dataclass payloads; stop and cancel are honoured; failures become `
 
 from __future__ import annotations
 
-from app.payloads import GenerationResult, LoadProgress, ModelState, TokenChunk, WorkerError
+from tessera.app.payloads import GenerationResult, LoadProgress, ModelState, TokenChunk, WorkerError
 
 PARAMS = {"temperature": 0.0, "max_tokens": 64}
 

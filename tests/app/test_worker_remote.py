@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from app_fakes import data_dir  # noqa: F401 - fixture
 
-import engine
-from engine.sampling import SamplingParams
-from engine.scheduler import EngineScheduler
-from engine.server.app import ServerOptions
-from engine.server.run import ServerThread
+from tessera import engine
+from tessera.engine.sampling import SamplingParams
+from tessera.engine.scheduler import EngineScheduler
+from tessera.engine.server.app import ServerOptions
+from tessera.engine.server.run import ServerThread
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": 0,
           "max_tokens": 120}
 ASK = [{"role": "user", "content": "What is 347 + 589?"}]

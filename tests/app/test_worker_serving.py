@@ -10,7 +10,7 @@ import openai
 import pytest
 from app_fakes import data_dir  # noqa: F401 - fixture
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": 0,
           "max_tokens": 120}
 

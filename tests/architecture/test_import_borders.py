@@ -1,14 +1,15 @@
 """The layer borders of DESIGN.md §2, in one place: checked on every import statement (top level or inside functions),
 and at run time for what an import pulls in.
 
-- engine/ never imports Qt, pyqtgraph, the app, or transformers (the test oracle is never a runtime dependency).
-- app/ reaches the engine and torch only through its two worker doors: app/worker.py (the chat engine, with
-  app/serving.py, the half of it that serves the loaded model and runs on the worker thread, imported by nobody else)
-  and app/wizards/jobs.py (the wizards' background jobs), plus the wizards' screenshot driver. Views, widgets and
-  dialogs only emit and receive signals, and never mention the engine.
+- tessera/engine/ never imports Qt, pyqtgraph, the app, or transformers (the test oracle is never a runtime dependency).
+- tessera/app/ reaches the engine and torch only through its two worker doors: tessera/app/worker.py (the chat engine,
+  with tessera/app/serving.py, the half of it that serves the loaded model and runs on the worker thread, imported by
+  nobody else) and tessera/app/wizards/jobs.py (the wizards' background jobs), plus the wizards' screenshot driver.
+  Views, widgets and dialogs only emit and receive signals, and never mention the engine.
 - No torch before a model loads: importing the window, the worker, the app's entry point or the wizards, and opening
   the wizards, imports no torch (the workers may import the engine's plain modules, engine.errors and engine.events).
-- Only engine/native.py and engine/backends.py (the backend list) import the compiled module engine._native.
+- Only tessera/engine/native.py and tessera/engine/backends.py (the backend list) import the compiled module
+  engine._native.
 """
 
 import ast
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# app/wizards/__main__.py is the screenshot driver (not part of the running app): it makes a model with make-model
-# first.
-APP_WORKERS = {"app/worker.py", "app/serving.py", "app/wizards/jobs.py", "app/wizards/__main__.py"}
-NATIVE_IMPORTERS = {"engine/native.py", "engine/backends.py"}
+# tessera/app/wizards/__main__.py is the screenshot driver (not part of the running app): it makes a model with
+# make-model first.
+APP_WORKERS = {"tessera/app/worker.py", "tessera/app/serving.py", "tessera/app/wizards/jobs.py",
+               "tessera/app/wizards/__main__.py"}
+NATIVE_IMPORTERS = {"tessera/engine/native.py", "tessera/engine/backends.py"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -54,9 +56,10 @@ def violations(folder: str, forbidden: tuple[str, ...], allowed_files: set[str] 
 
 
 def test_only_the_worker_imports_its_serving_half():
-    importers = [p.relative_to(ROOT).as_posix() for p in sources("app")
-                 if any(name == "app.serving" or name.startswith("app.serving.") for _, name in imported_modules(p))]
-    assert importers == ["app/worker.py"]
+    serving = "tessera.app.serving"
+    importers = [p.relative_to(ROOT).as_posix() for p in sources("tessera/app")
+                 if any(name == serving or name.startswith(serving + ".") for _, name in imported_modules(p))]
+    assert importers == ["tessera/app/worker.py"]
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
@@ -66,25 +69,26 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
 
 
 def test_engine_never_imports_qt_app_or_transformers():
-    assert violations("engine", ("PySide6", "shiboken6", "pyqtgraph", "app", "transformers")) == []
+    assert violations("tessera/engine", ("PySide6", "shiboken6", "pyqtgraph", "tessera.app", "transformers")) == []
 
 
 def test_app_reaches_torch_and_engine_only_through_its_workers():
-    assert violations("app", ("torch", "engine", "numpy"), APP_WORKERS) == []
+    assert violations("tessera/app", ("torch", "tessera.engine", "numpy"), APP_WORKERS) == []
 
 
 def test_no_wizard_module_imports_torch():
-    assert violations("app/wizards", ("torch",)) == []
+    assert violations("tessera/app/wizards", ("torch",)) == []
 
 
 def test_views_never_mention_the_engine():
-    hits = [p.name for p in (ROOT / "app" / "views").rglob("*.py") if "engine" in p.read_text(encoding="utf-8")]
+    views = ROOT / "tessera" / "app" / "views"
+    hits = [p.name for p in views.rglob("*.py") if "engine" in p.read_text(encoding="utf-8")]
     assert hits == []
 
 
-@pytest.mark.parametrize("folder", ["engine", "app"])
+@pytest.mark.parametrize("folder", ["tessera/engine", "tessera/app"])
 def test_only_native_and_the_backend_list_import_the_compiled_module(folder):
-    assert violations(folder, ("engine._native",), NATIVE_IMPORTERS) == []
+    assert violations(folder, ("tessera.engine._native",), NATIVE_IMPORTERS) == []
 
 
 def _imports_torch(code: str) -> str:
@@ -95,12 +99,13 @@ def _imports_torch(code: str) -> str:
 
 
 def test_no_torch_before_a_model_loads():
-    assert _imports_torch("import app.main_window, app.worker, app.__main__, app.wizards.jobs") == "False"
+    modules = "tessera.app.main_window, tessera.app.worker, tessera.app.__main__, tessera.app.wizards.jobs"
+    assert _imports_torch(f"import {modules}") == "False"
 
 
 def test_opening_the_wizards_imports_no_torch():
     code = ("from PySide6.QtWidgets import QApplication\napp = QApplication([])\n"
-            "from app.wizards.hardware_wizard import HardwareWizard\n"
-            "from app.wizards.convert_wizard import ConvertWizard\n"
+            "from tessera.app.wizards.hardware_wizard import HardwareWizard\n"
+            "from tessera.app.wizards.convert_wizard import ConvertWizard\n"
             "h, c = HardwareWizard(), ConvertWizard()")
     assert _imports_torch(code) == "False"

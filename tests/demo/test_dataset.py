@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.demo.dataset import (
+from tessera.engine.demo.dataset import (
     CONTEXT_TOKENS,
     IGNORE,
     assistant_spans,
@@ -16,9 +16,9 @@ from engine.demo.dataset import (
     fit_context,
     make_renderer,
 )
-from engine.demo.evaluate import earlier_turns
-from engine.demo.split import eval_problems
-from engine.tokenizer_build import build_tokenizer, chat_template
+from tessera.engine.demo.evaluate import earlier_turns
+from tessera.engine.demo.split import eval_problems
+from tessera.engine.tokenizer_build import build_tokenizer, chat_template
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,8 @@ def test_assistant_spans_need_an_end():
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_engine_prompt_is_a_token_prefix_of_training_sequences(demo_tokenizer, thinking):
-    from engine.chat_template import ChatTemplate
-    from engine.tokenizer import Tokenizer
+    from tessera.engine.chat_template import ChatTemplate
+    from tessera.engine.tokenizer import Tokenizer
 
     folder, render = demo_tokenizer
     tok = Tokenizer.from_path(folder)
@@ -108,8 +108,8 @@ def test_engine_prompt_is_a_token_prefix_of_training_sequences(demo_tokenizer, t
 def test_engine_prompt_after_nine_turns_is_a_token_prefix_of_training_sequences(demo_tokenizer, thinking):
     """What the app sends on turn 10 of a chat (nine earlier exchanges, their replies without think blocks) is how
     training renders the same chat up to the last reply."""
-    from engine.chat_template import ChatTemplate
-    from engine.tokenizer import Tokenizer
+    from tessera.engine.chat_template import ChatTemplate
+    from tessera.engine.tokenizer import Tokenizer
 
     folder, render = demo_tokenizer
     tok = Tokenizer.from_path(folder)

@@ -1,7 +1,8 @@
 """The shipped demo model, scored through the whole chat pipeline on held-out prompts: a broken kernel, tokenizer,
 template or sampler makes these fail. The prompts are fixed (tests/data/demo_eval_cases.json: held-out problems of the
 generators that trained the shipped model, so retraining data does not move them) and decoding is greedy, so each
-result is deterministic per backend; the floors sit below the accuracies recorded in resources/demo/MODEL_CARD.md."""
+result is deterministic per backend; the floors sit below the accuracies recorded in
+tessera/resources/demo/MODEL_CARD.md."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import DEMO_GGUF
-from engine.demo.skills import Problem
-from engine.demo.split import is_heldout
+from tessera.engine.demo import DEMO_GGUF
+from tessera.engine.demo.skills import Problem
+from tessera.engine.demo.split import is_heldout
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "demo_eval_cases.json"
 
@@ -29,7 +30,7 @@ ONE_ANSWER = 100.0 / (6 * N_PER_SKILL)
 
 
 def _available_backends() -> list[str]:
-    from engine import backends
+    from tessera.engine import backends
 
     return ["Torch", *(n for n in backends.available_names() if n != "Reference")]
 
@@ -46,7 +47,7 @@ def _cases() -> dict[str, list[Problem]]:
 
 
 def test_the_cases_are_held_out_problems_of_every_skill():
-    from engine.demo.skills import SKILLS
+    from tessera.engine.demo.skills import SKILLS
 
     cases = _cases()
     assert list(cases) == list(SKILLS) and all(len(v) == N_PER_SKILL for v in cases.values())
@@ -59,8 +60,8 @@ def test_the_cases_are_held_out_problems_of_every_skill():
 
 
 def _score(path, backend: str):
-    import engine
-    from engine.demo.evaluate import evaluate
+    from tessera import engine
+    from tessera.engine.demo.evaluate import evaluate
 
     session = engine.load(path, backend=backend, threads=1)
     try:
@@ -97,7 +98,7 @@ def test_every_backend_on_this_machine_matches_the_reference(demo_path, referenc
 
 def test_cli_json_shape(demo_path):
     out = subprocess.run(
-        [sys.executable, "-m", "engine", "eval-demo", "--n", "1", "--skill", "addition", "--backend", "Torch",
+        [sys.executable, "-m", "tessera.engine", "eval-demo", "--n", "1", "--skill", "addition", "--backend", "Torch",
          "--threads", "1", "--json"],
         capture_output=True, text=True, timeout=300, check=True)
     data = json.loads(out.stdout)
@@ -107,12 +108,12 @@ def test_cli_json_shape(demo_path):
 
 
 def test_cli_rejects_bad_flags(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "engine", "eval-demo", "--n", "0"], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 2 and "--n" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "engine", "eval-demo", "--skill", "poetry"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tessera.engine", "eval-demo", "--n", "0"], capture_output=True,
                          text=True, timeout=60)
+    assert out.returncode == 2 and "--n" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "tessera.engine", "eval-demo", "--skill", "poetry"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "poetry" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "engine", "eval-demo", str(tmp_path / "nope.gguf"), "--n", "1"],
+    out = subprocess.run([sys.executable, "-m", "tessera.engine", "eval-demo", str(tmp_path / "nope.gguf"), "--n", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and out.stderr.startswith("error: ")

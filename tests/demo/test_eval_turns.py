@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 
-from engine.demo import DEMO_GGUF
-from engine.demo.evaluate import earlier_problems, earlier_turns
-from engine.demo.skills import SKILLS
-from engine.demo.split import is_heldout
+from tessera.engine.demo import DEMO_GGUF
+from tessera.engine.demo.evaluate import earlier_problems, earlier_turns
+from tessera.engine.demo.skills import SKILLS
+from tessera.engine.demo.split import is_heldout
 
 
 def test_earlier_turns_are_fixed_held_out_exchanges_of_every_skill():
@@ -26,13 +26,13 @@ def test_earlier_turns_are_fixed_held_out_exchanges_of_every_skill():
 
 
 def test_cli_turns(tmp_path):
-    cmd = [sys.executable, "-m", "engine", "eval-demo", "--n", "1", "--turns", "3", "--threads", "1", "--json",
+    cmd = [sys.executable, "-m", "tessera.engine", "eval-demo", "--n", "1", "--turns", "3", "--threads", "1", "--json",
            "--skill", "tessera", "--skill", "reverse_list"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["turns"] == 3 and set(doc["skills"]) == {"tessera", "reverse_list"}
     assert DEMO_GGUF.is_file()
-    bad = subprocess.run([sys.executable, "-m", "engine", "eval-demo", "--turns", "0"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "tessera.engine", "eval-demo", "--turns", "0"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--turns: must be >= 1, got 0" in bad.stderr

@@ -23,7 +23,7 @@ def _train_demo():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    from engine.tokenizer_build import build_tokenizer
+    from tessera.engine.tokenizer_build import build_tokenizer
 
     td = _train_demo()
     tmp = tmp_path_factory.mktemp("demo-export")
@@ -65,9 +65,9 @@ def test_transformers_reloads_the_same_model(exported):
 
 
 def test_converter_and_engine_agree_with_transformers(exported, tmp_path):
-    import engine
-    from engine.convert import convert
-    from engine.sampling import SamplingParams
+    from tessera import engine
+    from tessera.engine.convert import convert
+    from tessera.engine.sampling import SamplingParams
 
     _, model, folder, _ = exported
     gguf = convert(folder, tmp_path / "demo.gguf", dtype="f32")

@@ -1,6 +1,6 @@
-"""The example prompts the app offers on the demo model (resources/demo/examples.json) are answered right by the shipped
-model, through the whole chat pipeline with the app's default sampling and thinking on: a click must show a right
-answer, not a wrong one. Retraining the demo model must keep these true (or change the examples)."""
+"""The example prompts the app offers on the demo model (tessera/resources/demo/examples.json) are answered right by the
+shipped model, through the whole chat pipeline with the app's default sampling and thinking on: a click must show a
+right answer, not a wrong one. Retraining the demo model must keep these true (or change the examples)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ import json
 
 import pytest
 
-from engine.demo import DEMO_GGUF
+from tessera.engine.demo import DEMO_GGUF
 
 EXAMPLES = DEMO_GGUF.parent / "examples.json"
-# the app's defaults (app/settings.py): temperature 0.6, top-k 20, top-p 0.95; two seeds as two clicks would give
+# the app's defaults (tessera/app/settings.py): temperature 0.6, top-k 20, top-p 0.95;
+# two seeds as two clicks would give
 APP_SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_tokens": 160}
 
 
 @pytest.fixture(scope="module")
 def session():
-    import engine
+    from tessera import engine
 
     s = engine.load(DEMO_GGUF, backend="Auto", threads=1)
     yield s
@@ -33,8 +34,8 @@ def test_the_intro_has_four_to_six_examples():
 
 @pytest.mark.parametrize("example", json.loads(EXAMPLES.read_text())["examples"], ids=lambda e: e["prompt"])
 def test_each_example_is_answered_right(session, example):
-    from engine.events import DoneEvent
-    from engine.sampling import SamplingParams
+    from tessera.engine.events import DoneEvent
+    from tessera.engine.sampling import SamplingParams
 
     for seed in (0, 1):
         text = ""

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from engine.demo.facts import FACTS
-from engine.demo.skills import (
+from tessera.engine.demo.facts import FACTS
+from tessera.engine.demo.skills import (
     ADDITION_PROMPTS,
     REVERSE_PROMPTS,
     SKILLS,

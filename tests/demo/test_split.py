@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from engine.demo.dataset import conversation
-from engine.demo.skills import SKILLS
-from engine.demo.split import HELDOUT_PERCENT, draw, eval_problems, is_heldout
+from tessera.engine.demo.dataset import conversation
+from tessera.engine.demo.skills import SKILLS
+from tessera.engine.demo.split import HELDOUT_PERCENT, draw, eval_problems, is_heldout
 
 
 def test_hash_split_is_stable_and_about_the_right_size():

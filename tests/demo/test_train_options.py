@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.demo import DEMO_GGUF
+from tessera.engine.demo import DEMO_GGUF
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,8 +92,8 @@ def test_parse_args_rejects_a_budget_smaller_than_the_context(td, capsys):
 
 def test_init_from_the_shipped_gguf_gives_the_engine_s_model(td, tmp_path):
     transformers = pytest.importorskip("transformers")
-    import engine
-    from engine.sampling import SamplingParams
+    from tessera import engine
+    from tessera.engine.sampling import SamplingParams
 
     built, state, cfg = td.init_from_gguf(DEMO_GGUF, tmp_path / "tok")
     args = td.parse_args([])
@@ -120,8 +120,8 @@ def test_init_from_the_shipped_gguf_gives_the_engine_s_model(td, tmp_path):
 def test_a_rerun_rebuilds_the_same_conversations_and_batches(td, tmp_path):
     from tokenizers import Tokenizer
 
-    from engine.demo.dataset import CONTEXT_TOKENS, make_renderer
-    from engine.tokenizer_build import chat_template
+    from tessera.engine.demo.dataset import CONTEXT_TOKENS, make_renderer
+    from tessera.engine.tokenizer_build import chat_template
 
     built, _state, _cfg = td.init_from_gguf(DEMO_GGUF, tmp_path / "tok")
     tok = Tokenizer.from_file(str(built.out_dir / "tokenizer.json"))

@@ -12,7 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from engine.config import ModelConfig
+from tessera.engine.config import ModelConfig
 
 Q = gguf.GGMLQuantizationType
 

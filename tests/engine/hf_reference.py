@@ -56,7 +56,7 @@ def hf_model(overrides: dict, seed: int = 0):
 def model_config(hf_cfg):
     """The engine's ModelConfig for a transformers config."""
     try:
-        from engine.config import ModelConfig
+        from tessera.engine.config import ModelConfig
     except ImportError:
         ModelConfig = None
     d = hf_cfg.to_dict()
@@ -84,7 +84,7 @@ def canonical_weights(model):
     if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     try:
-        from engine.weights import ModelWeights
+        from tessera.engine.weights import ModelWeights
     except ImportError:
         ModelWeights = None
     cfg = model_config(model.config)
@@ -93,8 +93,8 @@ def canonical_weights(model):
 
 def engine_model(name: str = "odd_sizes", seed: int = 0):
     """(transformers model, Tessera model on TorchExperts) with the same weights."""
-    from engine.experts import TorchExperts
-    from engine.model import Qwen3MoeModel, layer_experts
+    from tessera.engine.experts import TorchExperts
+    from tessera.engine.model import Qwen3MoeModel, layer_experts
 
     ref = hf_model(CONFIGS[name], seed)
     w = canonical_weights(ref)

@@ -1,5 +1,5 @@
-"""Causal attention over the KV cache (engine/attention.py, native/src/attention*.cpp): the native kernel and its
-scalar reference against a naive float64 softmax on odd lengths and cached starts, the torch path against the same,
+"""Causal attention over the KV cache (tessera/engine/attention.py, native/src/attention*.cpp): the native kernel and
+its scalar reference against a naive float64 softmax on odd lengths and cached starts, the torch path against the same,
 and a long context end to end against transformers' Qwen3MoeForCausalLM (the oracle)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pytest
 import torch
 from hf_reference import BASE, canonical_weights, hf_model, single_thread  # noqa: F401
 
-from engine import native
-from engine.attention import attend, native_kernel, uses_native
-from engine.dense import dense_pool
-from engine.experts import TorchExperts
-from engine.kv_cache import KVCache
-from engine.model import Qwen3MoeModel, layer_experts
+from tessera.engine import native
+from tessera.engine.attention import attend, native_kernel, uses_native
+from tessera.engine.dense import dense_pool
+from tessera.engine.experts import TorchExperts
+from tessera.engine.kv_cache import KVCache
+from tessera.engine.model import Qwen3MoeModel, layer_experts
 
 NATIVE = native.attention_kernel(128) == "AVX512"
 

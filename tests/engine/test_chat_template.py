@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.chat_template import ChatTemplate, render
-from engine.errors import TesseraError
-from engine.tokenizer import Tokenizer
-from engine.tokenizer_build import build_tokenizer
+from tessera.engine.chat_template import ChatTemplate, render
+from tessera.engine.errors import TesseraError
+from tessera.engine.tokenizer import Tokenizer
+from tessera.engine.tokenizer_build import build_tokenizer
 
 CONVERSATIONS = {
     "user_only": [{"role": "user", "content": "Hello!"}],
@@ -68,7 +68,7 @@ def test_reference_template_file():
     ships for models without a template."""
     from pathlib import Path
 
-    from engine.tokenizer_build import CHAT_TEMPLATE_PATH
+    from tessera.engine.tokenizer_build import CHAT_TEMPLATE_PATH
 
     published = (Path(__file__).resolve().parents[1] / "data" / "qwen3-chat-template.jinja").read_text()
     assert CHAT_TEMPLATE_PATH.read_text() == published

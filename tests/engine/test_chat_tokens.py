@@ -3,10 +3,10 @@ and for ordinary text the ids equal whole-prompt tokenization."""
 
 import pytest
 
-from engine.chat_template import ChatTemplate
-from engine.chat_tokens import encode_chat
-from engine.errors import TesseraError
-from engine.tokenizer import Tokenizer
+from tessera.engine.chat_template import ChatTemplate
+from tessera.engine.chat_tokens import encode_chat
+from tessera.engine.errors import TesseraError
+from tessera.engine.tokenizer import Tokenizer
 
 CHATS = [
     [{"role": "user", "content": "Hello world"}],

@@ -10,7 +10,7 @@ import sys
 import pytest
 from hf_reference import single_thread  # noqa: F401
 
-from engine.cli import main
+from tessera.engine.cli import main
 
 
 def run_cli(capsys, *argv):
@@ -97,18 +97,18 @@ def test_chat_keeps_kv_between_turns(capsys, monkeypatch, tiny_hf_model):
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" + b"\0" * 64)
-    r = subprocess.run([sys.executable, "-m", "engine", "generate", str(bad), "--prompt", "x"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "tessera.engine", "generate", str(bad), "--prompt", "x"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_cli_defaults_equal_sampling_params_and_help_needs_no_torch():
-    from engine.cli.run_options import DEFAULTS
-    from engine.sampling import SamplingParams
+    from tessera.engine.cli.run_options import DEFAULTS
+    from tessera.engine.sampling import SamplingParams
 
     d = SamplingParams()
     assert vars(DEFAULTS) == {k: getattr(d, k) for k in vars(DEFAULTS)}
-    code = "import sys; from engine.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    code = "import sys; from tessera.engine.cli import build_parser; build_parser(); print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr

@@ -4,10 +4,10 @@ import json
 
 import torch
 
-import engine.native as N
-from engine.cli import main
-from engine.errors import TesseraError
-from engine.experts import LayerExperts
+import tessera.engine.native as N
+from tessera.engine.cli import main
+from tessera.engine.errors import TesseraError
+from tessera.engine.experts import LayerExperts
 
 
 def layers(seed):
@@ -52,7 +52,7 @@ def test_cache_list_shows_each_model_and_clear_empties_it(tmp_path, monkeypatch,
 
 
 def test_cli_errors_print_file_strings_escaped(monkeypatch, capsys):
-    import engine.cli.cache as cache_cli
+    import tessera.engine.cli.cache as cache_cli
 
     def hostile(args):
         raise TesseraError("tensor blk.0\x1b]0;owned\x07", "name from a file \u202eevil")

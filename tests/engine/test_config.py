@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import PUBLISHED, ModelConfig
-from engine.errors import ModelFormatError
+from tessera.engine.config import PUBLISHED, ModelConfig
+from tessera.engine.errors import ModelFormatError
 
 # The published config.json values of the Qwen3-MoE checkpoints, copied from the team's reference notes.
 REF = json.loads((Path(__file__).resolve().parents[1] / "data" / "qwen3-moe-configs.json").read_text())

@@ -13,10 +13,10 @@ import pytest
 import torch
 from hf_reference import CONFIGS, canonical_weights, hf_model
 
-from engine import dense, native
-from engine.errors import TesseraError
-from engine.experts import TorchExperts
-from engine.model import Qwen3MoeModel, layer_experts
+from tessera.engine import dense, native
+from tessera.engine.errors import TesseraError
+from tessera.engine.experts import TorchExperts
+from tessera.engine.model import Qwen3MoeModel, layer_experts
 
 # Odd shapes: N and K not multiples of 4 rows, 16 or 32 lanes; one matrix large enough to be split over the pool.
 SHAPES = [(1, 1), (3, 5), (37, 45), (64, 32), (129, 1000), (17, 2049), (1031, 257)]
@@ -91,7 +91,7 @@ def test_isa_capped_kernels(cap):
     """Each lower kernel, selected with TESSERA_MAX_ISA in a fresh process, against float64 on odd shapes."""
     script = textwrap.dedent("""
         import torch
-        from engine import native
+        from tessera.engine import native
         pool = native.make_pool(2)
         g = torch.Generator().manual_seed(5)
         print(native.dense_kernel())
@@ -176,8 +176,8 @@ def test_linear_errors_name_the_tensor():
 
 @pytest.mark.parametrize("knob", ["TESSERA_DENSE_NATIVE_MAX_T", "TESSERA_DENSE_QUANT_MAX_T"])
 def test_threshold_env_is_validated(knob):
-    r = subprocess.run([sys.executable, "-c", "import engine.dense"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, **{knob: "many"}))
+    r = subprocess.run([sys.executable, "-c", "import tessera.engine.dense"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, **{knob: "many"}))
     assert r.returncode != 0 and knob in r.stderr
 
 
@@ -222,7 +222,7 @@ def test_bf16_model_matches_f32_upcast_path(name, monkeypatch):
 
 
 def test_step_threads_one_torch_thread_only_when_all_native():
-    from engine.experts import TorchExperts
+    from tessera.engine.experts import TorchExperts
 
     class PoolExperts(TorchExperts):  # an ExpertBackend running on a native pool
         pool = object()

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from engine import dense, native
+from tessera.engine import dense, native
 
 needs_gemm = pytest.mark.skipif(not native.dense_gemm_bf16_available(), reason="CPU lacks avx512_bf16")
 
@@ -104,7 +104,7 @@ def test_argument_errors_name_the_argument():
 def test_isa_cap_turns_it_off_with_a_clear_error():
     script = textwrap.dedent("""
         import torch
-        from engine import dense, native
+        from tessera.engine import dense, native
         assert not native.dense_gemm_bf16_available() and not dense.GEMM_AVAILABLE
         w = torch.zeros(4, 8, dtype=torch.bfloat16)
         try:
@@ -159,8 +159,8 @@ def test_bf16_model_prefill_through_the_gemm_matches_the_f32_path(monkeypatch):
     their own scale."""
     from hf_reference import CONFIGS, canonical_weights, hf_model
 
-    from engine.experts import TorchExperts
-    from engine.model import Qwen3MoeModel, layer_experts
+    from tessera.engine.experts import TorchExperts
+    from tessera.engine.model import Qwen3MoeModel, layer_experts
 
     ref = hf_model(CONFIGS["dense_layers"], seed=4)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import dense, native
-from engine.quantize import quantize
-from engine.quantized import QuantizedMatrix
+from tessera.engine import dense, native
+from tessera.engine.quantize import quantize
+from tessera.engine.quantized import QuantizedMatrix
 
 Q = gguf.GGMLQuantizationType
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from hf_reference import LetterDecoder, engine_model, single_thread  # noqa: F401
 
-from engine.errors import ContextOverflowError, TesseraError
-from engine.events import DoneEvent, TokenEvent
-from engine.generate import StopStrings, generate
-from engine.sampling import SamplingParams
+from tessera.engine.errors import ContextOverflowError, TesseraError
+from tessera.engine.events import DoneEvent, TokenEvent
+from tessera.engine.generate import StopStrings, generate
+from tessera.engine.sampling import SamplingParams
 
 PROMPT = [3, 17, 42, 99, 7, 64, 5]
 

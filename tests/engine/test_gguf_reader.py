@@ -11,8 +11,8 @@ import pytest
 import torch
 from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 
-from engine.errors import ModelFormatError
-from engine.gguf_reader import open_gguf
+from tessera.engine.errors import ModelFormatError
+from tessera.engine.gguf_reader import open_gguf
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_dequant_equals_gguf_quants(tmp_path, qtype):
 
 
 def test_dequant_in_small_chunks_is_the_same(tmp_path):
-    from engine import quants
+    from tessera.engine import quants
 
     cfg = tiny_config(hidden_size=256, moe_intermediate_size=256, head_dim=64)
     f = open_gguf(write_gguf(tmp_path / "q.gguf", cfg, qtype=Q.Q4_K))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from hf_reference import engine_model, single_thread  # noqa: F401
 
-from engine.kv_cache import KVCache, PrefixCache, common_prefix, kv_bytes
+from tessera.engine.kv_cache import KVCache, PrefixCache, common_prefix, kv_bytes
 
 
 def filled(tokens, layers=2, heads=1, hd=4):
@@ -47,7 +47,7 @@ def test_bf16_storage_halves_the_bytes_and_attention_reads_float32():
 
 
 def test_decode_attention_equals_sdpa():
-    from engine.attention import decode_attention
+    from tessera.engine.attention import decode_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(6, 1, 16, generator=g)  # [nh, 1, hd]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from gguf_factory import Q, tiny_config, write_gguf, write_sparse_gguf
 
-from engine.errors import ModelFormatError
-from engine.model_info import inspect_model
-from engine.weights import load_weights
+from tessera.engine.errors import ModelFormatError
+from tessera.engine.model_info import inspect_model
+from tessera.engine.weights import load_weights
 
 
 @pytest.mark.parametrize("fixture", ["tiny_hf_model", "tiny_gguf_model"])
@@ -54,7 +54,7 @@ def test_qwen3_30b_shapes_header_only(tmp_path):
     import json
     from pathlib import Path
 
-    from engine.config import ModelConfig
+    from tessera.engine.config import ModelConfig
 
     published = Path(__file__).resolve().parents[1] / "data" / "qwen3-moe-configs.json"
     d = json.loads(published.read_text())["Qwen3-30B-A3B"]

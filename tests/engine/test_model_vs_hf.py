@@ -9,8 +9,8 @@ import pytest
 import torch
 from hf_reference import CONFIGS, canonical_weights, hf_model, single_thread  # noqa: F401
 
-from engine.experts import TorchExperts
-from engine.model import Qwen3MoeModel, RoutingStats, layer_experts
+from tessera.engine.experts import TorchExperts
+from tessera.engine.model import Qwen3MoeModel, RoutingStats, layer_experts
 
 pytest.importorskip("transformers")
 

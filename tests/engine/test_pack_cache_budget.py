@@ -9,10 +9,10 @@ import re
 
 import torch
 
-import engine.native as N
-from engine.cli import main
-from engine.experts import LayerExperts
-from engine.pack_cache import HEADER_BYTES, PackCache, default_budget
+import tessera.engine.native as N
+from tessera.engine.cli import main
+from tessera.engine.experts import LayerExperts
+from tessera.engine.pack_cache import HEADER_BYTES, PackCache, default_budget
 
 BACKEND = "Reference"
 

@@ -14,14 +14,14 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from engine import dense, native
-from engine.compare import compare_logits
-from engine.experts import TorchExperts
-from engine.model import Qwen3MoeModel, layer_experts
-from engine.model_info import inspect_model
-from engine.quantize import quantize
-from engine.quantized import DENSE_BLOCK_TYPES, QuantizedMatrix, QuantizedTensor, held_bytes, keeps_blocks
-from engine.weights import load_weights
+from tessera.engine import dense, native
+from tessera.engine.compare import compare_logits
+from tessera.engine.experts import TorchExperts
+from tessera.engine.model import Qwen3MoeModel, layer_experts
+from tessera.engine.model_info import inspect_model
+from tessera.engine.quantize import quantize
+from tessera.engine.quantized import DENSE_BLOCK_TYPES, QuantizedMatrix, QuantizedTensor, held_bytes, keeps_blocks
+from tessera.engine.weights import load_weights
 
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
@@ -132,7 +132,7 @@ TEACHER_TOKENS = 256
 
 @pytest.fixture(scope="module", params=["q4_k_m", "q8_0-tied-dense"])
 def quantized_file(request, tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     dtype, _, variant = request.param.partition("-")
     overrides = {"tie_word_embeddings": True, "mlp_only_layers": [1]} if variant else None

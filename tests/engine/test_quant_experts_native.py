@@ -30,17 +30,17 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-import engine
-import engine.native as N
-from engine import backends
-from engine.compare import compare_logits
-from engine.errors import TesseraError
-from engine.experts import TorchExperts
-from engine.make_model import make_model
-from engine.model import layer_experts
-from engine.model_info import estimate_ram, inspect_model
-from engine.quantized import QuantizedTensor
-from engine.weights import load_weights
+import tessera.engine.native as N
+from tessera import engine
+from tessera.engine import backends
+from tessera.engine.compare import compare_logits
+from tessera.engine.errors import TesseraError
+from tessera.engine.experts import TorchExperts
+from tessera.engine.make_model import make_model
+from tessera.engine.model import layer_experts
+from tessera.engine.model_info import estimate_ram, inspect_model
+from tessera.engine.quantized import QuantizedTensor
+from tessera.engine.weights import load_weights
 
 Q = gguf.GGMLQuantizationType
 DTYPES = ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "iq4_xs")
@@ -248,7 +248,7 @@ def test_a_type_without_a_block_kernel_is_widened_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("name", [n for n in ("AVX512", "AMXBF16") if n in BACKENDS])
 def test_the_cli_says_what_widening_costs_first_and_refuses_by_name(models, name, monkeypatch, capsys):
-    from engine.cli import main
+    from tessera.engine.cli import main
 
     args = ["generate", str(models["q4_k_m"][0]), "--backend", name, "--threads", "1", "--prompt", "Hi",
             "--max-tokens", "2", "--temperature", "0"]
@@ -278,7 +278,7 @@ def test_a_block_layer_overwrites_a_nan_filled_output_and_skips_empty_slots(mode
 def test_the_hot_expert_cache_twin_over_blocks_read_in_place(models):
     """The CPU twin of the GPU expert cache submits the cold experts to the in-place backend asynchronously
     (quant_moe_forward_submit) while it computes the hot ones on float copies: same model, same bounds as above."""
-    from engine.hybrid import PlacementSettings
+    from tessera.engine.hybrid import PlacementSettings
 
     q, twin = models["q4_k_m"]
     ids = torch.randint(0, 437, (48,), generator=torch.Generator().manual_seed(11))

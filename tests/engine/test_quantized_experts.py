@@ -10,20 +10,20 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from engine import backends
-from engine.errors import ModelFormatError
-from engine.experts import TorchExperts
-from engine.model import layer_experts
-from engine.model_info import estimate_ram, inspect_model
-from engine.quantized import QuantizedMatrix, QuantizedTensor, held_bytes, widened
-from engine.weights import load_weights
+from tessera.engine import backends
+from tessera.engine.errors import ModelFormatError
+from tessera.engine.experts import TorchExperts
+from tessera.engine.model import layer_experts
+from tessera.engine.model_info import estimate_ram, inspect_model
+from tessera.engine.quantized import QuantizedMatrix, QuantizedTensor, held_bytes, widened
+from tessera.engine.weights import load_weights
 
 Q = gguf.GGMLQuantizationType
 
 
 @pytest.fixture(scope="module")
 def q4km(tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("q4km") / "m.gguf", preset="tiny-kquant", fmt="gguf", dtype="q4_k_m")
 
@@ -66,7 +66,7 @@ def test_torch_experts_on_blocks_equal_torch_experts_on_the_widened_layer(q4km):
 def test_native_backend_reads_quantized_experts_in_place_and_matches_torch(q4km, tmp_path, monkeypatch):
     """Reference reads the blocks in place (int8 activations per 32 values: NMSE bound 1e-3, see
     test_quant_experts_native.py); the rest of the model is the same code in both sessions."""
-    import engine
+    from tessera import engine
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     ids = torch.arange(5, 30)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from engine import readahead
+from tessera.engine import readahead
 
 
 def test_reads_every_file_and_ends(tmp_path, monkeypatch):
@@ -59,7 +59,7 @@ def test_stop_ends_it_within_a_chunk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch, fails):
-    import engine
+    from tessera import engine
 
     started = []
     real = readahead.start
@@ -71,12 +71,12 @@ def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch
 
     monkeypatch.setattr(readahead, "start", spy)
     if fails:  # a load that fails after the read-ahead began stops it too
-        import engine.weights
+        from tessera.engine import weights
 
         def boom(*a, **k):
             raise RuntimeError("load failed")
 
-        monkeypatch.setattr(engine.weights, "load_weights", boom)
+        monkeypatch.setattr(weights, "load_weights", boom)
         with pytest.raises(RuntimeError, match="load failed"):
             engine.load(tiny_gguf_model, backend="Torch")
     else:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hf_reference import single_thread  # noqa: F401
 
-from engine.errors import TesseraError
-from engine.sampling import (
+from tessera.engine.errors import TesseraError
+from tessera.engine.sampling import (
     SamplingParams,
     apply_repetition_penalty,
     filter_min_p,

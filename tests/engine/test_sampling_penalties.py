@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import TesseraError
-from engine.sampling import SamplingParams, apply_presence_frequency, make_generator, sample
+from tessera.engine.errors import TesseraError
+from tessera.engine.sampling import SamplingParams, apply_presence_frequency, make_generator, sample
 
 
 def test_formula_counts_each_occurrence_for_frequency_and_once_for_presence():

@@ -10,18 +10,18 @@ import gguf
 import numpy as np
 import pytest
 
-import engine.quantized as quantized
-import engine.weights as weights
-from engine import scale_record
-from engine.errors import ModelFormatError
-from engine.weights import load_weights
+import tessera.engine.quantized as quantized
+import tessera.engine.weights as weights
+from tessera.engine import scale_record
+from tessera.engine.errors import ModelFormatError
+from tessera.engine.weights import load_weights
 
 TENSOR = "blk.1.ffn_up_exps.weight"  # Q4_K in the tiny-kquant q4_k_m mix: f16 d at offset 0 of each 144-byte block
 
 
 @pytest.fixture(scope="module")
 def q4km(tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("q4km") / "m.gguf", preset="tiny-kquant", fmt="gguf", dtype="q4_k_m")
 

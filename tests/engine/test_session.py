@@ -12,9 +12,9 @@ import pytest
 import torch
 from hf_reference import single_thread  # noqa: F401
 
-import engine
-from engine.errors import BackendUnavailableError, ContextOverflowError, TesseraError
-from engine.sampling import SamplingParams
+from tessera import engine
+from tessera.engine.errors import BackendUnavailableError, ContextOverflowError, TesseraError
+from tessera.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
@@ -149,7 +149,7 @@ def test_request_errors_are_named(hf_session, tiny_hf_model):
 
 
 def test_unavailable_backend_is_named(tiny_hf_model):
-    from engine import backends
+    from tessera.engine import backends
 
     missing = [n for n, (ok, _) in backends.status().items() if not ok]
     if missing:  # a backend this CPU lacks (none on a machine with AMX: the capped case below still runs)
@@ -157,7 +157,7 @@ def test_unavailable_backend_is_named(tiny_hf_model):
             engine.load(tiny_hf_model, backend=missing[0])
         assert e.value.subject == f"backend {missing[0]}"
     # On every machine: dispatch capped below AVX-512, in a fresh process (the cap is read once per process).
-    code = ("import engine\nfrom engine.errors import BackendUnavailableError\n"
+    code = ("from tessera import engine\nfrom tessera.engine.errors import BackendUnavailableError\n"
             f"try: engine.load({str(tiny_hf_model)!r}, backend='AVX512')\n"
             "except BackendUnavailableError as e: print(e.subject, '|', e.message)")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TESSERA_MAX_ISA="avx2"),

@@ -8,9 +8,9 @@ import pytest
 from gguf_factory import tiny_config, tokenizer_metadata, write_gguf
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import ModelFormatError
-from engine.tokenizer import Tokenizer
-from engine.tokenizer_build import BUILTIN_CORPUS, build_tokenizer
+from tessera.engine.errors import ModelFormatError
+from tessera.engine.tokenizer import Tokenizer
+from tessera.engine.tokenizer_build import BUILTIN_CORPUS, build_tokenizer
 
 TEXTS = [
     "Hello, world! It's a test; we'll see what they've done.",

@@ -1,6 +1,7 @@
-"""Kernel knobs measured on this machine (engine/tuned.py, engine/calibrate.py, `tessera-cli tune`): the stored record
-round-trips and is refused with a named message when damaged or foreign, the environment wins over it, the calibration
-picks the measured best (fake clock), and a real short calibration on a tiny shape stores a usable record."""
+"""Kernel knobs measured on this machine (tessera/engine/tuned.py, tessera/engine/calibrate.py, `tessera-cli tune`): the
+stored record round-trips and is refused with a named message when damaged or foreign, the environment wins over it, the
+calibration picks the measured best (fake clock), and a real short calibration on a tiny shape stores a usable
+record."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import sys
 
 import pytest
 
-from engine import calibrate, native, tuned
-from engine.cli import main
+from tessera.engine import calibrate, native, tuned
+from tessera.engine.cli import main
 
 
 def _record(**knobs) -> dict:
@@ -62,7 +63,7 @@ def test_bad_record_is_ignored_with_a_named_message(tmp_path, text, problem):
 
 _APPLY = """
 import json, sys
-from engine import tuned
+from tessera.engine import tuned
 rec, msg = tuned.load(sys.argv[1])
 print(json.dumps([tuned.apply(rec), msg]))
 """
@@ -147,7 +148,7 @@ def test_load_applies_a_record_or_says_defaults(tmp_path):
 
 _FIRST_LOAD = """
 import sys
-from engine import native, tuned
+from tessera.engine import native, tuned
 line = tuned.prepare_for_load(sys.argv[2], 16, 64, 32, 4, threads=2, folder=sys.argv[1])
 print(line)
 print(tuned.load(sys.argv[1])[0] is not None)

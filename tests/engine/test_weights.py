@@ -11,10 +11,10 @@ import torch
 from gguf_factory import Q, random_tensors, tiny_config, write_gguf
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint_layout import gguf_tensors
-from engine.errors import Cancelled, ModelFormatError
-from engine.quantized import QuantizedMatrix
-from engine.weights import load_weights
+from tessera.engine.checkpoint_layout import gguf_tensors
+from tessera.engine.errors import Cancelled, ModelFormatError
+from tessera.engine.quantized import QuantizedMatrix
+from tessera.engine.weights import load_weights
 
 
 def test_gguf_to_canonical(tmp_path):
@@ -242,7 +242,7 @@ def test_table_uses_llama_cpp_names():
 def test_config_keys_are_gguf_constants():
     import gguf
 
-    from engine.config import GGUF_KEYS
+    from tessera.engine.config import GGUF_KEYS
 
     K = gguf.Keys
     arch = "qwen3moe"
@@ -269,7 +269,7 @@ def test_split_gguf(tmp_path):
     w = load_weights(parts[0])
     assert w.config == whole.config and set(w.tensors) == set(whole.tensors)
     assert all(torch.equal(w.tensors[n], whole.tensors[n]) for n in w.tensors)
-    from engine.model_info import inspect_model
+    from tessera.engine.model_info import inspect_model
 
     assert inspect_model(parts[0]).total_bytes == inspect_model(tmp_path / "whole.gguf").total_bytes
     with pytest.raises(ModelFormatError, match="is part 00002 of a split model; open m-00001-of-00003.gguf"):
@@ -283,8 +283,8 @@ def test_split_gguf(tmp_path):
 @pytest.mark.parametrize("which", ["gguf", "hf"])
 def test_a_load_reads_each_header_once(which, tiny_gguf_model, tiny_hf_model, monkeypatch):
     """engine.load opens the model once (open_model): inspect, weights and tokenizer share the parsed header."""
-    import engine
-    from engine import gguf_reader, safetensors_reader
+    from tessera import engine
+    from tessera.engine import gguf_reader, safetensors_reader
 
     opened = []
     if which == "gguf":

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from engine.cli import main
-from engine.compare import compare_logits, verdict
+from tessera.engine.cli import main
+from tessera.engine.compare import compare_logits, verdict
 
 
 def test_compare_logits_statistics():
@@ -36,8 +36,8 @@ def test_hf_and_gguf_fixtures_give_identical_logits(tiny_hf_model, tiny_gguf_mod
     ("f32", "q8_0", "quantized output"),  # block-quantized: tensors against the source, logits against the F32 twin
 ])
 def test_convert_verify(tmp_path, capsys, src_dtype, dtype, rule):
-    from engine.compare import verify_conversion
-    from engine.make_model import make_model
+    from tessera.engine.compare import verify_conversion
+    from tessera.engine.make_model import make_model
 
     src = make_model(tmp_path / "src", dtype=src_dtype, seed=9, config_overrides={"mlp_only_layers": [2]})
     out = tmp_path / "m.gguf"
@@ -56,8 +56,8 @@ def test_convert_verify(tmp_path, capsys, src_dtype, dtype, rule):
 
 def test_converted_tokenizer_round_trips(tiny_hf_model, tmp_path):
     """The GGUF's tokenizer.ggml.* keys rebuild the same tokenizer as the folder's tokenizer.json."""
-    from engine.convert import convert
-    from engine.tokenizer import Tokenizer
+    from tessera.engine.convert import convert
+    from tessera.engine.tokenizer import Tokenizer
 
     out = convert(tiny_hf_model, tmp_path / "m.gguf", dtype="q8_0")
     hf, gg = Tokenizer.from_path(tiny_hf_model), Tokenizer.from_path(out)

@@ -1,7 +1,7 @@
 """compare --backend runs both models through the expert backend asked for (every one this machine runs), and
-convert --verify judges a quantized output by the rule of engine/verify_quantized.py: each tensor within its type's
-error of the source, and the output through the backend against its dequantized-F32 twin (top-1 >= 0.90, mean KL <=
-0.01). A file whose scales were flipped fails and is named."""
+convert --verify judges a quantized output by the rule of tessera/engine/verify_quantized.py: each tensor within its
+type's error of the source, and the output through the backend against its dequantized-F32 twin (top-1 >= 0.90, mean KL
+<= 0.01). A file whose scales were flipped fails and is named."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.cli import main
+from tessera.engine.cli import main
 
 
 def _runnable() -> list[str]:
     """Every compiled backend that runs here (the emulated AMX ones included), and Torch."""
-    from engine import backends
+    from tessera.engine import backends
 
     return [b["name"] for b in backends.compiled() if b["available"]] + [backends.TORCH]
 
@@ -32,7 +32,7 @@ def test_compare_runs_the_backend_asked_for(tiny_hf_model, tiny_gguf_model, caps
 
 
 def test_compare_default_is_autos_pick_and_a_bad_backend_is_named(tiny_hf_model, tiny_gguf_model, capsys):
-    from engine import backends
+    from tessera.engine import backends
 
     assert main(["compare", str(tiny_hf_model), str(tiny_gguf_model), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["backend"] == backends.auto()[0]
@@ -42,8 +42,8 @@ def test_compare_default_is_autos_pick_and_a_bad_backend_is_named(tiny_hf_model,
 
 def test_the_backends_differ_from_the_reference_path(tiny_gguf_model):
     """The kernels really run: an int8 backend's logits are close to the pure-torch engine's but not the same."""
-    from engine import backends
-    from engine.compare import SAMPLE_TEXT, compare_logits, run_logits, tokenize
+    from tessera.engine import backends
+    from tessera.engine.compare import SAMPLE_TEXT, compare_logits, run_logits, tokenize
 
     int8 = [b.name for b in backends.table() if b.available and b.weights == "int8"]
     if not int8:
@@ -58,13 +58,13 @@ def test_the_backends_differ_from_the_reference_path(tiny_gguf_model):
 @pytest.fixture(scope="module")
 def kquant_source(tmp_path_factory):
     """An HF folder whose rows split into 256 (preset tiny-kquant): q4_k_m writes Q4_K and Q6_K, not fallbacks."""
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("kq") / "src", preset="tiny-kquant", seed=7)
 
 
 def test_convert_verify_q4_k_m_passes_by_the_twin_rule(kquant_source, tmp_path, capsys):
-    from engine.compare import compare, verdict
+    from tessera.engine.compare import compare, verdict
 
     out = tmp_path / "q4_k_m.gguf"
     assert main(["convert", str(kquant_source), str(out), "--dtype", "q4_k_m", "--verify"]) == 0
@@ -90,8 +90,8 @@ def _flip_scales(path, tensor: str) -> None:
 
 @pytest.mark.parametrize("backend", ["Auto", "Torch"])
 def test_convert_verify_fails_on_flipped_scales_and_names_the_tensor(kquant_source, tmp_path, backend):
-    from engine.compare import verify_conversion
-    from engine.convert import convert
+    from tessera.engine.compare import verify_conversion
+    from tessera.engine.convert import convert
 
     good = convert(kquant_source, tmp_path / "good.gguf", dtype="q4_k_m")
     report, ok, rule = verify_conversion(kquant_source, good, "q4_k_m", backend=backend)
@@ -108,7 +108,7 @@ def test_the_twin_rule_fails_logits_far_from_the_twin():
     """The second check can fail: logits that disagree with the twin's beyond rounding."""
     import torch
 
-    from engine.compare import compare_logits, twin_verdict
+    from tessera.engine.compare import compare_logits, twin_verdict
 
     g = torch.Generator().manual_seed(0)
     twin = torch.randn(64, 500, generator=g)

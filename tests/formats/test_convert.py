@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.cli import main
-from engine.convert import convert
-from engine.errors import Cancelled, ModelFormatError, TesseraError
-from engine.make_model import make_model
-from engine.safetensors_reader import HFCheckpoint
+from tessera.engine.cli import main
+from tessera.engine.convert import convert
+from tessera.engine.errors import Cancelled, ModelFormatError, TesseraError
+from tessera.engine.make_model import make_model
+from tessera.engine.safetensors_reader import HFCheckpoint
 
 Q = gguf.GGMLQuantizationType
 T = gguf.MODEL_TENSOR
@@ -242,7 +242,7 @@ def test_disk_full_is_named_and_cleaned_up(tmp_path, sources, monkeypatch):
 
 
 def test_free_space_checked_first(tmp_path, sources, monkeypatch):
-    from engine import gguf_writer
+    from tessera.engine import gguf_writer
 
     monkeypatch.setattr(gguf_writer.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(TesseraError, match="not enough free space"):
@@ -370,14 +370,14 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
     out = tmp_path / "m.gguf"
     script = (
         "import sys, time\n"
-        "import engine.convert as c\n"
+        "import tessera.engine.convert as c\n"
         "real = c.convert\n"
         "def slow(*a, progress=None, **k):\n"
         "    def p(e):\n"
         "        if e.done == 3: print('started', flush=True); time.sleep(60)\n"
         "    return real(*a, progress=p, **k)\n"
         "c.convert = slow\n"
-        "from engine.cli import main\n"
+        "from tessera.engine.cli import main\n"
         f"sys.exit(main(['convert', {str(sources['moe'])!r}, {str(out)!r}]))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -411,7 +411,7 @@ def test_folder_saved_by_current_transformers_converts_identically(tmp_path, sou
 
 
 def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
-    from engine import backends
+    from tessera.engine import backends
 
     available = [name for name in backends.available_names() if name != "Reference"]
     if not available:
@@ -428,7 +428,7 @@ def test_prepack_fills_the_packed_cache(tmp_path, sources, monkeypatch, capsys):
 
 @pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
 def test_output_bytes_predicts_the_file_size(tmp_path, sources, dtype):
-    from engine.convert import output_bytes, read_source
+    from tessera.engine.convert import output_bytes, read_source
 
     predicted = output_bytes(read_source(sources["moe"]), dtype)
     size = convert(sources["moe"], tmp_path / "m.gguf", dtype=dtype).stat().st_size

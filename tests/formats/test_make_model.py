@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.cli import main
-from engine.errors import TesseraError
-from engine.make_model import PRESETS, RandomWeights, make_model
+from tessera.engine.cli import main
+from tessera.engine.errors import TesseraError
+from tessera.engine.make_model import PRESETS, RandomWeights, make_model
 
 CONFIGS = {
     "moe": {},
@@ -86,7 +86,7 @@ def test_bf16_folder_and_seeds(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "q8_0"])
 def test_gguf_equals_converting_the_hf_folder(tmp_path, dtype):
-    from engine.convert import convert
+    from tessera.engine.convert import convert
 
     overrides = {"mlp_only_layers": [0]}
     src_dtype = "bf16" if dtype == "bf16" else "f32"
@@ -130,7 +130,7 @@ def test_cli_make_model(tmp_path, capsys):
 def test_failed_hf_write_leaves_no_folder(tmp_path, monkeypatch):
     import errno
 
-    from engine import make_model as mm
+    from tessera.engine import make_model as mm
 
     real = mm.RandomWeights.get
     calls = {"n": 0}
@@ -151,8 +151,8 @@ def test_failed_hf_write_leaves_no_folder(tmp_path, monkeypatch):
 
 
 def test_qwen3_30b_preset_is_the_published_config(tmp_path):
-    from engine.make_model import hf_config
-    from engine.tokenizer_build import build_tokenizer
+    from tessera.engine.make_model import hf_config
+    from tessera.engine.tokenizer_build import build_tokenizer
 
     tok = build_tokenizer(None, 300, tmp_path)
     cfg = hf_config("qwen3-30b-a3b", layers=None, dtype="bf16", tok=tok, overrides=None)

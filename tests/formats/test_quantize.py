@@ -1,5 +1,5 @@
-"""Tessera's quantizer (engine/quantize.py) against gguf.quants.dequantize, and the files make-model / convert write
-with llama-quantize's per-tensor type mix (engine/quant_mix.py)."""
+"""Tessera's quantizer (tessera/engine/quantize.py) against gguf.quants.dequantize, and the files make-model / convert
+write with llama-quantize's per-tensor type mix (tessera/engine/quant_mix.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from engine.config import ModelConfig
-from engine.quant_mix import OUTPUT_TYPES, QUANTIZED_NAMES, parse_output_type, tensor_types
-from engine.quantize import QUANTIZABLE, QuantizeError, quantize
+from tessera.engine.config import ModelConfig
+from tessera.engine.quant_mix import OUTPUT_TYPES, QUANTIZED_NAMES, parse_output_type, tensor_types
+from tessera.engine.quantize import QUANTIZABLE, QuantizeError, quantize
 
 Q = gguf.GGMLQuantizationType
 
@@ -144,7 +144,7 @@ def test_q4_k_m_mix_of_qwen3_30b_a3b_matches_llama_quantize():
 
 
 def _bytes(cfg, types):
-    from engine.checkpoint_layout import gguf_tensors
+    from tessera.engine.checkpoint_layout import gguf_tensors
 
     out = {}
     for t in gguf_tensors(cfg):
@@ -192,9 +192,9 @@ def test_rows_that_do_not_split_fall_back_as_llama_quantize_does():
 
 
 def test_cli_choices_match_the_engine():
-    from engine.cli import convert as cli_convert
-    from engine.cli import make_model as cli_make_model
-    from engine.make_model import MAKE_MODEL_DTYPES, PRESETS
+    from tessera.engine.cli import convert as cli_convert
+    from tessera.engine.cli import make_model as cli_make_model
+    from tessera.engine.make_model import MAKE_MODEL_DTYPES, PRESETS
 
     assert cli_make_model.DTYPE_NAMES == MAKE_MODEL_DTYPES and cli_make_model.PRESET_NAMES == tuple(PRESETS)
     assert set(MAKE_MODEL_DTYPES) == {"f32", "bf16", *QUANTIZED_NAMES}
@@ -210,8 +210,8 @@ def test_cli_choices_match_the_engine():
 def test_make_model_writes_the_mix_and_valid_blocks(tmp_path, dtype):
     import torch
 
-    from engine.checkpoint_layout import gguf_tensors
-    from engine.make_model import RandomWeights, hf_config, make_model
+    from tessera.engine.checkpoint_layout import gguf_tensors
+    from tessera.engine.make_model import RandomWeights, hf_config, make_model
 
     path = make_model(tmp_path / f"{dtype}.gguf", preset="tiny-kquant", fmt="gguf", dtype=dtype, seed=4)
     reader = gguf.GGUFReader(path)
@@ -241,8 +241,8 @@ def test_make_model_writes_the_mix_and_valid_blocks(tmp_path, dtype):
 
 
 def _tok(tmp_path):
-    from engine.make_model import TOKENIZER_BPE_SIZE
-    from engine.tokenizer_build import build_tokenizer
+    from tessera.engine.make_model import TOKENIZER_BPE_SIZE
+    from tessera.engine.tokenizer_build import build_tokenizer
 
     folder = tmp_path / "tok"
     folder.mkdir(exist_ok=True)
@@ -250,8 +250,8 @@ def _tok(tmp_path):
 
 
 def test_convert_writes_the_same_quantized_file_as_make_model(tmp_path):
-    from engine.convert import convert, output_bytes, read_source
-    from engine.make_model import make_model
+    from tessera.engine.convert import convert, output_bytes, read_source
+    from tessera.engine.make_model import make_model
 
     hf = make_model(tmp_path / "hf", preset="tiny-kquant", seed=6)
     direct = make_model(tmp_path / "direct.gguf", preset="tiny-kquant", fmt="gguf", dtype="q4_k_m", seed=6)
@@ -266,8 +266,8 @@ def test_convert_writes_the_same_quantized_file_as_make_model(tmp_path):
 def test_quantized_tiny_model_loads_and_runs_in_the_engine(tmp_path):
     """The tiny preset's rows (96, 160) do not split into 256: llama.cpp's fallback types (Q5_0, Q5_1, Q8_0) appear,
     and the engine reads them; its logits stay close to the f32 file's."""
-    from engine.compare import compare
-    from engine.make_model import make_model
+    from tessera.engine.compare import compare
+    from tessera.engine.make_model import make_model
 
     f32 = make_model(tmp_path / "f32.gguf", fmt="gguf", dtype="f32", seed=2)
     q = make_model(tmp_path / "q.gguf", fmt="gguf", dtype="q4_k_m", seed=2)

@@ -7,8 +7,8 @@ import unicodedata
 
 import pytest
 
-from engine.errors import TesseraError
-from engine.tokenizer_build import QWEN_ADDED_TOKENS, build_tokenizer, chat_template
+from tessera.engine.errors import TesseraError
+from tessera.engine.tokenizer_build import QWEN_ADDED_TOKENS, build_tokenizer, chat_template
 
 TEXTS = [
     "Hello, world! It's a test.",

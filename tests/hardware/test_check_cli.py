@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from tessera.engine.cli import main
 
 PROC_FLAGS: set[str] = set()
 if Path("/proc/cpuinfo").exists():
@@ -22,7 +22,7 @@ if Path("/proc/cpuinfo").exists():
 @pytest.fixture(scope="module")
 def report() -> dict:
     # A subprocess runs the real entry point, as a user would: `tessera-cli check --json --quick`.
-    out = subprocess.run([sys.executable, "-m", "engine", "check", "--json", "--quick", "--preset",
+    out = subprocess.run([sys.executable, "-m", "tessera.engine", "check", "--json", "--quick", "--preset",
                           "qwen3-30b-a3b"], capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 

@@ -8,20 +8,20 @@ import json
 
 import pytest
 
-from app.worker import EngineApi
-from engine.cli import main
+from tessera.app.worker import EngineApi
+from tessera.engine.cli import main
 
 
 @pytest.fixture(scope="module")
 def q4_k_m(tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("check") / "q4_k_m.gguf", preset="tiny-kquant", fmt="gguf",
                       dtype="q4_k_m", seed=5)
 
 
 def _packing_backend() -> str:
-    from engine import backends
+    from tessera.engine import backends
 
     return next((b.name for b in backends.table() if b.available and b.weights in ("int8", "bf16")), "Reference")
 
@@ -44,8 +44,8 @@ def test_check_shows_the_panels_numbers(q4_k_m, capsys):
 
 
 def test_check_default_context_is_the_apps(q4_k_m, capsys):
-    from app.settings import TABLE
-    from engine.hardware import MODEL_CONTEXT
+    from tessera.app.settings import TABLE
+    from tessera.engine.hardware import MODEL_CONTEXT
 
     assert MODEL_CONTEXT == next(s.default for s in TABLE if s.key == "model/context_length")
     assert main(["check", "--json", "--quick", "--no-gpu", "--seconds", "0.1", "--model", str(q4_k_m)]) == 0
@@ -63,7 +63,7 @@ def test_bad_load_options_are_named(capsys, q4_k_m):
 
 
 def test_the_wizard_shows_the_panels_numbers(qtbot, q4_k_m):
-    from app.wizards.hardware_wizard import HardwareWizard
+    from tessera.app.wizards.hardware_wizard import HardwareWizard
 
     backend = _packing_backend()
     panel = EngineApi().inspect(str(q4_k_m), context_length=2048, backend=backend)
@@ -83,10 +83,10 @@ def test_the_wizard_shows_the_panels_numbers(qtbot, q4_k_m):
 
 def test_a_preset_on_paper_is_sized_as_the_file_would_be(tmp_path):
     """paper_info (check --preset --dtype) gives what inspecting the written file gives: the same mix, bytes and RAM."""
-    from engine.make_model import make_model
-    from engine.model_info import inspect_model
-    from engine.model_summary import paper_info
-    from engine.weights import open_model
+    from tessera.engine.make_model import make_model
+    from tessera.engine.model_info import inspect_model
+    from tessera.engine.model_summary import paper_info
+    from tessera.engine.weights import open_model
 
     for dtype in ("bf16", "q4_k_m", "q8_0"):
         path = make_model(tmp_path / f"{dtype}.gguf", preset="tiny-kquant", fmt="gguf", dtype=dtype, seed=1)

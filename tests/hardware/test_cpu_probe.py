@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.hardware import cpu as cpu_mod
+from tessera.engine.hardware import cpu as cpu_mod
 
 PROC_FLAGS = set()
 for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from engine.hardware import dimms, verdict
+from tessera.engine.hardware import dimms, verdict
 
 
 def _type17(handle: int, size_mb: int, rated: int, configured: int, locator: str, mem_type: int = 0x22) -> bytes:

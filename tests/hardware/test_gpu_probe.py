@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from engine.hardware import gpu
+from tessera.engine.hardware import gpu
 
 
 def test_no_cuda_is_a_normal_answer():

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from engine.errors import Cancelled
-from engine.hardware import memory
+from tessera.engine.errors import Cancelled
+from tessera.engine.hardware import memory
 
 
 @pytest.fixture(params=["native", "numpy-fallback"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ModelConfig
-from engine.errors import TesseraError
-from engine.hardware import presets, verdict
+from tessera.engine.config import ModelConfig
+from tessera.engine.errors import TesseraError
+from tessera.engine.hardware import presets, verdict
 
 MEM = {"available_gb": 100.0, "read_bandwidth_gbs": 50.0, "read_bandwidth_1t_gbs": 20.0, "bandwidth_threads": 8,
        "thp_enabled": "madvise"}
@@ -63,8 +63,8 @@ def test_vram_counts_what_cuda_holds_not_the_file_blocks(stored, device_bytes):
 
 def test_model_shape_from_model_files(tiny_hf_model, tiny_gguf_model, tmp_path):
     """A model is read by the engine's inspector: the config it loads with, its name, its experts' stored type."""
-    from engine.make_model import make_model
-    from engine.weights import load_weights
+    from tessera.engine.make_model import make_model
+    from tessera.engine.weights import load_weights
 
     for path, want_name in ((tiny_hf_model, tiny_hf_model.name), (tiny_gguf_model, "tessera-random-tiny")):
         cfg, name, dtype = verdict.model_shape(str(path), None)
@@ -111,7 +111,7 @@ def test_remedies_in_plain_words():
 
 
 def test_backends_come_from_the_one_backend_list():
-    from engine import backends as registry
+    from tessera.engine import backends as registry
 
     table, auto, reason = verdict.backends()
     assert list(table) == list(registry.names()[1:])  # Auto is the verdict's pick, not a row
@@ -124,8 +124,8 @@ def test_backends_come_from_the_one_backend_list():
 def test_one_headline_ceiling_the_one_that_applies_here(with_gpu):
     """Without a GPU the CPU reads every weight a token needs, so that (lower) bound is the headline; with one the
     non-expert weights are in VRAM and the experts-only bound applies. The Markdown and the wizard show only it."""
-    from app.wizards.report_html import report_html, summary_html
-    from engine.hardware.render import to_markdown
+    from tessera.app.wizards.report_html import report_html, summary_html
+    from tessera.engine.hardware.render import to_markdown
 
     cfg = presets.preset("qwen3-30b-a3b")
     gpus = [{"name": "RTX 4090", "vram_free_gb": 22.0}] if with_gpu else []

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "placement"
+RESOURCES = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "placement"
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "engine", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "tessera.engine", *map(str, args)],
                           capture_output=True, text=True, timeout=300)
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.expert_cache import HotExpertCache
-from engine.experts import LayerExperts, TorchExperts
+from tessera.engine.expert_cache import HotExpertCache
+from tessera.engine.experts import LayerExperts, TorchExperts
 
 H, I, E, K, T = 24, 20, 9, 3, 11  # not powers of two
 
@@ -115,7 +115,7 @@ def test_layerwise_prefill_serves_every_pair_on_the_accelerator_and_matches():
 
 
 def test_twin_over_a_native_backend_uses_its_submit_and_sync(tmp_path):
-    from engine import native
+    from tessera.engine import native
 
     layers = make_layers()
     cpu = native.make_backend("Reference", layers, threads=1, cache_dir=tmp_path, model_id="twin-test")

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.errors import TesseraError
-from engine.placement import (
+from tessera.engine.errors import TesseraError
+from tessera.engine.placement import (
     check_cuda_available,
     load_plan,
     parse_rules,
@@ -14,7 +14,7 @@ from engine.placement import (
     plan_from_settings,
 )
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "placement"
+RESOURCES = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "placement"
 
 # The example from the product's original description.
 ORIGINAL_EXAMPLE = r'''

@@ -7,10 +7,10 @@ path; here its logits must equal the all-CPU engine's, and its hit rate must equ
 import pytest
 import torch
 
-import engine
-from engine.errors import TesseraError
-from engine.hybrid import PlacementSettings
-from engine.model import RoutingStats
+from tessera import engine
+from tessera.engine.errors import TesseraError
+from tessera.engine.hybrid import PlacementSettings
+from tessera.engine.model import RoutingStats
 
 TEXT_IDS = [5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 8, 2, 77, 91, 45]  # 16 ids of the tiny vocabulary (437)
 

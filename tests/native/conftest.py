@@ -2,7 +2,7 @@
 
 import pytest
 
-import engine.native as N
+import tessera.engine.native as N
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 import torch
 
-import engine.backends as B
-from engine.experts import LayerExperts
+import tessera.engine.backends as B
+from tessera.engine.experts import LayerExperts
 
 # Tolerances as NMSE = |y - ref|^2 / |ref|^2 against the Reference backend (double accumulation, weights as loaded).
 # f32-activation bf16 paths differ only in summation order; bf16-activation (prefill) paths round x and the

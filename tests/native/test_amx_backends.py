@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.native as N
+import tessera.engine.native as N
 
 _native = N._native  # the kernels' own entry points (pack / forward / unpack) are what is under test here
 

@@ -4,7 +4,7 @@ status bar's reason) and in `--help`; the hardware wizard offers the engine's ow
 
 from __future__ import annotations
 
-from engine import backends
+from tessera.engine import backends
 
 
 def test_every_backend_has_its_own_description():
@@ -31,7 +31,7 @@ def test_torch_is_described_one_way_everywhere():
 def test_torch_in_the_cli_help_is_the_same_wording(capsys):
     import pytest
 
-    from engine.cli import main  # generate's --backend help comes from engine.cli.run_options
+    from tessera.engine.cli import main  # generate's --backend help comes from engine.cli.run_options
 
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
@@ -40,8 +40,8 @@ def test_torch_in_the_cli_help_is_the_same_wording(capsys):
 
 
 def test_the_hardware_wizard_offers_the_engines_published_models():
-    from app.wizards.jobs import hardware_presets
-    from engine.config import PUBLISHED
+    from tessera.app.wizards.jobs import hardware_presets
+    from tessera.engine.config import PUBLISHED
 
     assert [key for _, key in hardware_presets()] == list(PUBLISHED)
     assert [name for name, _ in hardware_presets()] == [cfg.source for cfg in PUBLISHED.values()]

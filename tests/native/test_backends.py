@@ -6,8 +6,8 @@ import pytest
 import torch
 from native_cases import F32_DECODE, NMSE_TOL, native_backends, nmse, precision_of, random_layer
 
-import engine.native as N
-from engine import _native
+import tessera.engine.native as N
+from tessera.engine import _native
 
 # (E, H, I): real-ish tile multiples, and shapes that are multiples of no tile or vector width.
 SHAPES = [(12, 64, 48), (9, 37, 19), (10, 130, 70)]

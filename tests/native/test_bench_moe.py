@@ -3,9 +3,9 @@ speed)."""
 
 import json
 
-import engine.backends as B
-import engine.native as N
-from engine.cli import main
+import tessera.engine.backends as B
+import tessera.engine.native as N
+from tessera.engine.cli import main
 
 
 def test_bench_moe_json_shape(capsys):

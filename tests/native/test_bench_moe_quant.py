@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import engine.native as N
-from engine.cli import main
+import tessera.engine.native as N
+from tessera.engine.cli import main
 
 
 @pytest.mark.parametrize("dtype", ["q4_k_m", "q8_0"])

@@ -5,9 +5,9 @@ import pytest
 import torch
 from native_cases import random_layer
 
-import engine.backends as B
-import engine.native as N
-from engine import _native
+import tessera.engine.backends as B
+import tessera.engine.native as N
+from tessera.engine import _native
 
 E, H, I = 4, 32, 16
 

@@ -8,9 +8,9 @@ repacks without reloading the file):
 import pytest
 import torch
 
-import engine
-import engine.backends as B
-from engine.make_model import make_model
+import tessera.engine.backends as B
+from tessera import engine
+from tessera.engine.make_model import make_model
 
 pytestmark = pytest.mark.slow  # a model load and a few dozen short generations per backend
 
@@ -114,7 +114,7 @@ def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, caps
     if not missing:
         pytest.skip("every backend runs here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    from engine.cli import main
+    from tessera.engine.cli import main
 
     extra = (["--prompt", "hi", "--max-tokens", "2"] if command == "generate"
              else ["--prompt-tokens", "4", "--gen-tokens", "2"])
@@ -125,7 +125,7 @@ def test_cli_unavailable_backend_is_a_named_error(command, tiny_gguf_model, caps
 
 def test_cli_generate_runs_on_every_native_backend(tiny_gguf_model, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    from engine.cli import main
+    from tessera.engine.cli import main
 
     for name in ["Auto", "Reference"] + [n for n in B.status() if n in B.available_names(include_emulated=True)]:
         assert main(["generate", str(tiny_gguf_model), "--backend", name, "--prompt", "hello", "--max-tokens", "3",

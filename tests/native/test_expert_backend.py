@@ -5,10 +5,10 @@ import pytest
 import torch
 from native_cases import native_backends, nmse, random_layer
 
-import engine.backends as B
-import engine.native as N
-from engine.errors import BackendUnavailableError
-from engine.experts import ExpertBackend, TorchExperts
+import tessera.engine.backends as B
+import tessera.engine.native as N
+from tessera.engine.errors import BackendUnavailableError
+from tessera.engine.experts import ExpertBackend, TorchExperts
 
 LAYERS = {1: random_layer(6, 40, 24, seed=1), 3: random_layer(6, 40, 24, seed=3)}
 

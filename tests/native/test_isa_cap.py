@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-import engine.backends as B
+import tessera.engine.backends as B
 
-PROBE = "import json, engine.backends as B; print(json.dumps([B.compiled(), B.auto()]))"
+PROBE = "import json, tessera.engine.backends as B; print(json.dumps([B.compiled(), B.auto()]))"
 
 
 def backends_with_cap(cap):

@@ -2,9 +2,9 @@
 
 import pytest
 
-import engine.backends as B
-import engine.native as N
-from engine.errors import BackendUnavailableError, TesseraError
+import tessera.engine.backends as B
+import tessera.engine.native as N
+from tessera.engine.errors import BackendUnavailableError, TesseraError
 
 
 def test_cpu_features_has_flags_xcr0_and_amx_permission():
@@ -55,7 +55,7 @@ def test_the_backend_list_is_the_native_registry_plus_auto_and_torch():
 
 
 def test_a_backend_handle_is_looked_up_once_and_carries_its_registry_entry():
-    from engine import _native
+    from tessera.engine import _native
 
     ref = _native.backend("Reference")
     row = next(b for b in B.compiled() if b["name"] == "Reference")
@@ -70,7 +70,7 @@ def test_tuning_knobs_are_read_once_in_the_native_module():
     import subprocess
     import sys
 
-    code = "import json, engine.native as N; print(json.dumps([N.tuning(), N.packing_knobs('AVX512Int8')]))"
+    code = "import json, tessera.engine.native as N; print(json.dumps([N.tuning(), N.packing_knobs('AVX512Int8')]))"
     env = dict(os.environ, TESSERA_INT8_GROUP="30", TESSERA_SPIN_US="7", TESSERA_AMX_TILE_MIN_ROWS="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     import json

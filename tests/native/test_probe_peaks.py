@@ -4,8 +4,8 @@ and -1 (never a tile instruction, never SIGILL) on a CPU without them."""
 
 import pytest
 
-import engine.backends as B
-import engine.native as N
+import tessera.engine.backends as B
+import tessera.engine.native as N
 
 
 def _amx_reason() -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.native as N
+import tessera.engine.native as N
 from tests.native.quant_cases import K_QUANTS, TYPES, dequantized, nmse, quant_isas, random_blocks
 
 NMSE_SAME_SCHEME = 1e-9

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.native as N
+import tessera.engine.native as N
 from tests.native.quant_cases import K_QUANTS, TYPES, Q, dequantized, moe_float64, nmse, quant_isas, random_blocks
 
 ISAS = quant_isas()

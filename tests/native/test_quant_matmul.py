@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.native as N
-from engine import backends
+import tessera.engine.native as N
+from tessera.engine import backends
 from tests.native.quant_cases import K_QUANTS, TYPES, Q, dequantized, nmse, quant_isas, random_blocks
 
 ISAS = quant_isas()

@@ -52,8 +52,14 @@ def test_install_then_uninstall_leaves_nothing(tmp_path):
     entry = _read_entry(entry_path)
     exe = str(venv / "bin" / "tessera")
     site = next((venv / "lib").glob("python3*/site-packages"))
-    assert list((site / "engine").glob("_native*.so")), "the native kernels were not built into the environment"
-    assert (site / "resources" / "icons" / "tessera.svg").is_file()  # run-time data ships in the wheel
+    native = list((site / "tessera" / "engine").glob("_native*.so"))
+    assert native, "the native kernels were not built into the environment"
+    assert (site / "tessera" / "resources" / "icons" / "tessera.svg").is_file()  # run-time data ships in the wheel
+    # One top-level name in site-packages, so Tessera cannot collide with another project's packages (issue
+    # 15 item 21): every installed path is in the tessera package, its dist-info, or ../../../bin (launchers).
+    record = next(site.glob("tessera-*.dist-info")) / "RECORD"
+    tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines() if line}
+    assert tops <= {"tessera", record.parent.name, ".."}, f"installed beside tessera/: {tops}"
     assert entry["Exec"] == f'"{exe}"'  # the path has a space: quoted per the Desktop Entry spec
     assert entry["TryExec"] == exe and os.access(exe, os.X_OK)
     assert entry["Terminal"] == "false" and entry["Type"] == "Application"

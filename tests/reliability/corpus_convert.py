@@ -16,9 +16,9 @@ from pathlib import Path
 
 from probe import Case, Tmpfs, can_mount, corpus_main
 
-from engine.convert import convert
-from engine.errors import TesseraError
-from engine.make_model import make_model
+from tessera.engine.convert import convert
+from tessera.engine.errors import TesseraError
+from tessera.engine.make_model import make_model
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-convert-probe-"))
 SRC = make_model(WORK / "src" / "model", fmt="hf", dtype="f32", seed=0)

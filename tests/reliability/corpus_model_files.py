@@ -17,16 +17,16 @@ from pathlib import Path
 import numpy as np
 from probe import Case, corpus_main
 
-import engine
-from engine.errors import TesseraError
-from engine.gguf_reader import open_gguf
-from engine.make_model import make_model
-from engine.sampling import SamplingParams
+from tessera import engine
+from tessera.engine.errors import TesseraError
+from tessera.engine.gguf_reader import open_gguf
+from tessera.engine.make_model import make_model
+from tessera.engine.sampling import SamplingParams
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-model-probe-"))
 GGUF = make_model(WORK / "base.gguf", fmt="gguf", dtype="f32", seed=0)
 HF = make_model(WORK / "base-hf", fmt="hf", dtype="f32", seed=0)
-CLI = [sys.executable, "-m", "engine"]
+CLI = [sys.executable, "-m", "tessera.engine"]
 
 
 def copy_gguf(tag: str) -> Path:
@@ -117,7 +117,7 @@ def nan_in_an_expert() -> bool:
 
 def nan_in_an_expert_native() -> bool:
     """Through a native backend (the packed copy is what runs; the source tensor is what gets named)."""
-    from engine.errors import BackendUnavailableError
+    from tessera.engine.errors import BackendUnavailableError
 
     p = copy_gguf("nan-expert-native")
     with open_gguf(p) as f:

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from probe import Case, Tmpfs, can_mount, corpus_main
 
-import engine.native as N
-from engine.backends import auto
-from engine.experts import LayerExperts
-from engine.pack_cache import PackCache
+import tessera.engine.native as N
+from tessera.engine.backends import auto
+from tessera.engine.experts import LayerExperts
+from tessera.engine.pack_cache import PackCache
 
 E, H, I = 6, 64, 32
 WORK = Path(tempfile.gettempdir()) / f"tessera-pack-probe-{os.getpid()}"  # made by cases(); removed by corpus_main

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from probe import Case, corpus_main
 
-from engine.chat_template import render
-from engine.placement import load_plan, load_rules, plan_from_rules
+from tessera.engine.chat_template import render
+from tessera.engine.placement import load_plan, load_rules, plan_from_rules
 
 WORK = Path(tempfile.mkdtemp(prefix="tessera-rules-probe-"))
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -46,7 +46,7 @@ def _classify(case: Case) -> tuple[str, str]:
     import math
     import signal
 
-    from engine.errors import TesseraError
+    from tessera.engine.errors import TesseraError
 
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(max(1, math.ceil(case.seconds)))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from probe import assert_all_ok, run_corpus
 
-from engine.backends import available_names
+from tessera.engine.backends import available_names
 
 HERE = Path(__file__).parent
 
@@ -20,7 +20,7 @@ def test_every_hostile_cache_state_loads_the_right_weights():
 
 _LOAD_ONCE = """
 import sys, torch
-import engine.native as N
+import tessera.engine.native as N
 from corpus_pack_cache import MODEL_A
 b = N.make_backend("AVX512Int8", MODEL_A, threads=1, cache_dir=sys.argv[1], model_id="/models/a.gguf")
 print(sorted(set(b.load_stats.per_layer.values())))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from server_support import DEMO, running_server
 
-import engine
+from tessera import engine
 
 
 @pytest.fixture(scope="session")

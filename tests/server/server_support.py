@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.scheduler import EngineScheduler
-from engine.server.app import ServerOptions
-from engine.server.run import ServerThread
+from tessera.engine.scheduler import EngineScheduler
+from tessera.engine.server.app import ServerOptions
+from tessera.engine.server.run import ServerThread
 
-DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "tessera-demo-moe.gguf"
+DEMO = Path(__file__).resolve().parents[2] / "tessera" / "resources" / "demo" / "tessera-demo-moe.gguf"
 NAME = "tessera-demo-moe"
 
 
@@ -74,7 +74,7 @@ def serving_app(app):
     """Any ASGI app (e.g. a scripted misbehaving server) under uvicorn on a free loopback port; yields its base URL."""
     import uvicorn
 
-    from engine.server.run import bind_socket
+    from tessera.engine.server.run import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.server.chat_output import ChatOutputParser, collect
+from tessera.engine.server.chat_output import ChatOutputParser, collect
 
 ANSWER = ("<think>\nThe user wants the weather.\nI should call the tool.\n</think>\n\nLet me check.\n"
           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"

@@ -13,7 +13,7 @@ import time
 import openai
 from server_support import DEMO, NAME
 
-CLI = [sys.executable, "-m", "engine"]
+CLI = [sys.executable, "-m", "tessera.engine"]
 
 
 def test_serve_refuses_a_network_address_without_a_key():

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from server_support import NAME, engine_held, running_server, wait_until
 
-from engine.errors import TesseraError
-from engine.sampling import SamplingParams
-from engine.server.run import check_bind
+from tessera.engine.errors import TesseraError
+from tessera.engine.sampling import SamplingParams
+from tessera.engine.server.run import check_bind
 
 
 def chat_body(text="What is 347 + 589?", **kw):

@@ -7,8 +7,8 @@ import openai
 import pytest
 from server_support import NAME
 
-from engine.kv_cache import common_prefix
-from engine.sampling import SamplingParams
+from tessera.engine.kv_cache import common_prefix
+from tessera.engine.sampling import SamplingParams
 
 GREEDY = {"temperature": 0, "max_tokens": 120}
 SUM = [{"role": "user", "content": "What is 347 + 589?"}]

@@ -16,8 +16,8 @@ from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from engine.cli import main as cli
-from engine.remote import (
+from tessera.engine.cli import main as cli
+from tessera.engine.remote import (
     RemoteClient,
     RemoteDoneEvent,
     RemoteProtocolError,
@@ -26,7 +26,7 @@ from engine.remote import (
     RemoteUnavailableError,
     iter_sse,
 )
-from engine.sampling import SamplingParams
+from tessera.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=120)
 SUM = [{"role": "user", "content": "What is 347 + 589?"}]

@@ -8,10 +8,10 @@ import threading
 import pytest
 from server_support import engine_held, wait_until
 
-from engine.errors import TesseraError
-from engine.events import DoneEvent
-from engine.sampling import SamplingParams
-from engine.scheduler import EngineScheduler, QueueFullError, SchedulerClosedError
+from tessera.engine.errors import TesseraError
+from tessera.engine.events import DoneEvent
+from tessera.engine.sampling import SamplingParams
+from tessera.engine.scheduler import EngineScheduler, QueueFullError, SchedulerClosedError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=80)
 

@@ -12,9 +12,9 @@ import openai
 import pytest
 from server_support import NAME, running_server
 
-from engine.chat_tokens import ChatPrompt
-from engine.errors import TesseraError
-from engine.events import DoneEvent, RequestMetrics, TokenEvent
+from tessera.engine.chat_tokens import ChatPrompt
+from tessera.engine.errors import TesseraError
+from tessera.engine.events import DoneEvent, RequestMetrics, TokenEvent
 
 ANSWER = ("<think>\nThe user wants the weather.\n</think>\n\nChecking.\n"
           "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"

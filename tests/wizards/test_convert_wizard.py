@@ -10,13 +10,13 @@ import gguf
 import pytest
 from PySide6.QtCore import Qt
 
-from app.wizards import convert_wizard as cw
-from app.wizards.convert_wizard import ConvertWizard
+from tessera.app.wizards import convert_wizard as cw
+from tessera.app.wizards.convert_wizard import ConvertWizard
 
 
 @pytest.fixture(scope="module")
 def bf16_hf_model(tmp_path_factory):
-    from engine.make_model import make_model
+    from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("bf16-hf") / "Tiny-MoE", fmt="hf", dtype="bf16", seed=1)
 

@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QGuiApplication
 
-from app.wizards.hardware_wizard import HardwareWizard
+from tessera.app.wizards.hardware_wizard import HardwareWizard
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 
-from app.wizards import job_page
-from app.wizards.jobs import Job
-from engine.errors import Cancelled, TesseraError
-from engine.events import ProgressEvent
+from tessera.app.wizards import job_page
+from tessera.app.wizards.jobs import Job
+from tessera.engine.errors import Cancelled, TesseraError
+from tessera.engine.events import ProgressEvent
 
 
 def _run(qtbot, fn):
@@ -67,9 +67,9 @@ def test_a_job_outliving_its_wizard_is_kept_until_it_ends(qtbot):
 def test_convert_job_verifies_through_the_apps_backend(tmp_path):
     """The wizard's conversion verifies as `convert --verify` does, through the backend the app runs (Auto where the
     setting names one this machine lacks); a quantized output is judged against its dequantized-F32 twin."""
-    from app.wizards.jobs import convert_model
-    from engine import backends
-    from engine.make_model import make_model
+    from tessera.app.wizards.jobs import convert_model
+    from tessera.engine import backends
+    from tessera.engine.make_model import make_model
 
     src = make_model(tmp_path / "src", preset="tiny-kquant", seed=2)
     for backend, ran in (("Reference", "Reference"), ("NoSuchBackend", backends.auto()[0])):

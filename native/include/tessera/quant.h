@@ -44,7 +44,7 @@ const QTypeInfo& qtype_info(QType t);
 // Every supported type, in GGML id order, and their names "Q4_0, Q8_0, ..." for error messages.
 const char* qtype_names();
 
-// The quantized-kernel ISAs. Each backend maps to one (engine/native.py: quant_isa_for_backend).
+// The quantized-kernel ISAs. Each backend maps to one (tessera/engine/native.py: quant_isa_for_backend).
 enum class QIsa : int32_t { Reference = 0, AVX2 = 1, AVX512VNNI = 2 };
 constexpr int kQIsaCount = 3;
 const char* qisa_name(QIsa isa);  // "reference", "avx2", "avx512_vnni"

@@ -15,7 +15,7 @@ struct Tuning {
   // channel. Changes the packed bytes, so it is part of the packed-weight cache key (engine.native.packing_knobs).
   int64_t int8_group = 128;
   // TESSERA_PF: how far ahead (bytes) the AVX kernels prefetch weight panels. Atomic (like spin_us and
-  // amx_tile_min_rows): a stored calibration (engine/tuned.py, `tessera-cli tune`) sets it after the environment was
+  // amx_tile_min_rows): a stored calibration (tessera/engine/tuned.py, `tessera-cli tune`) sets it after the environment was
   // read, and the calibration times candidate values in one process.
   std::atomic<int64_t> prefetch_bytes{-1};  // -1: the kernel's default (kKC * 64 in moe_body.inc)
   // TESSERA_SPIN_US: microseconds a pool worker spins after a job before it sleeps.
@@ -23,7 +23,7 @@ struct Tuning {
   // TESSERA_PROFILE (set to anything): per forward chunk, wall time of each phase on stderr.
   bool profile = false;
   // TESSERA_DENSE_NATIVE_MAX_T: engine.dense multiplies bf16/f16 weights natively for steps of up to this many tokens
-  // (more: torch on an f32 upcast). Read here so every knob has one reader; engine/dense.py uses it.
+  // (more: torch on an f32 upcast). Read here so every knob has one reader; tessera/engine/dense.py uses it.
   int64_t dense_native_max_tokens = 512;
   int64_t dense_quant_max_tokens = 512;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
   // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.

@@ -1,0 +1,5 @@
+import sys
+
+from tessera.engine.cli import main
+
+sys.exit(main())

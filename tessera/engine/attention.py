@@ -1,0 +1,68 @@
+"""Causal grouped-query attention of one decoder layer over its KV cache.
+
+Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
+- native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
+  kernel for this head dim. Flash style: query blocks x key blocks of 32 with an online softmax, K/V read in place as
+  stored (never widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped. It runs decode
+  (where reading the cache is the whole cost) and prefill after cached positions (a second turn), where torch would
+  need an explicit [T, S] mask and compute the whole square.
+- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512), and a prompt with nothing cached
+  before it: K/V are widened to float32 once per layer (KVCache.keys_values, O(S), small beside O(T*S) work), then
+  torch's SDPA with is_causal, whose CPU flash kernel (query/key blocks, no T x T matrix either) measured faster than
+  ours on this first prefill (docs/BENCHMARKS.md, "Long context"); decode takes two small matmuls.
+
+Letters: T new positions, S = cached + new, nh query heads, nkv key/value heads, hd head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from tessera.engine import native
+from tessera.engine.dense import dense_pool
+from tessera.engine.kv_cache import KVCache
+
+
+@functools.cache
+def native_kernel(head_dim: int) -> str:
+    """"AVX512" where the native kernel runs for this head dim on this CPU, else "Reference" (then torch is used)."""
+    return native.attention_kernel(head_dim)
+
+
+def uses_native(cache: KVCache, layer: int) -> bool:
+    return (cache.dtype == torch.bfloat16 and cache.k[layer].device.type == "cpu"
+            and native_kernel(cache.head_dim) == "AVX512")
+
+
+def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.Tensor | None,
+           pool=None) -> torch.Tensor:
+    """q [nh, T, hd] (normed, rotated) of positions start..start+T-1, whose K/V `cache` already holds for `layer` ->
+    [T, nh*hd]. Query t sees positions [0, start+t]; `mask` ([T, S] bool, True = seen) is only read by the torch path
+    when start > 0 and T > 1. `pool`: the native thread pool (default engine.dense.dense_pool(), torch's count now; a
+    model passes the one it was built with, as its Linears do, since a step may run with torch at one thread)."""
+    nh, T, hd = q.shape
+    if uses_native(cache, layer) and (T == 1 or start > 0):
+        out = torch.empty(T, nh * hd)  # [T, nh*hd]
+        kt, v = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16, read in place
+        native.attention_bf16(q.contiguous(), kt, v, start, hd**-0.5, out, pool or dense_pool())
+        return out
+    keys, values = cache.keys_values(layer, start + T)  # [nkv, S, hd] float32 x 2
+    if T == 1:  # decode: two small matmuls, ~4x faster than torch's CPU SDPA at long contexts
+        return decode_attention(q, keys, values).reshape(1, nh * hd)  # [1, nh*hd]
+    causal = dict(is_causal=True) if start == 0 else dict(attn_mask=mask)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), enable_gqa=nh != keys.shape[0], **causal
+    )  # [1, nh, T, hd]
+    return out[0].transpose(0, 1).reshape(T, nh * hd)  # [T, nh*hd]
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One query position against every cached one (no mask), grouped-query: query head h reads KV head h // (nh/nkv),
+    as transformers' repeat_kv does. q [nh, 1, hd], keys/values [nkv, S, hd] -> [nh, hd]."""
+    nh, nkv, hd = q.shape[0], keys.shape[0], q.shape[-1]
+    qg = q.reshape(nkv, nh // nkv, hd)  # [nkv, g, hd]
+    scores = torch.matmul(qg, keys.transpose(1, 2)) * hd**-0.5  # [nkv, g, S]
+    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(nh, hd)  # [nh, hd]

@@ -1,0 +1,529 @@
+"""The native extension (`engine._native`) for the engine: CPU probe, thread pools, packing, the tuning knobs that
+change packed bytes, and the `ExpertBackend` that runs a model's routed experts through a native kernel. Which backends
+exist and which one "Auto" picks is tessera/engine/backends.py, the module's other importer.
+
+Letters: T tokens, H hidden size, I moe_intermediate_size, E experts in the layer, k experts per token.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tessera.engine import _native
+from tessera.engine.backends import AUTO, TORCH, resolve
+from tessera.engine.errors import TesseraError
+from tessera.engine.events import ProgressEvent
+from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
+from tessera.engine.pack_cache import PackCache, layer_digest, layer_key
+from tessera.engine.quantized import QuantizedTensor, is_quantized, widened
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
+
+
+def layout_version() -> int:
+    return int(_native.LAYOUT_VERSION)
+
+
+def cpu_features() -> dict:
+    """CPUID flags, XCR0 (and its AMX bits 17/18), the AMX permission request (rc, errno, reason), core counts."""
+    return _native.cpu_features()
+
+
+def physical_cores() -> int:
+    return max(1, int(_native.cpu_features()["physical_cores"]))
+
+
+def tuning() -> dict:
+    """Every TESSERA_* tuning knob as the kernels and engine.dense use it (read once per process in
+    native/src/tuning.cpp), a stored calibration applied (tessera/engine/tuned.py), and `from_environment`: the
+    TESSERA_* names the environment set (a calibration never overrides them). A value that cannot be read is a
+    TesseraError naming the variable."""
+    knobs = dict(_native.tuning())
+    knobs["from_environment"] = knobs["from_environment"].split()
+    for line in knobs.pop("invalid").splitlines():
+        name, _, value = line.partition("=")
+        raise TesseraError(name, f"must be a whole number >= 0, got {value!r}")
+    return knobs
+
+
+def packing_knobs(backend: str) -> dict:
+    """The knobs that change the bytes `backend` packs (part of the packed-weight cache key): {} for most backends."""
+    return {"int8_group": int(_native.tuning()["int8_group"])} if backend == "AVX512Int8" else {}
+
+
+def read_bandwidth(threads: int | None = None, seconds: float = 1.0, buffer_mib: float = 1024.0) -> float:
+    """Native multi-threaded streaming-read probe: best pass in GB/s (1e9 B/s) over about `seconds`."""
+    pool = _native.Pool(threads or physical_cores())
+    return float(_native.read_bandwidth(pool, buffer_mib, seconds))
+
+
+def peak_gflops(what: str, threads: int | None = None, seconds: float = 0.5) -> float:
+    """Register-only peak on `threads` cores, GFLOP/s (int8: GOP/s) of `bf16_dot` (vdpbf16ps), `int8_dot`
+    (vpdpbusd), `fp32_fma`, `amx_bf16` (tdpbf16ps) or `amx_int8` (tdpbssd); < 0 if the CPU (or, for AMX, the OS)
+    lacks it."""
+    return float(_native.peak_gflops(_native.Pool(threads or physical_cores()), what, seconds))
+
+
+def make_pool(threads: int | None = None):
+    n = int(threads or physical_cores())
+    try:
+        return _native.Pool(n)
+    except RuntimeError as e:  # the OS refused the threads (ulimit -u, memory for their stacks)
+        raise TesseraError("--threads", f"cannot start {n} threads here ({e}); ask for fewer") from None
+
+
+def dense_kernel() -> str:
+    """The native dense mat-vec kernel this CPU runs: "AVX512", "AVX2" or "Reference"."""
+    return str(_native.dense_kernel())
+
+
+def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, reference: bool = False) -> None:
+    """out[T, N] = x[T, K] @ w[N, K].T with w bf16/f16 kept as stored (widened exactly, f32 accumulation); out is
+    overwritten. CPU tensors, C-contiguous; wrong dtypes/shapes raise TypeError/ValueError naming the argument.
+    `reference` runs the scalar double-accumulation twin."""
+    _native.dense_matvec(w, x, out, pool, reference)
+
+
+def attention_kernel(head_dim: int) -> str:
+    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512" or "Reference"."""
+    return str(_native.attention_kernel(head_dim))
+
+
+def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: int, scale: float, out: torch.Tensor,
+                   pool, *, reference: bool = False) -> None:
+    """out[T, nh*hd] = causal softmax(q k^T * scale) v, query t (position start+t) seeing positions [0, start+t].
+    q [nh, T, hd] f32; kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read
+    in place.
+    `reference` runs the scalar double-accumulation twin."""
+    _native.attention_bf16(q, kt, v, start, scale, out, pool, reference)
+
+
+def dense_gemm_bf16_available() -> bool:
+    """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
+    return bool(_native.dense_gemm_bf16_available())
+
+
+def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+    """Prefill GEMM: out[T, N] = bf16(x)[T, K] @ w[N, K].T with w bf16 as stored; x is rounded once to bf16 (nearest
+    even), products are exact and sums f32 (vdpbf16ps, which flushes bf16 denormals to zero). out is overwritten.
+    Raises RuntimeError where `dense_gemm_bf16_available()` is False, TypeError/ValueError naming a bad argument."""
+    _native.dense_gemm_bf16(w, x, out, pool)
+
+
+# ------------------------------------------------------------------------------------------------------------- packing
+
+
+def _as_native(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype not in _DTYPES:
+        raise TesseraError(f"tensor {name}",
+                           f"dtype {t.dtype} cannot be packed (expected float32, float16 or bfloat16)")
+    return t.detach().to("cpu").contiguous()
+
+
+def pack_layer(backend: str, experts: LayerExperts, pool) -> np.ndarray:
+    """Packs one layer's experts into a fresh 64-byte-aligned uint8 blob for `backend`.
+
+    Quantized GGUF experts (engine.quantized.QuantizedTensor) reach here only when `reads_blocks` says no (a bf16
+    backend chosen by name, or a type without a block kernel): they are widened to float32 for this one layer and
+    freed when it is packed."""
+    kernel = _native.backend(backend)
+    experts = widened(experts)  # float layers pass through unchanged
+    gate = _as_native(experts.gate_proj, "gate_proj")  # [E, I, H]
+    up = _as_native(experts.up_proj, "up_proj")  # [E, I, H]
+    down = _as_native(experts.down_proj, "down_proj")  # [E, H, I]
+    E, I, H = gate.shape
+    blob = _native.aligned_empty(kernel.packed_bytes(E, H, I, _DTYPES[gate.dtype]))
+    kernel.pack(gate, up, down, blob, pool)
+    return blob
+
+
+def packed_nbytes(backend: str, experts: LayerExperts, requested: str | None = None) -> int:
+    """Bytes of the packed copy make_backend(requested or backend, ...) makes of this layer: 0 when it reads a
+    quantized layer's blocks in place."""
+    if reads_blocks(requested or backend, backend, experts):
+        return 0
+    E, I, H = experts.gate_proj.shape  # gate_proj [E, I, H]
+    return packed_nbytes_for(backend, E, I, H, experts.gate_proj.dtype)  # quantized experts: packed from float32
+
+
+def packed_nbytes_for(backend: str, E: int, I: int, H: int, dtype: torch.dtype) -> int:
+    """Bytes of one layer packed for `backend` from experts of `dtype` (engine.model_info's RAM estimate uses this)."""
+    if dtype not in _DTYPES:
+        raise TesseraError("experts", f"dtype {dtype} cannot be packed (expected float32, float16 or bfloat16)")
+    return int(_native.backend(backend).packed_bytes(E, H, I, _DTYPES[dtype]))
+
+
+def widened_layer_nbytes(E: int, I: int, H: int) -> int:
+    """Bytes of one quantized layer's float32 copy (gate, up, down) that pack_layer holds while it packs it: the
+    transient engine.model_info's estimate and `_widening_notice` both add."""
+    return 3 * E * I * H * 4
+
+
+@functools.lru_cache(maxsize=1)
+def _native_build() -> str:
+    """SHA-256 of the compiled extension: compile-time packing constants (the AMX int8 group) change with it."""
+    h = hashlib.sha256()
+    with open(_native.__file__, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def packing_identity(backend: str) -> dict:
+    """Everything besides the weights that changes a layer's packed bytes: part of the packed-weight cache key."""
+    return {"backend": backend, "layout": layout_version(), "build": _native_build(), "knobs": packing_knobs(backend)}
+
+
+def _packed_as_keyed(backend: str, blob: np.ndarray, identity: dict) -> bool:
+    """The group the AVX512Int8 blob was packed with (read once by the native code) is the one in its key."""
+    if backend != "AVX512Int8":
+        return True
+    group = int(np.frombuffer(blob[_PACKED_HEADER_BYTES : _PACKED_HEADER_BYTES + 8].tobytes(), dtype="<i8")[0])
+    return group == identity["knobs"]["int8_group"]
+
+
+def _check_dims(backend: str, blob: np.ndarray, experts: LayerExperts) -> None:
+    E, I, H = experts.gate_proj.shape
+    dims = tuple(int(v) for v in _native.backend(backend).packed_dims(blob))
+    if dims != (E, H, I):
+        raise ValueError(f"packed for E, H, I = {dims}, the model has {(E, H, I)}")
+
+
+@dataclass
+class LoadStats:
+    seconds: float = 0.0
+    packed_layers: int = 0  # packed now (cold)
+    cached_layers: int = 0  # memory-mapped from the disk cache (warm)
+    in_place_layers: int = 0  # quantized GGUF experts read as the file's blocks: neither packed nor cached
+    packed_bytes: int = 0  # bytes of packed copies (0 for layers read in place)
+    cache_dir: str = ""
+    quant_isa: str = ""  # the block kernels' ISA when some layer is read in place ("avx512_vnni", "avx2", "reference")
+    per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached" | "in place"
+    notices: list[str] = field(default_factory=list)  # one-line notices: the packed-weight cache's, what widening costs
+
+
+# ------------------------------------------------------------------------------------------- quantized layers: in place
+# A quantized GGUF's routed experts are read as the file's blocks (engine.quantized.QuantizedTensor: views of the
+# memory map) by the block kernels below, with no packed copy and no disk cache, on every backend except the bf16 ones
+# that have an int8 twin when a user names them: they were asked for bf16 weights, so they widen, after saying what it
+# costs and refusing when it will not fit (`_widening_notice`). Running those on the blocks too would make the name
+# mean nothing: AVX512 and AVX512Int8 would be the same kernels. AVX2 has no int8 twin; its quantized form is the avx2
+# block kernels. "Auto" always reads in place. The rule is `reads_blocks`; engine.model_info sizes loads with it.
+
+WIDENING_BACKENDS = {"AVX512": "AVX512Int8", "AMXBF16": "AMXInt8", "AMXBF16-emulated": "AMXInt8-emulated"}
+
+
+@functools.lru_cache(maxsize=1)
+def _block_kernel_types() -> frozenset[str]:
+    return frozenset(str(t["name"]) for t in _native.quant_types())
+
+
+def has_block_kernel(type_name: str) -> bool:
+    """Whether the block kernels read GGML type `type_name` ("Q4_K") in place."""
+    return type_name.upper() in _block_kernel_types()
+
+
+def reads_quantized_in_place(requested: str, concrete: str) -> bool:
+    """Whether backend `requested` (resolved to `concrete`) reads quantized experts as blocks rather than widening."""
+    return requested == AUTO or concrete not in WIDENING_BACKENDS
+
+
+def reads_blocks(requested: str, concrete: str, experts: LayerExperts) -> bool:
+    """Whether make_backend(requested) runs this layer on the file's blocks in place: a quantized layer, a backend that
+    reads blocks, and a block kernel for each of its three types (llama-quantize's fallbacks Q5_0, Q5_1, IQ4_NL have
+    none: such a layer is widened and packed)."""
+    projs = (experts.gate_proj, experts.up_proj, experts.down_proj)
+    return (is_quantized(experts) and reads_quantized_in_place(requested, concrete)
+            and all(isinstance(t, QuantizedTensor) and has_block_kernel(t.qtype.name) for t in projs))
+
+
+class PackedLayer:
+    """One layer packed for a native backend: a 64-byte-aligned blob, packed now or read from the disk cache."""
+
+    def __init__(self, kernel, blob: np.ndarray):
+        self.kernel, self.blob = kernel, blob
+        self.nbytes = int(blob.nbytes)
+
+    def forward(self, ids, w, x, out, pool) -> None:
+        self.kernel.forward(self.blob, ids, w, x, out, pool)
+
+    def submit(self, ids, w, x, out, pool) -> None:
+        self.kernel.forward_submit(self.blob, ids, w, x, out, pool)
+
+
+class BlockLayer:
+    """One layer of quantized GGUF experts read in place: gate, up [E, I, row_bytes(H)] and down [E, H, row_bytes(I)]
+    uint8 views of the file with a GGML type each, run by the block kernels of `isa` (docs/INTERFACES.md, "Quantized
+    weights"). Holds no copy. The block scales were checked for NaN/Inf when the loader read the file
+    (engine.weights: check_scales on every quantized tensor), so they are not scanned again here."""
+
+    nbytes = 0  # no packed copy
+
+    def __init__(self, experts: LayerExperts, isa: str):
+        g, u, d = experts.gate_proj, experts.up_proj, experts.down_proj
+        self.types = (int(g.qtype), int(u.qtype), int(d.qtype))
+        self.raw = (g.raw, u.raw, d.raw)  # [E, I, B], [E, I, B], [E, H, B] uint8
+        self.isa = isa
+
+    def _args(self, ids, w, x, out, pool):
+        (tg, tu, td), (g, u, d) = self.types, self.raw
+        return tg, g, tu, u, td, d, ids, w, x, out, pool, self.isa
+
+    def forward(self, ids, w, x, out, pool) -> None:
+        _native.quant_moe_forward(*self._args(ids, w, x, out, pool))
+
+    def submit(self, ids, w, x, out, pool) -> None:
+        _native.quant_moe_forward_submit(*self._args(ids, w, x, out, pool))
+
+
+def free_ram() -> int:
+    """Bytes the OS can give this process now without swapping (psutil's `available`: free plus reclaimable cache)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _widening_notice(requested: str, concrete: str, layers: dict[int, LayerExperts], widen: list[int]) -> str:
+    """What widening these quantized layers costs, in one line, said before anything is widened; a TesseraError naming
+    the backend when the packed copy plus the float32 copy of one layer (packing's transient) exceeds free RAM."""
+    from tessera.engine import backends
+
+    packed = transient = 0
+    types: set[str] = set()
+    for layer in widen:
+        le = layers[layer]
+        E, I, H = le.gate_proj.shape  # gate_proj [E, I, H]
+        packed += packed_nbytes_for(concrete, E, I, H, torch.float32)
+        transient = max(transient, widened_layer_nbytes(E, I, H))
+        types |= {t.qtype.name for t in (le.gate_proj, le.up_proj, le.down_proj) if isinstance(t, QuantizedTensor)}
+    kept = {b["name"]: b["weights"] for b in backends.compiled()}.get(concrete, "")
+    kept = "float32" if kept == "as loaded" else kept
+    what = f"this file's {'/'.join(sorted(types))} experts ({len(widen)} layers)"
+    if reads_quantized_in_place(requested, concrete):
+        why = f"no block kernel reads {'/'.join(sorted(t for t in types if not has_block_kernel(t)))}"
+        instead = "a file quantized to " + ", ".join(sorted(_block_kernel_types())) + " is read in place"
+    else:
+        twin = WIDENING_BACKENDS[concrete]
+        twin_ok = twin in backends.available_names(include_emulated=True)
+        why = "it keeps bf16 weights"
+        instead = (f"choose {twin} or Auto, which read the blocks in place" if twin_ok
+                   else "choose Auto, which reads the blocks in place")
+    free = free_ram()
+    cost = (f"widens {what} to {packed / 1e9:.2f} GB of packed {kept} (+{transient / 1e9:.2f} GB while packing a "
+            f"layer; {why}); {free / 1e9:.2f} GB are free")
+    if packed + transient > free:
+        raise TesseraError(f"backend {concrete}", f"{cost}: {instead}")
+    return f"backend {concrete} {cost}; {instead}"
+
+
+# --------------------------------------------------------------------------------------------------------- the backend
+
+
+class NativeExperts(ExpertBackend):
+    """An `ExpertBackend` running every MoE layer through native kernels on its own thread pool: each layer is a
+    `PackedLayer` (the backend's packed copy) or a `BlockLayer` (a quantized file's blocks, read in place)."""
+
+    def __init__(self, name: str, reason: str, layers: dict[int, PackedLayer | BlockLayer], pool, stats: LoadStats):
+        self.name = name
+        self.reason = reason
+        self.layers = layers
+        self.pool = pool
+        self.threads = pool.size
+        self.load_stats = stats
+        self._pending: tuple | None = None
+
+    def _args(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        if layer not in self.layers:
+            raise KeyError(f"layer {layer} has no experts in backend {self.name}")
+        x = x.detach().to(torch.float32).contiguous()  # [T, H]
+        ids = topk_ids.detach().to(torch.int64).contiguous()  # [T, k]
+        w = topk_weights.detach().to(torch.float32).contiguous()  # [T, k]
+        out = torch.empty_like(x)  # [T, H]
+        return ids, w, x, out
+
+    def forward(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        ids, w, x, out = self._args(layer, x, topk_ids, topk_weights)
+        self.layers[layer].forward(ids, w, x, out, self.pool)
+        return out
+
+    def submit(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """Starts forward on the pool and returns at once (overlap with GPU work); `sync()` returns the output. Both
+        kinds of layer run asynchronously (kernel.forward_submit, quant_moe_forward_submit)."""
+        if self._pending is not None:
+            raise RuntimeError("NativeExperts.submit: call sync() before the next submit")
+        args = self._args(layer, x, topk_ids, topk_weights)
+        self.layers[layer].submit(*args, self.pool)
+        self._pending = args  # keeps the tensors alive until sync
+
+    def sync(self) -> torch.Tensor:
+        if self._pending is None:
+            raise RuntimeError("NativeExperts.sync: nothing submitted")
+        out = self._pending[3]
+        try:
+            self.pool.sync()
+        finally:
+            self._pending = None
+        return out
+
+
+def make_backend(
+    name: str,
+    layers: dict[int, LayerExperts],
+    *,
+    threads: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    model_id: str | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
+):
+    """Readies `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives
+    TorchExperts) and returns an ExpertBackend.
+
+    A quantized GGUF layer is read in place when `reads_blocks` says so: nothing packed, nothing cached, the block
+    kernels of `quant_isa_for_backend`. Other layers are packed; with `cache_dir` and `model_id` (how `tessera-cli cache
+    list` names the model: its path) through the disk cache of engine.pack_cache: keyed by the content of each layer and
+    every packing parameter, verified before use, repacked when damaged, skipped when the folder cannot be written, kept
+    to a budget. Quantized layers that must be widened first are sized against free RAM before any is widened
+    (`_widening_notice`: a notice, or a TesseraError when they will not fit).
+    Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
+    """
+    concrete, reason = resolve(name)
+    if concrete == TORCH:
+        return TorchExperts(layers, reason=reason)
+    t0 = time.perf_counter()
+    order = sorted(layers)
+    in_place = {layer for layer in order if reads_blocks(name, concrete, layers[layer])}
+    to_pack = [layer for layer in order if layer not in in_place]
+    widen = [layer for layer in to_pack if is_quantized(layers[layer])]
+    notices = [_widening_notice(name, concrete, layers, widen)] if widen else []  # raises before anything is held
+    pool = make_pool(threads)
+    stats = LoadStats(cache_dir=str(cache_dir or ""), notices=notices)
+    if in_place:
+        stats.quant_isa = quant_isa_for_backend(concrete)
+    if progress is not None and notices:
+        progress(ProgressEvent("pack", 0, len(order), notices[0]))
+    cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None and to_pack else None
+    sizes = {layer: packed_nbytes(concrete, layers[layer], name) for layer in to_pack}
+    keys: dict[int, str] = {}
+    if cache is not None and cache.usable:
+        identity = packing_identity(concrete)
+        keys = {layer: layer_key(identity, layers[layer], layer_digest(layers[layer], pool.size)) for layer in to_pack}
+        cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
+    kernel = _native.backend(concrete)
+    ready: dict[int, PackedLayer | BlockLayer] = {}
+    for n, layer in enumerate(order):
+        experts = layers[layer]
+        if layer in in_place:
+            ready[layer] = BlockLayer(experts, stats.quant_isa)
+            stats.in_place_layers += 1
+            stats.per_layer[layer] = "in place"
+        else:
+            blob = None
+            if layer in keys:
+                blob = cache.load(keys[layer], sizes[layer], _native.aligned_empty,
+                                  lambda b, e=experts: _check_dims(concrete, b, e), what=f"layer {layer}")
+            if blob is not None:
+                stats.cached_layers += 1
+                stats.per_layer[layer] = "cached"
+            else:
+                blob = pack_layer(concrete, experts, pool)
+                if layer in keys and _packed_as_keyed(concrete, blob, identity):
+                    cache.store(keys[layer], blob)
+                stats.packed_layers += 1
+                stats.per_layer[layer] = "packed"
+            ready[layer] = PackedLayer(kernel, blob)
+        stats.packed_bytes += ready[layer].nbytes
+        if progress is not None:
+            progress(ProgressEvent("pack", n + 1, len(order), f"{concrete}: layer {layer} {stats.per_layer[layer]}"))
+    if cache is not None:
+        cache.record(model_id, concrete, [keys[layer] for layer in to_pack if layer in keys])
+        stats.notices += list(cache.notices)
+    stats.seconds = time.perf_counter() - t0
+    return NativeExperts(concrete, reason, ready, pool, stats)
+
+
+# ------------------------------------------------------------------------------------ quantized GGUF kernels (issue 12)
+# Weights stay in the file's block layout (uint8 rows, e.g. a memory-mapped GGUF tensor): see docs/INTERFACES.md,
+# "Quantized weights". qtype: a gguf GGMLQuantizationType, its int id, or its name ("Q4_K", "q4_k").
+
+QUANT_ISAS = ("avx512_vnni", "avx2", "reference")
+
+
+def _qtype_id(qtype, arg: str = "qtype") -> int:
+    if isinstance(qtype, str):
+        from gguf.constants import GGMLQuantizationType
+
+        try:
+            return int(GGMLQuantizationType[qtype.upper()])
+        except KeyError:
+            raise ValueError(f"{arg}: unknown GGML type name {qtype!r}") from None
+    return int(qtype)
+
+
+def quant_types() -> list[dict]:
+    """Types the quantized kernels read: [{id, name, block, type_size}] (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS)."""
+    return list(_native.quant_types())
+
+
+def quant_isas() -> list[dict]:
+    """Quantized-kernel ISAs, best first: [{name, available, reason}] under TESSERA_MAX_ISA."""
+    return list(_native.quant_isas())
+
+
+def quant_isa_for_backend(backend: str) -> str:
+    """The quantized ISA an expert backend runs: AMX*/AVX512* -> avx512_vnni (AMX tiles for quantized prefill are not
+    built yet), AVX2 -> avx2, Reference -> reference; the best available one at or below the backend's level."""
+    from tessera.engine import backends
+
+    concrete, _ = resolve(backend)
+    level = {b["name"]: b["isa_level"] for b in backends.compiled()}.get(concrete, "reference")
+    order = {"amx": QUANT_ISAS, "avx512": QUANT_ISAS, "avx2": QUANT_ISAS[1:]}.get(level, QUANT_ISAS[2:])
+    available = {i["name"] for i in quant_isas() if i["available"]}
+    return next(i for i in order if i in available)
+
+
+def quant_row_bytes(qtype, K: int) -> int:
+    """Bytes of one row of K values; ValueError when K is not a whole number of the type's blocks."""
+    return int(_native.quant_row_bytes(_qtype_id(qtype), int(K)))
+
+
+def quant_dequantize(qtype, w, out, pool) -> None:
+    """out[rows, K] f32 = the exact values of w[rows, row_bytes] uint8 (bit-identical to gguf.quants.dequantize)."""
+    _native.quant_dequantize(_qtype_id(qtype), w, out, pool)
+
+
+def quant_validate(qtype, w, name: str, pool) -> None:
+    """Raises ValueError("tensor NAME: row R, block B has a non-finite scale d (NaN or Inf); ...") for the first block
+    of w [..., row_bytes] uint8 whose f16 scale (d, or dmin) is not finite; returns None when all are."""
+    _native.quant_validate(_qtype_id(qtype), w, str(name), pool)
+
+
+def quant_matmul(qtype, w, x, out, pool, isa: str = "auto") -> None:
+    """out[T, N] = x[T, K] @ W[N, K].T with W given as its quantized rows w[N, row_bytes] uint8 (read in place),
+    x and out float32 C-contiguous (out overwritten). isa: auto | avx512_vnni | avx2 | reference."""
+    _native.quant_matmul(_qtype_id(qtype), w, x, out, pool, isa)
+
+
+def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
+    """One token through several quantized weights that share it: outs[i][1, N_i] = x[1, K] @ W_i[N_i, K].T for
+    ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized once and every row group in one pool dispatch;
+    equal to quant_matmul per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
+    _native.quant_matvec_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
+                               pool, isa)
+
+
+def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,
+                      isa: str = "auto") -> None:
+    """Routed experts on quantized weights, `forward`'s contract: gate, up [E, I, row_bytes(H)] and down
+    [E, H, row_bytes(I)] uint8 as stored in the GGUF (ffn_{gate,up,down}_exps), each with its own type;
+    expert_ids [T, k] int64 (-1 = skip), weights [T, k] f32, x [T, H] f32, out [T, H] f32 (overwritten)."""
+    _native.quant_moe_forward(_qtype_id(gate_type, "gate_type"), gate, _qtype_id(up_type, "up_type"), up,
+                              _qtype_id(down_type, "down_type"), down, expert_ids, weights, x, out, pool, isa)

@@ -1,0 +1,249 @@
+"""A loaded model ready to generate: weights, tokenizer, the expert backend and the prefix cache, behind one object.
+
+`load(path)` reads a GGUF file or a Hugging Face folder; `Session.generate` takes raw token ids, `Session.chat` renders
+the chat template first. Both reuse the K/V of the longest cached token prefix. One request at a time per session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from tessera.engine import readahead
+from tessera.engine.chat_tokens import ChatPrompt
+from tessera.engine.errors import Cancelled, TesseraError
+from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
+from tessera.engine.generate import check_prompt, generate
+from tessera.engine.hybrid import PlacementArg, build, resolve_plan, uses_expert_cache
+from tessera.engine.kv_cache import KVCache, PrefixCache
+from tessera.engine.model import Qwen3MoeModel, layer_experts
+from tessera.engine.sampling import SamplingParams
+
+Progress = Callable[[ProgressEvent], None] | None
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    backend: str = "Auto",
+    threads: int | None = None,
+    context_length: int | None = None,
+    progress: Progress = None,
+    cancel: threading.Event | None = None,
+    prefix_cache_bytes: int | None = None,
+    placement: PlacementArg = None,
+    twin: bool = False,
+) -> Session:
+    """Load a Qwen3-MoE GGUF file or HF folder. Raises TesseraError subclasses for bad files or settings, Cancelled.
+
+    placement: None (everything on the CPU), a rules file, a PlacementPlan or PlacementSettings (engine.hybrid);
+    twin: run the plan's GPU half on the CPU with the same code path (the CPU twin).
+    """
+    from tessera.engine.model_info import inspect_model
+    from tessera.engine.tokenizer import Tokenizer
+    from tessera.engine.weights import load_weights, open_model
+
+    path = Path(path)
+    if threads is not None:
+        if threads < 1:
+            raise TesseraError("--threads", f"must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    model = open_model(path)  # every header read once, here
+    # the file into the page cache on a thread, in file order, while the loader and the first forward walk it
+    ahead = readahead.start(part.path for part in model.gguf.files) if model.gguf is not None else None
+    try:
+        info = inspect_model(model)
+        weights = load_weights(model, progress=progress, cancel=cancel)
+        _check_cancel(cancel)
+        tokenizer = Tokenizer.from_model(model)
+        _check_cancel(cancel)
+        session = Session(path, weights, tokenizer, info, backend=backend, threads=threads,
+                          context_length=context_length, progress=progress, prefix_cache_bytes=prefix_cache_bytes,
+                          placement=placement, twin=twin)
+    except BaseException:
+        if ahead is not None:
+            ahead.stop()
+        raise
+    session.readahead = ahead
+    return session
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
+
+
+def _default_prefix_cache_bytes() -> int:
+    import psutil
+
+    return int(min(4 << 30, 0.15 * psutil.virtual_memory().total))
+
+
+def model_id(path: Path) -> str:
+    """How the packed-weight cache names a model (`tessera-cli cache list`): its absolute path. The cache keys layers by
+    their content, so a file replaced under the same name is never served stale bytes."""
+    return str(path.resolve())
+
+
+class Session:
+    """A loaded model. Attributes: config, info, tokenizer, backend_name, backend_reason, context_length."""
+
+    def __init__(self, path: Path, weights, tokenizer, info, *, backend: str = "Auto", threads: int | None = None,
+                 context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None,
+                 placement: PlacementArg = None, twin: bool = False):
+        self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
+        limit = self.config.max_position_embeddings
+        if context_length is not None and context_length < 2:
+            raise TesseraError("--context-length", f"must be 2 or more, got {context_length}")
+        self.context_length = min(context_length or limit, limit)  # a wish: at most the model's trained context
+        self._model_key = model_id(path)
+        # Where each part runs (CPU only unless a rules file or settings put parts on a GPU or its CPU twin).
+        self.placement = resolve_plan(placement, self.config, backend=backend, twin=twin)
+        self._layers = layer_experts(self.config, weights.tensors)
+        first = next(iter(self._layers.values()), None)
+        self.bytes_per_expert = 0 if first is None else sum(  # as stored: quantized experts are read as blocks
+            t.nbytes // t.shape[0] for t in (first.gate_proj, first.up_proj, first.down_proj))
+        parts = build(self.placement, self._layers, self.config, threads=threads, model_id=self._model_key,
+                      progress=progress)
+        self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
+        if progress is not None:
+            progress(ProgressEvent("prepare", 0, 1, "non-expert weights"))
+        self.model = Qwen3MoeModel(weights, parts.experts, parts.devices)
+        self.model.source_experts = self._layers  # engine.finite names a damaged expert tensor from these
+        if progress is not None:
+            progress(ProgressEvent("prepare", 1, 1, ""))
+        self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
+        self._busy = threading.Lock()
+        self.readahead: readahead.ReadAhead | None = None  # load() sets it: the file's read-ahead, stopped by close()
+
+    def _new_cache(self, capacity: int) -> KVCache:
+        return self.model.new_cache(capacity)
+
+    def set_backend(self, name: str, progress: Progress = None) -> None:
+        """Switch the expert backend (repacks the experts); the KV and prefix caches are kept. On error the old one
+        stays."""
+        if self.model is None:
+            raise TesseraError("session", "is closed")
+        if not self._busy.acquire(blocking=False):
+            raise TesseraError("session", "is generating; switch the backend when the answer is done")
+        try:
+            plan = dataclasses.replace(self.placement, experts_backend=name)
+            parts = build(plan, self._layers, self.config, threads=self.threads, model_id=self._model_key,
+                          progress=progress)
+            old = self.model.experts
+            self.model.set_experts(parts.experts)
+            self.placement.experts_backend = parts.backend_name
+            self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
+            old.close()
+        finally:
+            self._busy.release()
+
+    def warm_expert_cache(self, prompts: list[str], cancel: threading.Event | None = None) -> dict[int, list[int]]:
+        """Pick the hot experts from routing on the user's own recent prompts (prefill only, into a throwaway KV cache),
+        then make the most-used ones resident. Returns {layer: resident experts}; {} when no expert cache is in use."""
+        cache_backend = self.model.experts
+        if not uses_expert_cache(self.placement) or not self._layers or not prompts:
+            return {}
+        with self._busy:
+            for text in prompts:
+                _check_cancel(cancel)
+                ids = self.tokenizer.encode(text)[: self.context_length - 1]
+                if ids:
+                    self.model.forward(torch.tensor(ids), self.model.new_cache(len(ids)))
+            cache_backend.take_step_stats()  # warm-up traffic is not part of any request's hit rate
+            return cache_backend.rebalance()
+
+    @property
+    def device(self) -> str:
+        """Where the dense parts run, for status bars: "cpu", "cuda:0", or "cuda (CPU twin)"."""
+        return "cpu (twin of the GPU half)" if self.placement.twin else self.placement.accelerator
+
+    def explain(self) -> str:
+        """The placement plan as a table: where each part runs, the CPU backend and the hot-expert cache."""
+        text = self.placement.explain(self.config.num_experts)
+        return text + f"\n  CPU backend chosen: {self.backend_name} ({self.backend_reason})"
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        cancel: threading.Event | None = None,
+        on_step: Callable[[StepMetrics], None] | None = None,
+    ) -> Iterator[TokenEvent | DoneEvent]:
+        """Stream the continuation of raw token ids. Errors in the request (empty prompt, too long) raise at once."""
+        if self.model is None:
+            raise TesseraError("session", "is closed")
+        prompt_ids = [int(t) for t in prompt_ids]
+        check_prompt(self.config, prompt_ids, self.context_length)
+        return self._stream(prompt_ids, params, cancel, on_step)
+
+    def _stream(self, prompt_ids, params, cancel, on_step) -> Iterator[TokenEvent | DoneEvent]:
+        if not self._busy.acquire(blocking=False):
+            raise TesseraError("session", "is already generating; one request at a time")
+        try:
+            cache, _ = self.prefix_cache.acquire(prompt_ids)
+            try:
+                yield from generate(
+                    self.model, cache, prompt_ids, params, decoder=self.tokenizer.stream_decoder(),
+                    eos_token_ids=tuple(self.tokenizer.eos_token_ids), context_length=self.context_length,
+                    cancel=cancel, on_step=on_step, backend_name=self.backend_name,
+                    bytes_per_expert=self.bytes_per_expert)
+            finally:
+                self.prefix_cache.release(cache)
+        finally:
+            self._busy.release()
+
+    def chat(self, messages: list[dict], params: SamplingParams, *, enable_thinking: bool = True,
+             tools: list[dict] | None = None, cancel: threading.Event | None = None,
+             on_step: Callable[[StepMetrics], None] | None = None,
+             allow_special_tokens: bool = False) -> Iterator[TokenEvent | DoneEvent]:
+        """Render the chat template for `messages` (role system|user|assistant|tool, content) and stream the answer.
+        tools: OpenAI-style function definitions, rendered by the model's template (Qwen3: a <tools> system block).
+        User, system and tool content is tokenized without special tokens (a pasted `<|im_start|>` stays text and
+        cannot forge a turn) unless allow_special_tokens (tessera/engine/chat_tokens.py)."""
+        prompt = self.prepare_chat(messages, enable_thinking=enable_thinking, tools=tools,
+                                   allow_special_tokens=allow_special_tokens)
+        return self.generate(prompt.ids, params, cancel=cancel, on_step=on_step)
+
+    def prepare_chat(self, messages: list[dict], *, enable_thinking: bool = True, tools: list[dict] | None = None,
+                     allow_special_tokens: bool = False) -> ChatPrompt:
+        """The chat template rendered once and tokenized as `chat` does it: the prompt text and its ids. For callers
+        that need both (the server reads the text for an open <think>, then runs `generate(prompt.ids, ...)`)."""
+        from tessera.engine.chat_tokens import prepare_chat
+
+        return prepare_chat(self.tokenizer, lambda msgs: self.render_chat(msgs, enable_thinking=enable_thinking,
+                                                                          tools=tools),
+                            messages, allow_special_tokens=allow_special_tokens)
+
+    def render_chat(self, messages: list[dict], *, enable_thinking: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        from tessera.engine.chat_template import ChatTemplate
+
+        if not messages:
+            raise TesseraError("messages", "is empty: give at least one message")
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("system", "user", "assistant", "tool") or not isinstance(m.get("content"), str):
+                raise TesseraError(f"messages[{i}]",
+                                   "needs a role of system, user, assistant or tool and a string content")
+        extra = {"tools": tools} if tools else {}  # assistant messages may carry OpenAI-style tool_calls too
+        return ChatTemplate.of(self.tokenizer).render(messages, add_generation_prompt=True,
+                                                       enable_thinking=enable_thinking, **extra)
+
+    def reset_cache(self) -> None:
+        """Forget every cached prefix (benchmarks use this to measure a cold prefill)."""
+        self.prefix_cache.clear()
+
+    def close(self) -> None:
+        if self.readahead is not None:
+            self.readahead.stop()
+        if self.model is not None:
+            self.model.experts.close()
+        self.model = None
+        self.prefix_cache.clear()
+        self._layers = {}
