@@ -75,20 +75,20 @@ def timed_steps(run: Callable[[], None], steps: int, clock: Callable[[], float] 
 
 def measure_knob(knob: Knob, work: Callable[[], None], steps: int, rounds: int,
                  clock: Callable[[], float] = time.perf_counter) -> tuple[int, dict[int, float]]:
-    """Times `work` with the native knob set to each candidate in turn (engine._native.set_tuning_knob) and picks as
+    """Times `work` with the native knob set to each candidate in turn (engine.native.set_tuning_knob) and picks as
     `pick` does; the knob is left at the default afterwards (the caller applies the record)."""
-    from tessera.engine import _native
+    from tessera.engine import native
 
     def measure(value: int) -> float:
-        _native.set_tuning_knob(knob.name, value)
+        native.set_tuning_knob(knob.name, value)
         work()  # one untimed call after the change (pool workers settle, pages warm)
         return timed_steps(work, steps, clock)
 
-    previous = _native.set_tuning_knob(knob.name, knob.default)
+    previous = native.set_tuning_knob(knob.name, knob.default)
     try:
         return pick(knob, measure, rounds)
     finally:
-        _native.set_tuning_knob(knob.name, previous)
+        native.set_tuning_knob(knob.name, previous)
 
 
 def synthetic_layer(E: int, H: int, I: int, k: int, seed: int = 0):

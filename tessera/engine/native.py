@@ -42,6 +42,17 @@ def physical_cores() -> int:
     return max(1, int(_native.cpu_features()["physical_cores"]))
 
 
+def set_tuning_knob(name: str, value: int) -> int:
+    """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows; engine.tuned and
+    engine.calibrate) and returns its previous value; an unknown name is a ValueError naming it."""
+    return int(_native.set_tuning_knob(name, int(value)))
+
+
+def module_file() -> str:
+    """The compiled module's file: engine.tuned keys a calibration by its content (a rebuilt kernel: another build)."""
+    return str(_native.__file__)
+
+
 def tuning() -> dict:
     """Every TESSERA_* tuning knob as the kernels and engine.dense use it (read once per process in
     native/src/tuning.cpp), a stored calibration applied (tessera/engine/tuned.py), and `from_environment`: the

@@ -25,7 +25,7 @@ RECORD_VERSION = 1
 _DIR_ENV = "TESSERA_TUNE_DIR"
 ON_LOAD_ENV = "TESSERA_TUNE_ON_LOAD"  # "0": a load never calibrates (tests set it; `tessera-cli tune` still runs)
 ON_LOAD_SECONDS = 2.0  # timing budget of the first load's calibration (tessera-cli tune: --seconds, default 3)
-# Runtime knobs a record may set (engine._native.set_tuning_knob) and the variable that overrides each.
+# Runtime knobs a record may set (engine.native.set_tuning_knob) and the variable that overrides each.
 KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS"}
 
 
@@ -59,10 +59,10 @@ def cpu_model() -> str:
 @functools.cache
 def build_id() -> str:
     """The native module's build: the first 16 hex digits of its file's SHA-256 (a rebuilt kernel is another build)."""
-    from tessera.engine import _native
+    from tessera.engine import native
 
     h = hashlib.sha256()
-    with open(_native.__file__, "rb") as f:
+    with open(native.module_file(), "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
@@ -142,13 +142,13 @@ def _problem(text: str, cpu: str, build: str) -> str:
 def apply(record: dict | None) -> dict:
     """Sets the record's knobs in the native module, except those the environment set. Returns, per runtime knob,
     {"value", "source"}: source "measured" (from the record), "environment" or "default"."""
-    from tessera.engine import _native, native
+    from tessera.engine import native
 
     env = set(native.tuning()["from_environment"])
     knobs = (record or {}).get("knobs", {})
     for name, var in KNOBS.items():
         if name in knobs and var not in env:
-            _native.set_tuning_knob(name, int(knobs[name]["value"]))
+            native.set_tuning_knob(name, int(knobs[name]["value"]))
     return current(record)
 
 
