@@ -39,9 +39,22 @@ def default_dir() -> Path:
     return Path(platformdirs.user_cache_dir("tessera")) / "tuning"
 
 
-def calibrate_on_load() -> bool:
-    """Whether a load with no record for this CPU and build runs the short calibration (TESSERA_TUNE_ON_LOAD=0: no)."""
-    return os.environ.get(ON_LOAD_ENV, "1").strip().lower() not in ("0", "no", "off", "false")
+# A layer whose experts hold fewer weights than this (3 H I per expert) is too small for its timings to say anything
+# about a real model's kernels (the demo model: 0.15 M; Qwen3-30B-A3B: 4.7 M): its first load does not calibrate, so
+# the record a later real load measures is not pre-empted by one taken on the demo.
+MIN_CALIBRATION_WEIGHTS = 1 << 20
+
+
+def calibrate_on_load(H: int | None = None, I: int | None = None) -> bool:
+    """Whether a load with no record for this CPU and build runs the short calibration: TESSERA_TUNE_ON_LOAD=0: never;
+    =1: always; unset: for models whose experts are large enough to time (MIN_CALIBRATION_WEIGHTS), when H and I
+    are given."""
+    value = os.environ.get(ON_LOAD_ENV, "").strip().lower()
+    if value in ("0", "no", "off", "false"):
+        return False
+    if value or H is None or I is None:
+        return True
+    return 3 * H * I >= MIN_CALIBRATION_WEIGHTS
 
 
 def cpu_model() -> str:
@@ -211,7 +224,12 @@ def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: i
             progress(ProgressEvent("tune", 0, 1, text))
 
     record, message = load(folder)
-    if record is None and (calibrate if calibrate is not None else calibrate_on_load()) and backend != "Torch":
+    if record is not None and record.get("backend") != backend:  # its knobs were timed on another backend's kernels
+        message = (f"tuning record {record_path(folder)} was measured on {record.get('backend')}, this load runs "
+                   f"{backend}: defaults used (tessera-cli tune --backend {backend} measures it)")
+        record, calibrate = None, False
+    wanted = calibrate if calibrate is not None else calibrate_on_load(H, I)
+    if record is None and wanted and backend != "Torch":
         say((message + "; " if message else "") + f"calibrating the kernels for this CPU (~{ON_LOAD_SECONDS:g} s, "
             f"once; {ON_LOAD_ENV}=0 skips it)")
         record = cal.run(backend, E, H, I, k, threads=threads, seconds=ON_LOAD_SECONDS, rounds=3, progress=say)
@@ -224,6 +242,8 @@ def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: i
         message = f"kernel tuning measured {record['measured_at']} applied"
     elif not message:
         message = "kernels not calibrated on this CPU yet: defaults used (tessera-cli tune)"
+        if calibrate is None and not wanted and calibrate_on_load():
+            message += "; this model's experts are too small to calibrate on"
     knobs = apply(record)
     line = message + ": " + ", ".join(f"{n} {k['value']} ({k['source']})" for n, k in knobs.items())
     say(line)

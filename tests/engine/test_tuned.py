@@ -146,6 +146,23 @@ def test_load_applies_a_record_or_says_defaults(tmp_path):
     assert "not valid JSON" in line and "ignored" in line
 
 
+def test_a_record_of_another_backend_is_not_applied(tmp_path):
+    tuned.save(_record(spin_us=123), tmp_path)  # measured on AVX2
+    line = tuned.prepare_for_load("Reference", 16, 64, 32, 4, folder=tmp_path)
+    assert "was measured on AVX2, this load runs Reference: defaults used" in line and "(measured)" not in line
+    assert tuned.load(tmp_path)[0]["knobs"]["spin_us"]["value"] == 123  # not recalibrated over
+
+
+def test_small_models_do_not_calibrate_by_default(monkeypatch):
+    monkeypatch.delenv(tuned.ON_LOAD_ENV, raising=False)
+    assert not tuned.calibrate_on_load(192, 256)  # the demo model's experts
+    assert tuned.calibrate_on_load(2048, 768)  # Qwen3-30B-A3B's
+    monkeypatch.setenv(tuned.ON_LOAD_ENV, "1")
+    assert tuned.calibrate_on_load(192, 256)  # asked for
+    monkeypatch.setenv(tuned.ON_LOAD_ENV, "0")
+    assert not tuned.calibrate_on_load(2048, 768)
+
+
 _FIRST_LOAD = """
 import sys
 from tessera.engine import native, tuned
