@@ -116,3 +116,5 @@ class PackCacheInfo:
     freed_bytes: int = -1  # bytes a Clear removed; -1 when this is only the size
     freed_text: str = ""
     error: str = ""
+    budget_text: str = ""  # the most it keeps, "12.3 GB" ("" when unknown); older models are evicted beyond it
+    budget_why: str = ""  # where the budget comes from (disk share, 2 x the largest model, TESSERA_PACK_CACHE_BUDGET)

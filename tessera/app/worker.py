@@ -123,15 +123,18 @@ class EngineApi:
         return (f"no CUDA device is available: torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
                 "NVIDIA GPU or driver")
 
-    def pack_cache(self, clear: bool) -> tuple[str, int, int]:
-        """The packed-weight cache's folder and bytes held, after clearing it when asked (bytes freed, else -1)."""
+    def pack_cache(self, clear: bool) -> tuple[str, int, int, int, str]:
+        """The packed-weight cache's folder and bytes held, after clearing it when asked (bytes freed, else -1), and
+        its budget: bytes and where they come from (engine.pack_cache.PackCache.budget_explained; 0, "" when the
+        folder is not usable)."""
         from tessera.engine.pack_cache import PackCache, default_root
 
         cache = PackCache(default_root())
         if not cache.usable:
-            return str(cache.root), 0, 0 if clear else -1
+            return str(cache.root), 0, 0 if clear else -1, 0, ""
         freed = cache.clear() if clear else -1
-        return str(cache.root), cache.held_bytes(), freed
+        budget, why = cache.budget_explained()
+        return str(cache.root), cache.held_bytes(), freed, budget, why
 
     def make_test_model(self, out_path: str, progress) -> str:
         from tessera.engine.make_model import make_model
@@ -649,8 +652,9 @@ class EngineWorker(QObject):
         try:
             from tessera.engine.pack_cache import human_bytes
 
-            folder, held, freed = self._api.pack_cache(clear)
-            self.pack_cache.emit(PackCacheInfo(folder, held, human_bytes(held), freed, human_bytes(max(freed, 0))))
+            folder, held, freed, budget, why = self._api.pack_cache(clear)
+            self.pack_cache.emit(PackCacheInfo(folder, held, human_bytes(held), freed, human_bytes(max(freed, 0)),
+                                               budget_text=human_bytes(budget) if budget else "", budget_why=why))
         except Exception as exc:  # noqa: BLE001 - e.g. a read-only cache folder: said next to the button
             err = worker_error("cache", exc)
             self.pack_cache.emit(PackCacheInfo("", text="size unknown", error=err.text))

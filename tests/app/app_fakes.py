@@ -142,7 +142,7 @@ class FakeApi:
         freed = self.pack_cache_bytes if clear else -1
         if clear:
             self.pack_cache_bytes = 0
-        return "/home/user/.cache/tessera/packed", self.pack_cache_bytes, freed
+        return "/home/user/.cache/tessera/packed", self.pack_cache_bytes, freed, 20_000_000_000, "set by the caller"
 
 
 # ---- fixtures shared by the app tests (import them into a test module to use them)

@@ -76,6 +76,7 @@ def test_model_panel_greys_out_local_controls_with_the_reason(window):
 def test_pack_cache_size_and_clear_through_the_worker(qtbot, data_dir, tmp_path, monkeypatch):  # noqa: F811
     root = tmp_path / "packed"
     monkeypatch.setenv("TESSERA_PACK_CACHE_DIR", str(root))
+    monkeypatch.setenv("TESSERA_PACK_CACHE_BUDGET", "10G")  # with no model cached yet the rule's budget is not set
     (root / "layers").mkdir(parents=True)
     (root / "models").mkdir()
     (root / "layers" / "a.pack").write_bytes(b"x" * 1500)
@@ -89,13 +90,16 @@ def test_pack_cache_size_and_clear_through_the_worker(qtbot, data_dir, tmp_path,
         with qtbot.waitSignal(worker.pack_cache, timeout=30000) as sig:
             dialog = window.open_settings()
         assert sig.args[0].held_bytes == 4000 and sig.args[0].folder == str(root)
-        qtbot.waitUntil(lambda: dialog.cache_label.text() == "4.00 kB", timeout=5000)
-        assert dialog.cache_label.toolTip() == str(root)
+        budget = sig.args[0].budget_text  # the engine's own budget rule on this disk, with where it comes from
+        assert budget == "10.74 GB" and sig.args[0].budget_why == "set by TESSERA_PACK_CACHE_BUDGET"
+        qtbot.waitUntil(lambda: dialog.cache_label.text() == f"4.00 kB of a {budget} budget", timeout=5000)
+        assert dialog.cache_label.toolTip() == f"{root}\nBudget: {sig.args[0].budget_why}"
         assert dialog.cache_button.isEnabled()
         with qtbot.waitSignal(worker.pack_cache, timeout=30000) as sig:
             dialog.cache_button.click()
         assert sig.args[0].freed_bytes >= 4000 and sig.args[0].held_bytes == 0
-        qtbot.waitUntil(lambda: dialog.cache_label.text().startswith("0 bytes (cleared 4."), timeout=5000)
+        qtbot.waitUntil(lambda: dialog.cache_label.text().startswith("0 bytes of a ") and "(cleared 4." in
+                        dialog.cache_label.text(), timeout=5000)
         assert not dialog.cache_button.isEnabled()  # nothing left to clear
         assert not list((root / "layers").iterdir()) and (root / "notes.txt").exists()
         dialog.close()

@@ -142,8 +142,9 @@ class SettingsDialog(QDialog):
             self.cache_button.setEnabled(False)
             return
         freed = f" (cleared {info.freed_text})" if info.freed_bytes >= 0 else ""
-        self.cache_label.setText(f"{info.text}{freed}")
-        self.cache_label.setToolTip(info.folder)
+        budget = f" of a {info.budget_text} budget" if info.budget_text else ""
+        self.cache_label.setText(f"{info.text}{budget}{freed}")
+        self.cache_label.setToolTip(info.folder + (f"\nBudget: {info.budget_why}" if info.budget_why else ""))
         self.cache_button.setEnabled(info.held_bytes > 0)
 
     def set_remote(self, reason: str) -> None:
