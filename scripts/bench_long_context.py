@@ -85,24 +85,22 @@ class Split:
         import tessera.engine.model as em
 
         self.attn = self.experts = 0.0
-        self._em, self._attend = em, em.attend
+        self._attend = em.attend
         self._forward = model.experts.forward
 
-        def attend(*args, **kw):
+        em.attend, model.experts.forward = self._timed(self._attend, "attn"), self._timed(self._forward, "experts")
+
+    def _timed(self, fn, total: str):
+        """fn, adding its wall time to self.<total> on every call."""
+
+        def timed(*args, **kw):
             t = time.perf_counter()
             try:
-                return self._attend(*args, **kw)
+                return fn(*args, **kw)
             finally:
-                self.attn += time.perf_counter() - t
+                setattr(self, total, getattr(self, total) + time.perf_counter() - t)
 
-        def experts(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return self._forward(*args, **kw)
-            finally:
-                self.experts += time.perf_counter() - t
-
-        em.attend, model.experts.forward = attend, experts
+        return timed
 
     def reset(self):
         self.attn = self.experts = 0.0

@@ -41,11 +41,11 @@ def test_verdicts_follow_the_margin(info):
     need = info["ram"]["total_bytes"]
     assert estimate(info, ram_available=2 * need).verdict == "fits"
     # the margin is the engine's, the one `check` judges by: at 0.95 of free RAM both say "does not fit comfortably"
-    from tessera.engine.hardware.verdict import RAM_HEADROOM
+    from tessera.engine.hardware.verdict import FIT_SHARE
 
-    assert info["fit_share"] == RAM_HEADROOM
-    assert estimate(info, ram_available=int(need / (RAM_HEADROOM - 0.01))).verdict == "fits"
-    assert estimate(info, ram_available=int(need / (RAM_HEADROOM + 0.05))).verdict == "tight"
+    assert info["fit_share"] == FIT_SHARE
+    assert estimate(info, ram_available=int(need / (FIT_SHARE - 0.01))).verdict == "fits"
+    assert estimate(info, ram_available=int(need / (FIT_SHARE + 0.05))).verdict == "tight"
     assert estimate(info, ram_available=need).verdict == "tight"
     assert estimate(info, ram_available=need // 2, vram_free=need // 2 - 1).verdict == "won't fit"
     text = estimate(info, ram_available=8 * 10**9, vram_free=2 * 10**9).text

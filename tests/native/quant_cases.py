@@ -50,6 +50,14 @@ def dequantized(qtype: Q, raw: np.ndarray) -> np.ndarray:
     return dequantize(raw, qtype)
 
 
+def matmul(qtype: Q, w: np.ndarray, x: np.ndarray, pool, isa: str) -> np.ndarray:
+    """N.quant_matmul of w [N, row_bytes] and x [T, K] on `isa` into a NaN-prefilled out [T, N]: a result the kernel
+    leaves unwritten stays NaN and fails every comparison."""
+    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)  # [T, N]
+    N.quant_matmul(qtype, np.ascontiguousarray(w), np.ascontiguousarray(x), out, pool, isa)
+    return out
+
+
 def nmse(y, ref) -> float:
     y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
     return float(((y - ref) ** 2).sum() / max((ref ** 2).sum(), 1e-300))

@@ -19,7 +19,17 @@ import numpy as np
 import pytest
 
 import tessera.engine.native as N
-from tests.native.quant_cases import K_QUANTS, TYPES, Q, dequantized, moe_float64, nmse, quant_isas, random_blocks
+from tests.native.quant_cases import (
+    K_QUANTS,
+    TYPES,
+    Q,
+    dequantized,
+    matmul,
+    moe_float64,
+    nmse,
+    quant_isas,
+    random_blocks,
+)
 
 ISAS = quant_isas()
 T_ALL = (*range(1, 71), 127, 128, 129, 255, 256, 257, 511, 512, 513)
@@ -28,12 +38,6 @@ T_ALL = (*range(1, 71), 127, 128, 129, 255, 256, 257, 511, 512, 513)
 def _K(qtype) -> int:
     """512 for 256-value super-blocks; 416 = 13 blocks of 32 (a partial last 256-value activation block) otherwise."""
     return 512 if qtype in K_QUANTS else 416
-
-
-def _matmul(qtype, w, x, pool, isa) -> np.ndarray:
-    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)  # [T, N]
-    N.quant_matmul(qtype, np.ascontiguousarray(w), np.ascontiguousarray(x), out, pool, isa)
-    return out
 
 
 _weights: dict = {}
@@ -56,11 +60,11 @@ def test_every_token_count_against_reference_and_float64(pool, isa, qtype):
     w, xs, exact = _case(qtype)
     for T in T_ALL:
         x = xs[:T]
-        out = _matmul(qtype, w, x, pool, isa)
+        out = matmul(qtype, w, x, pool, isa)
         assert np.isfinite(out).all(), f"T={T}: not every output written"
         assert nmse(out, exact[:T]) < 2e-4, f"T={T}"
         if isa != "reference":
-            ref = _matmul(qtype, w, x, pool, "reference")
+            ref = matmul(qtype, w, x, pool, "reference")
             assert nmse(out, ref) < 1e-10, f"T={T}"
 
 
@@ -69,12 +73,12 @@ def test_every_token_count_against_reference_and_float64(pool, isa, qtype):
 def test_result_depends_only_on_its_row_and_token(pool, isa, qtype):
     w, xs, _ = _case(qtype)
     x = xs[:37]
-    full = _matmul(qtype, w, x, pool, isa)  # [37, 37]
+    full = matmul(qtype, w, x, pool, isa)  # [37, 37]
     for t0 in (0, 5, 16, 21):  # the tokens in other lanes of other 16-token groups, 16 at a time (a GEMM call)
-        part = _matmul(qtype, w, x[t0:t0 + 16], pool, isa)
+        part = matmul(qtype, w, x[t0:t0 + 16], pool, isa)
         assert np.array_equal(full[t0:t0 + 16].view(np.uint32), part.view(np.uint32)), f"tokens {t0}.."
     for n in (0, 7, 8, 31, 32, 36):  # the row alone: first of a micro-tile of zeros
-        alone = _matmul(qtype, w[n:n + 1], x, pool, isa)
+        alone = matmul(qtype, w[n:n + 1], x, pool, isa)
         assert np.array_equal(full[:, n:n + 1].view(np.uint32), alone.view(np.uint32)), f"row {n}"
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tessera.engine.native as N
-from tests.native.quant_cases import K_QUANTS, TYPES, nmse, quant_isas, random_blocks
+from tests.native.quant_cases import K_QUANTS, TYPES, matmul, nmse, quant_isas, random_blocks
 
 ISAS = quant_isas()
 GEMM_MIN_TOKENS = 12  # native/src/quant_kernels.h kGemmMinTokens: AVX-512 VNNI blocks this long take the GEMM
@@ -22,12 +21,6 @@ GEMM_MIN_TOKENS = 12  # native/src/quant_kernels.h kGemmMinTokens: AVX-512 VNNI 
 
 def _K(qtype) -> int:
     return 768 if qtype in K_QUANTS else 416
-
-
-def _matmul(qtype, w, x, pool, isa) -> np.ndarray:
-    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)  # [T, N]
-    N.quant_matmul(qtype, np.ascontiguousarray(w), np.ascontiguousarray(x), out, pool, isa)
-    return out
 
 
 @pytest.mark.parametrize("T", (5, 13, 37))
@@ -38,12 +31,12 @@ def test_row_grouping_is_bit_exact(pool, isa, qtype, T):
     N_rows, K = 37, _K(qtype)  # 37 = one 32-row task (16 pairs) + 5 rows (2 pairs + a lone row)
     w = random_blocks(qtype, N_rows, K, rng)  # [N, row_bytes]
     x = rng.standard_normal((T, K)).astype(np.float32)
-    full = _matmul(qtype, w, x, pool, isa)
+    full = matmul(qtype, w, x, pool, isa)
     assert np.isfinite(full).all()
     for n in (0, 1, 17, 32, 35, 36):
-        alone = _matmul(qtype, w[n:n + 1], x, pool, isa)  # [T, 1]: the one-row path
+        alone = matmul(qtype, w[n:n + 1], x, pool, isa)  # [T, 1]: the one-row path
         assert np.array_equal(full[:, n:n + 1].view(np.uint32), alone.view(np.uint32)), f"row {n}"
-    pair = _matmul(qtype, w[35:37], x, pool, isa)  # rows 35, 36 as a pair (in `full` 36 ran alone)
+    pair = matmul(qtype, w[35:37], x, pool, isa)  # rows 35, 36 as a pair (in `full` 36 ran alone)
     assert np.array_equal(full[:, 35:37].view(np.uint32), pair.view(np.uint32))
 
 
@@ -55,10 +48,10 @@ def test_token_tile_equals_one_token_at_a_time(pool, isa, qtype, T):
     N_rows, K = 37, _K(qtype)
     w = random_blocks(qtype, N_rows, K, rng)
     x = rng.standard_normal((T, K)).astype(np.float32)
-    full = _matmul(qtype, w, x, pool, isa)
+    full = matmul(qtype, w, x, pool, isa)
     gemm = isa == "avx512_vnni" and T >= GEMM_MIN_TOKENS  # test_quant_gemm.py: other f32 order, same integer dots
     for t in range(T):
-        one = _matmul(qtype, w, x[t:t + 1], pool, isa)  # [1, N]: decode
+        one = matmul(qtype, w, x[t:t + 1], pool, isa)  # [1, N]: decode
         if gemm:
             assert nmse(full[t:t + 1], one) < 1e-10, f"token {t}"
         else:

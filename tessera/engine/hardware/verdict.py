@@ -10,7 +10,7 @@ from pathlib import Path
 from tessera.engine.config import ModelConfig
 from tessera.engine.errors import TesseraError
 from tessera.engine.hardware.presets import BYTES_PER_WEIGHT, active_expert_params, dense_params, expert_params, preset
-from tessera.engine.model_summary import FIT_SHARE as RAM_HEADROOM  # the one fit margin, shared with the app's fit line
+from tessera.engine.model_summary import FIT_SHARE  # the one fit margin, shared with the app's fit line
 
 GB = 1e9
 
@@ -117,7 +117,7 @@ def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dic
         "backend": auto,
         "ram_needed_gb": round(ram_need / GB, 2),
         "ram_available_gb": memory["available_gb"],
-        "fits_ram": ram_need <= RAM_HEADROOM * memory["available_gb"] * GB,
+        "fits_ram": ram_need <= FIT_SHARE * memory["available_gb"] * GB,
         "placement": (f"experts in RAM on the CPU, the rest on {gpu['name']}" if gpu
                       else "everything on the CPU (no CUDA device)"),
         "active_expert_gb_per_token": round(active / GB, 3),
@@ -132,7 +132,7 @@ def estimate(cfg: ModelConfig, name: str, stored: str, *, auto: str, memory: dic
         vram_bytes = dense * BYTES_PER_WEIGHT["f32" if stored == "f32" else "bf16"]
         out["vram_needed_gb"] = round(vram_bytes / GB, 2)
         out["vram_free_gb"] = gpu["vram_free_gb"]
-        out["fits_vram"] = vram_bytes <= RAM_HEADROOM * gpu["vram_free_gb"] * GB
+        out["fits_vram"] = vram_bytes <= FIT_SHARE * gpu["vram_free_gb"] * GB
     else:
         out["decode_tok_s_upper_bound_cpu_only"] = round(bw / (active + dense_per_token), 2) if bw > 0 else 0.0
     # The one ceiling to headline is the one that applies here. With a CUDA GPU the attention, router and output
