@@ -314,57 +314,6 @@ __attribute__((always_inline)) inline void accumulate_super(const SuperInt& s, c
   }
 }
 
-// Below this many tokens a row pair loses: weight reads dominate and two streams read slower than one (measured on
-// Zen 4: Q4_K, 8 tokens, 2x slower paired); from 16 the shared activation loads win.
-constexpr int kPairMinTokens = 16;
-
-// Prefill, two rows (row0, row1) over nt tokens: both rows' super-blocks decoded into registers, each token's 64-code
-// activation chunk loaded once for both. Per (row, token) the same integer sum and the same f32 steps, in the same
-// order, as accumulate_super: bit-identical to the one-row path.
-template <QType t>
-__attribute__((always_inline)) inline void dot_pair_int(const uint8_t* row0, const uint8_t* row1, int64_t nsb,
-                                                        const ActRow* xs, int nt, __m512* acc0, __m256* macc0,
-                                                        __m512* acc1, __m256* macc1, float* out) {
-  for (int i = 0; i < nt; ++i) {
-    acc0[i] = acc1[i] = _mm512_setzero_ps();
-    macc0[i] = macc1[i] = _mm256_setzero_ps();
-  }
-  const int sbb = int((row1 - row0) / nsb);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    prefetch_ahead(row0 + sb * sbb, sbb);  // two streams: the hardware prefetcher alone falls behind (see decode)
-    prefetch_ahead(row1 + sb * sbb, sbb);
-    SuperInt s0, s1;
-    load_super<t>(row0, sb, s0);
-    load_super<t>(row1, sb, s1);
-    for (int i = 0; i < nt; ++i) {
-      const ActRow& x = xs[i];
-      const int8_t* q = x.q + 256 * sb;
-      __m512i p0[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-      __m512i p1[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-      for (int c = 0; c < 4; ++c) {
-        const __m512i xq = _mm512_loadu_si512(q + 64 * c);
-        __m512i x0 = xq, x1 = xq;
-        if (t == QType::IQ4_XS) {
-          x0 = _mm512_mask_sub_epi8(xq, s0.neg[c], _mm512_setzero_si512(), xq);
-          x1 = _mm512_mask_sub_epi8(xq, s1.neg[c], _mm512_setzero_si512(), xq);
-        }
-        p0[c & 1] = _mm512_dpwssd_epi32(p0[c & 1], _mm512_maddubs_epi16(s0.u[c], x0), s0.sc[c]);
-        p1[c & 1] = _mm512_dpwssd_epi32(p1[c & 1], _mm512_maddubs_epi16(s1.u[c], x1), s1.sc[c]);
-      }
-      const float dx = x.d256[sb];
-      acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0[0], p0[1])), _mm512_set1_ps(s0.d * dx), acc0[i]);
-      acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p1[0], p1[1])), _mm512_set1_ps(s1.d * dx), acc1[i]);
-      if (has_b<t>()) {
-        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs16 + 16 * sb));
-        macc0[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s0.m16, bs)), _mm256_set1_ps(s0.dm * dx), macc0[i]);
-        macc1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s1.m16, bs)), _mm256_set1_ps(s1.dm * dx), macc1[i]);
-      }
-    }
-  }
-  reduce_tokens(acc0, has_b<t>() ? macc0 : nullptr, nt, out);
-  reduce_tokens(acc1, has_b<t>() ? macc1 : nullptr, nt, out + nt);
-}
-
 template <QType t>
 void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t nsb = K / 256;
@@ -385,16 +334,10 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
     }
     return;
   }
+  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time.
   alignas(64) __m512 acc[kTokenBlock];
   alignas(32) __m256 macc[kTokenBlock];
-  int r = 0;
-  if (R >= 2 && nt >= kPairMinTokens) {  // prefill: two rows at a time share each token's activation loads
-    alignas(64) __m512 acc1[kTokenBlock];
-    alignas(32) __m256 macc1[kTokenBlock];
-    for (; r + 2 <= R; r += 2) dot_pair_int<t>(w + size_t(r) * row_bytes, w + size_t(r + 1) * row_bytes, nsb, xs, nt,
-                                               acc, macc, acc1, macc1, out + r * nt);
-  }
-  for (; r < R; ++r) {
+  for (int r = 0; r < R; ++r) {
     const uint8_t* row = w + size_t(r) * row_bytes;
     for (int i = 0; i < nt; ++i) {
       acc[i] = _mm512_setzero_ps();
@@ -407,37 +350,6 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
     }
     reduce_tokens(acc, has_b<t>() ? macc : nullptr, nt, out + r * nt);
   }
-}
-
-// Prefill, two block-32 rows over nt tokens (as dot_pair_int): per (row, token) the f32 steps of the one-row path.
-template <QType t>
-__attribute__((always_inline)) inline void dot_pair_32(const uint8_t* row0, const uint8_t* row1, int64_t K,
-                                                       int64_t nsb, const ActRow* xs, int nt, __m512* acc0,
-                                                       __m512* acc1, float* out) {
-  const __m512i zero = _mm512_setzero_si512();
-  for (int i = 0; i < nt; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
-  const int sbb = 8 * (t == QType::Q8_0 ? 34 : 18);
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    prefetch_ahead(row0 + sb * sbb, sbb);
-    prefetch_ahead(row1 + sb * sbb, sbb);
-    Chunk32 s0, s1;
-    load_block32<t>(row0, K, sb, 1.0f, s0);
-    load_block32<t>(row1, K, sb, 1.0f, s1);
-    for (int i = 0; i < nt; ++i) {
-      const ActRow& x = xs[i];
-      __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
-      for (int c = 0; c < s0.nc; ++c) {
-        const __m512i xq = _mm512_loadu_si512(x.q + 256 * sb + 64 * c);
-        f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, s0.u[c], xq)), s0.a[c], f0);
-        f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, s1.u[c], xq)), s1.a[c], f1);
-      }
-      const __m512 dx = _mm512_set1_ps(x.d256[sb]), s16 = _mm512_loadu_ps(x.s16 + 16 * sb);
-      acc0[i] = _mm512_fnmadd_ps(s0.b, s16, _mm512_fmadd_ps(f0, dx, acc0[i]));
-      acc1[i] = _mm512_fnmadd_ps(s1.b, s16, _mm512_fmadd_ps(f1, dx, acc1[i]));
-    }
-  }
-  reduce_tokens(acc0, nullptr, nt, out);
-  reduce_tokens(acc1, nullptr, nt, out + nt);
 }
 
 template <QType t>
@@ -464,14 +376,9 @@ void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const A
     }
     return;
   }
+  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time.
   alignas(64) __m512 acc[kTokenBlock];
-  int r = 0;
-  if (R >= 2 && nt >= kPairMinTokens) {  // prefill: two rows at a time share each token's activation loads
-    alignas(64) __m512 acc1[kTokenBlock];
-    for (; r + 2 <= R; r += 2)
-      dot_pair_32<t>(w + size_t(r) * row_bytes, w + size_t(r + 1) * row_bytes, K, nsb, xs, nt, acc, acc1, out + r * nt);
-  }
-  for (; r < R; ++r) {
+  for (int r = 0; r < R; ++r) {
     const uint8_t* row = w + size_t(r) * row_bytes;
     for (int i = 0; i < nt; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; ++sb) {

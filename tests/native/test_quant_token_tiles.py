@@ -1,5 +1,5 @@
-"""Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512: two rows per pass,
-each token's activations loaded once for both, a lone last row alone, and the horizontal sums 16 tokens at a time).
+"""Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512 below 12 tokens: a
+row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles).
 That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone,
 for ragged token counts (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
 256-value super-block types, to running that token by itself (T = 1, the decode path: same integer dot, same f32
