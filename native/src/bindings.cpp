@@ -334,6 +334,7 @@ NB_MODULE(_native, m) {
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
+    d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "quant_kernels.h"
+#include "tessera/tuning.h"
 
 namespace tessera {
 namespace {
@@ -81,12 +82,20 @@ struct Tiles {
   Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
 };
 
+// Whether a task of nt tokens goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
+bool block_path(const Kernels& kr, int64_t nt) {
+  return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= tuning().avx2_gemm_min_tokens);
+}
+
 // A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI takes the GEMM
-// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct.
+// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct; AVX2 arrives here only for its GEMM
+// (quant_gemm_avx2.cpp, block_path).
 void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs,
                int nt, float* out) {
   if (kr.isa == QIsa::AVX512VNNI && nt >= quant::kGemmMinTokens)
     quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
+  else if (kr.isa == QIsa::AVX2)
+    quant::gemm_avx2(t, w, row_bytes, R, K, xs, nt, out);
   else
     kr.dot_direct(t, w, row_bytes, R, K, xs, nt, out);
 }
@@ -108,7 +117,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     const int64_t rg = task % n_rg, tb = task / n_rg;
     const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
     const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
-    if (kr.dot_direct) {
+    if (block_path(kr, t1 - t0)) {
       ActRow xs[kTokenBlock];
       float res[kRowGroup * kTokenBlock];  // [row, token]
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
@@ -168,7 +177,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (kr.dot_direct) {
+      if (block_path(kr, s1 - s0)) {
         ActRow xs[kTokenBlock];
         float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);
@@ -216,7 +225,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (kr.dot_direct) {
+      if (block_path(kr, s1 - s0)) {
         ActRow xs[kTokenBlock];
         float res[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);

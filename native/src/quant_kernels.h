@@ -62,6 +62,11 @@ void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_
                       float* out);
 constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would be mostly padding)
 
+// Prefill GEMM for AVX2 (quant_gemm_avx2.cpp), the same contract: 8 tokens per vector lane set, 4-row micro-tiles.
+// The driver sends it blocks of tuning().avx2_gemm_min_tokens tokens and more on the AVX2 ISA; shorter blocks keep the
+// row tiles (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
+void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out);
+
 const Kernels& kernels_reference();  // quant_ref.cpp
 const Kernels& kernels_avx2();       // quant_avx2.cpp
 const Kernels& kernels_avx512_vnni();  // quant_avx512_vnni.cpp
