@@ -82,9 +82,9 @@ struct Tiles {
   Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
 };
 
-// Whether a task of nt tokens goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
-bool block_path(const Kernels& kr, int64_t nt) {
-  return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= tuning().avx2_gemm_min_tokens);
+// Whether a task of nt tokens on type t goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
+bool block_path(const Kernels& kr, QType t, int64_t nt) {
+  return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t));
 }
 
 // A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI takes the GEMM
@@ -104,6 +104,17 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
+int quant_gemm_min_tokens(QIsa isa, QType t) {
+  switch (isa) {
+    case QIsa::AVX512VNNI: return quant::kGemmMinTokens;
+    case QIsa::AVX2: {
+      const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
+      return knob > 0 ? int(std::min<int64_t>(knob, kTokenBlock + 1)) : quant::avx2_gemm_min_tokens(t);
+    }
+    default: return 0;
+  }
+}
+
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
   const bool wide = qtype_info(a.type).wide;
@@ -117,7 +128,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     const int64_t rg = task % n_rg, tb = task / n_rg;
     const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
     const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
-    if (block_path(kr, t1 - t0)) {
+    if (block_path(kr, a.type, t1 - t0)) {
       ActRow xs[kTokenBlock];
       float res[kRowGroup * kTokenBlock];  // [row, token]
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
@@ -177,7 +188,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (block_path(kr, s1 - s0)) {
+      if (block_path(kr, a.gate.type, s1 - s0) && block_path(kr, a.up.type, s1 - s0)) {  // one path for both
         ActRow xs[kTokenBlock];
         float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);
@@ -225,7 +236,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (block_path(kr, s1 - s0)) {
+      if (block_path(kr, a.down.type, s1 - s0)) {
         ActRow xs[kTokenBlock];
         float res[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);

@@ -284,6 +284,8 @@ __attribute__((always_inline)) inline void micro(const uint8_t* u, const int8_t*
       for (int r = 0; r < kMR; ++r) d[r] = d0;
       for (int j0 = 0; j0 < kSteps; j0 += kChunk) {
         __m256i p16[kMR];
+        for (int r = 0; r < kMR; ++r) p16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int j = j0; j < j0 + kChunk; ++j) {
           const int64_t k4 = g * kSteps + j;
           const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(xt + k4 * kLanes));
@@ -293,7 +295,10 @@ __attribute__((always_inline)) inline void micro(const uint8_t* u, const int8_t*
               p = _mm256_maddubs_epi16(bcast4(u + r * Kq + 4 * k4), _mm256_sign_epi8(x, bcast4(sg + r * Kq + 4 * k4)));
             else
               p = _mm256_maddubs_epi16(bcast4(u + r * Kq + 4 * k4), x);
-            p16[r] = j == j0 ? p : _mm256_add_epi16(p16[r], p);
+            p16[r] = kChunk == 1 ? p : _mm256_add_epi16(p16[r], p);
+            // Keep the sum a chain in this order: without the barrier GCC reassociates the int16 adds into a tree
+            // with every product live at once, and spills half of them to the stack.
+            if (kChunk > 1) __asm__("" : "+x"(p16[r]));
           }
         }
         for (int r = 0; r < kMR; ++r) d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(p16[r], ones));

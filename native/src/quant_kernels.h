@@ -63,9 +63,21 @@ void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_
 constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would be mostly padding)
 
 // Prefill GEMM for AVX2 (quant_gemm_avx2.cpp), the same contract: 8 tokens per vector lane set, 4-row micro-tiles.
-// The driver sends it blocks of tuning().avx2_gemm_min_tokens tokens and more on the AVX2 ISA; shorter blocks keep the
-// row tiles (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
+// The driver sends it blocks of quant_gemm_min_tokens(AVX2, t) tokens and more; shorter blocks keep the row tiles
+// (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
 void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out);
+// From how many tokens the AVX2 GEMM beat the row tiles, per type: one 768 x 2048 matrix, 2 threads, Zen 4 running
+// AVX2 code, T = 1..6 alternated (docs/BENCHMARKS.md, "AVX2 quantized prefill GEMM"). The row tiles' plain unpack is
+// slow for Q4_0 and IQ4_XS (code book) and the GEMM decodes by SIMD, so for them it wins even at one token.
+constexpr int avx2_gemm_min_tokens(QType t) {
+  switch (t) {
+    case QType::Q8_0: return 4;
+    case QType::Q4_K: return 3;
+    case QType::Q5_K:
+    case QType::Q6_K: return 2;
+    default: return 1;  // Q4_0, IQ4_XS
+  }
+}
 
 const Kernels& kernels_reference();  // quant_ref.cpp
 const Kernels& kernels_avx2();       // quant_avx2.cpp

@@ -485,7 +485,8 @@ def quant_types() -> list[dict]:
 
 
 def quant_isas() -> list[dict]:
-    """Quantized-kernel ISAs, best first: [{name, available, reason}] under TESSERA_MAX_ISA."""
+    """Quantized-kernel ISAs, best first: [{name, available, reason, gemm_min_tokens}] under TESSERA_MAX_ISA;
+    gemm_min_tokens = {type name: token blocks from this long run the ISA's prefill GEMM (0: it has none)}."""
     return list(_native.quant_isas())
 
 

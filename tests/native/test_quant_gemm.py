@@ -1,7 +1,8 @@
 """Quantized prefill GEMMs: on AVX-512 VNNI (native/src/quant_gemm_avx512.cpp) from 12 tokens per block, a row group
 runs as a rows x 16-token register GEMM on the decoded rows instead of one mat-vec per token; on AVX2
-(native/src/quant_gemm_avx2.cpp) from TESSERA_AVX2_GEMM_MIN_T tokens (default 4) as a 4-row x 8-token one, with
-vpmaddubsw int16 pair sums added in int16 only as far as they cannot overflow.
+(native/src/quant_gemm_avx2.cpp) from 1-4 tokens by type (where it measured faster; quant_isas()'s gemm_min_tokens,
+TESSERA_AVX2_GEMM_MIN_T overrides) as a 4-row x 8-token one, with vpmaddubsw int16 pair sums added in int16 only as
+far as they cannot overflow.
 
 Proven here, for every type and every ISA this CPU runs (the others take their mat-vec path, and must agree too):
 - every token count from 1 to 70 (1 = decode, the mat-vec / row tiles below each GEMM's threshold, the smallest GEMM,
@@ -16,11 +17,19 @@ Proven here, for every type and every ISA this CPU runs (the others take their m
   and activations never come near 32767, so an int16 sum that could overflow would pass the other tests);
 - a (row, token) result does not depend on the rows or tokens that share its call (bit for bit: the lanes and the
   row micro-tiles never mix), for 37 rows (one 32-row task, then 5 rows padded to a micro-tile of 8 or 4);
+- TESSERA_AVX2_GEMM_MIN_T=65 turns the AVX2 GEMM off (the row path alone, for before/after timings), and that path
+  agrees with Reference too;
 - the MoE forward on odd expert counts (7 experts, 3 per token), so each expert gets a ragged number of tokens
   (none, one, a few, more than 64), on 1-3 threads, against Reference and float64 (bounds of test_quant_moe.py).
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +170,24 @@ def test_moe_odd_experts_against_reference_and_float64(pool, isa, mix, T, thread
     assert nmse(out, moe_float64(*deq, ids, weights, x)) < 1e-3
     if isa != "reference":
         assert nmse(out, run("reference")) < 1e-7
+
+
+def test_avx2_gemm_knob_selects_the_row_path():
+    if "avx2" not in ISAS:
+        pytest.skip("this CPU does not run AVX2")
+    code = ("import numpy as np, tessera.engine.native as N; from tests.native.quant_cases import Q, random_blocks, "
+            "matmul; rng = np.random.default_rng(3); w = random_blocks(Q.Q4_K, 37, 512, rng); "
+            "x = rng.standard_normal((20, 512)).astype(np.float32); p = N.make_pool(2); "
+            "print([i['gemm_min_tokens'] for i in N.quant_isas() if i['name'] == 'avx2'][0]['Q4_K']); "
+            "np.save('OUT', matmul(Q.Q4_K, w, x, p, 'avx2'))")
+    outs = {}
+    for knob in ("65", ""):
+        path = Path(tempfile.mkdtemp()) / "out.npy"
+        env = dict(os.environ, TESSERA_AVX2_GEMM_MIN_T=knob)
+        r = subprocess.run([sys.executable, "-c", code.replace("OUT", str(path))], env=env, capture_output=True,
+                           text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+        outs[knob] = int(r.stdout.strip()), np.load(path)
+    assert outs["65"][0] == 65 and outs[""][0] <= 20  # 65 > kTokenBlock: never the GEMM; default: the GEMM at T = 20
+    row, gemm = outs["65"][1], outs[""][1]
+    assert np.isfinite(row).all() and not np.array_equal(row.view(np.uint32), gemm.view(np.uint32))
+    assert nmse(row, gemm) < 1e-10  # both the exact integer dots, f32 rounded in another order
