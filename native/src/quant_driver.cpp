@@ -109,7 +109,8 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
     case QIsa::AVX512VNNI: return quant::kGemmMinTokens;
     case QIsa::AVX2: {
       const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
-      return knob > 0 ? int(std::min<int64_t>(knob, kTokenBlock + 1)) : quant::avx2_gemm_min_tokens(t);
+      // Never below 2: decode (T = 1) keeps the row tiles (see avx2_gemm_min_tokens).
+      return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1)) : quant::avx2_gemm_min_tokens(t);
     }
     default: return 0;
   }

@@ -1,6 +1,6 @@
 """Quantized prefill GEMMs: on AVX-512 VNNI (native/src/quant_gemm_avx512.cpp) from 12 tokens per block, a row group
 runs as a rows x 16-token register GEMM on the decoded rows instead of one mat-vec per token; on AVX2
-(native/src/quant_gemm_avx2.cpp) from 1-4 tokens by type (where it measured faster; quant_isas()'s gemm_min_tokens,
+(native/src/quant_gemm_avx2.cpp) from 2-4 tokens by type (where it measured faster; quant_isas()'s gemm_min_tokens,
 TESSERA_AVX2_GEMM_MIN_T overrides) as a 4-row x 8-token one, with vpmaddubsw int16 pair sums added in int16 only as
 far as they cannot overflow.
 

@@ -1,13 +1,12 @@
 """Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512 below 12 tokens: a
 row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles,
-its GEMM from 1-4 tokens by type).
+its GEMM from 2-4 tokens by type).
 That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone,
 for ragged token counts (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
 256-value super-block types, to running that token by itself (T = 1, the decode path: same integer dot, same f32
-steps in the same order; where the GEMM of test_quant_gemm.py runs at T but not at T = 1, within NMSE 1e-10 instead;
-where it runs at both, bit for bit again: a GEMM's (row, token) result does not depend on the other tokens).
-Block-32 types (Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different f32 rounding order, so for
-them only the row grouping is checked bit for bit.
+steps in the same order; where the GEMM of test_quant_gemm.py runs, within NMSE 1e-10 instead). Block-32 types
+(Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different f32 rounding order, so for them only the
+row grouping is checked bit for bit.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def test_token_tile_equals_one_token_at_a_time(pool, isa, qtype, T):
     x = rng.standard_normal((T, K)).astype(np.float32)
     full = matmul(qtype, w, x, pool, isa)
     n_gemm = GEMM_MIN_TOKENS[isa][qtype.name]
-    gemm = 0 < n_gemm <= T and n_gemm > 1  # test_quant_gemm.py: other f32 order, same integer dots (from 1: T = 1 too)
+    gemm = 0 < n_gemm <= T  # test_quant_gemm.py: other f32 order, same integer dots (never at T = 1: decode)
     for t in range(T):
         one = matmul(qtype, w, x[t:t + 1], pool, isa)  # [1, N]: decode
         if gemm:
