@@ -20,9 +20,9 @@
 // Q4_0 and Q6_K subtract their code offset (8, 32) as an integer start z = -off * sum(q) of each group's dot, as the
 // AVX-512 GEMM does. So every group's dot is the exact integer sum_i (u_i - off) q_i, as in every other path.
 //
-// Steps per call: (1) decode the R rows once into a per-thread scratch (u8 codes, f32 A_g and B_g: the same values as
-// quant_body.inc's unpack, by SIMD per block; wide types also get the signed codes); (2) transpose the tokens'
-// activations 8 at a time; (3) for every 4 rows and every 8-token group, the register micro-kernel (4 rows x 8 tokens:
+// Steps per call: (1) transpose the tokens' activations 8 at a time; (2) per 4 rows, decode them once into a per-thread
+// scratch (u8 codes, f32 A_g and B_g: the same values as quant_body.inc's unpack, by SIMD per block; wide types also
+// get the signed codes), then for every 8-token group the register micro-kernel (4 rows x 8 tokens:
 // int16 and int32 group sums and f32 partial sums per 256 values in 12 ymm). Rows past R are decoded as zeros and not
 // stored; tokens past nt are zero and not stored.
 //
@@ -37,7 +37,6 @@
 #include <cstring>
 
 #include "quant_kernels.h"
-#include "tessera/bf16.h"
 
 #include "isa_target.h"
 
@@ -56,10 +55,12 @@ namespace tessera {
 namespace quant {
 namespace {
 
-#include "quant_body.inc"
-
 constexpr int kLanes = 8;  // tokens per ymm
 constexpr int kMR = 4;     // rows per micro-tile
+#ifndef TESSERA_AVX2_GEMM_PF_ROWS
+#define TESSERA_AVX2_GEMM_PF_ROWS 2
+#endif
+constexpr int kPrefetchRows = TESSERA_AVX2_GEMM_PF_ROWS;  // rows decoded ahead of their prefetch
 
 // How a type's group dot is formed (see the file comment).
 enum class Mode {
@@ -113,6 +114,24 @@ void pack_tokens(const ActRow* xs, int n, int64_t Kq, int off, const int8_t* zer
     }
 }
 
+// f16 -> f32 by F16C: the same value as quant_body.inc's load_f16 for every finite or infinite scale (only a NaN's
+// payload may differ, and quant_validate refuses NaN scales at load).
+inline float f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 8 f32 = d * float(8 bytes at p, unsigned or signed), stored at out: one IEEE product each, as in unpack_row_body.
+inline void scale8_u(float d, const uint8_t* p, float* out) {
+  const __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), s));
+}
+inline void scale8_s(float d, const uint8_t* p, float* out) {
+  const __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), s));
+}
+
 // One row of K values from its blocks -> u [Kq] codes (kSigned types: |s| in u, the signed code s in sg [Kq]),
 // a [ng] A_g, b [ng] B_g (Q4_K/Q5_K only), everything past K zero. SIMD per block; the same codes and the same
 // single-rounding f32 products A = d * sc, B = dmin * m as quant_body.inc's unpack_row_body (every other path).
@@ -127,7 +146,7 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 32 * blk), _mm_and_si128(q, m4x));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 32 * blk + 16), _mm_and_si128(_mm_srli_epi16(q, 4), m4x));
-        a[blk] = load_f16(p);
+        a[blk] = f16c(p);
       }
       g_done = K / 32;
       break;
@@ -137,7 +156,7 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(sg + 32 * blk), q);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 32 * blk), _mm256_abs_epi8(q));
-        a[blk] = load_f16(p);
+        a[blk] = f16c(p);
       }
       g_done = K / 32;
       break;
@@ -148,7 +167,7 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
       const __m256i bit4 = _mm256_set1_epi8(0x10);
       for (int64_t sb = 0; sb < K / 256; ++sb) {
         const uint8_t* blk = src + bytes * sb;
-        const float d = load_f16(blk), dmin = load_f16(blk + 2);
+        const float d = f16c(blk), dmin = f16c(blk + 2);
         const uint8_t* qs = blk + (five ? 48 : 16);  // 128 bytes of nibbles
         const __m256i qh = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
         uint8_t* ub = u + 256 * sb;
@@ -163,12 +182,18 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j), lo);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j + 32), hi);
         }
-        for (int s = 0; s < 8; ++s) {
-          int sc, m;
-          scale_min_k4(s, blk + 4, &sc, &m);
-          a[8 * sb + s] = d * float(sc);
-          b[8 * sb + s] = dmin * float(m);
-        }
+        // The 8 6-bit sub-scales and mins of the 12 packed bytes (scale_min_k4 for all 8 at once, llama.cpp's
+        // u32 trick): bytes 0-7 of sm = sc[0..7], bytes 8-15 = m[0..7].
+        uint32_t sm[4];
+        std::memcpy(sm, blk + 4, 12);
+        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+        sm[3] = ((sm[2] >> 4) & k2) | (((sm[1] >> 6) & k3) << 4);
+        const uint32_t m_lo = sm[1] & k1;
+        sm[1] = (sm[2] & k2) | (((sm[0] >> 6) & k3) << 4);
+        sm[2] = m_lo;
+        sm[0] &= k1;
+        scale8_u(d, reinterpret_cast<const uint8_t*>(sm), a + 8 * sb);
+        scale8_u(dmin, reinterpret_cast<const uint8_t*>(sm) + 8, b + 8 * sb);
       }
       g_done = K / 32;
       break;
@@ -178,8 +203,7 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
                     m2_6 = _mm256_set1_epi8(char(0xC0));
       for (int64_t sb = 0; sb < K / 256; ++sb) {
         const uint8_t* blk = src + 210 * sb;
-        const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-        const float d = load_f16(blk + 208);
+        const float d = f16c(blk + 208);
         uint8_t* ub = u + 256 * sb;
         for (int h = 0; h < 2; ++h) {  // value 32 g32 + l, g32 = 4h + 2s + k: ql nibble s of ql[64h + 32k + l],
                                        // high bits 2 (2s + k) of qh[32h + l]
@@ -196,7 +220,8 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
           _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h2));
           _mm256_storeu_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h3));
         }
-        for (int g = 0; g < 16; ++g) a[16 * sb + g] = d * float(sc[g]);
+        scale8_s(d, blk + 192, a + 16 * sb);
+        scale8_s(d, blk + 200, a + 16 * sb + 8);
       }
       g_done = K / 16;
       break;
@@ -205,7 +230,7 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
       const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values));
       for (int64_t sb = 0; sb < K / 256; ++sb) {
         const uint8_t* blk = src + 136 * sb;
-        const float d = load_f16(blk);
+        const float d = f16c(blk);
         const unsigned scales_h = unsigned(blk[2]) | unsigned(blk[3]) << 8;
         for (int ib = 0; ib < 8; ++ib) {
           const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * ib));
@@ -229,24 +254,33 @@ void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* u, 
   std::fill(b + (t == QType::Q4_K || t == QType::Q5_K ? g_done : 0), b + ng, 0.0f);
 }
 
-// R rows from their blocks -> u [R4][Kq] codes (kSigned: |s|, and the signed codes in sg [R4][Kq]), a [R4][ng] A_g,
-// b [R4][ng] B_g (R4 = R rounded up to kMR; the rows past R and the values past K are zero).
+// Rows r0 .. r0 + kMR - 1 of the task's R rows (those past R: zero) from their blocks -> u [kMR][Kq] codes (kSigned:
+// |s|, and the signed codes in sg [kMR][Kq]), a [kMR][ng] A_g, b [kMR][ng] B_g. A task's rows are one contiguous
+// stream of a cold expert: the rows kPrefetchRows ahead are prefetched, or the decode waits on the stream's loads
+// (measured: -5 % of the MoE layer at 8 tokens per expert).
 template <int G, Mode M>
-void decode_panel(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, int64_t Kq, uint8_t* u, int8_t* sg,
-                  float* a, float* b) {
+void decode_tile(QType t, const uint8_t* w, size_t row_bytes, int R, int r0, int64_t K, int64_t Kq, uint8_t* u,
+                 int8_t* sg, float* a, float* b) {
   const int64_t ng = Kq / G;
-  const int R4 = (R + kMR - 1) / kMR * kMR;
-  for (int r = 0; r < R4; ++r) {
-    uint8_t* ur = u + r * Kq;
-    int8_t* sr = M == Mode::kSigned ? sg + r * Kq : nullptr;
+  const auto prefetch_row = [&](int r) {
+    const uint8_t* p = w + size_t(r) * row_bytes;
+    for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+  };
+  if (r0 == 0)
+    for (int r = 0; r < std::min(R, kPrefetchRows); ++r) prefetch_row(r);
+  for (int i = 0; i < kMR; ++i) {
+    const int r = r0 + i;
+    uint8_t* ur = u + i * Kq;
+    int8_t* sr = M == Mode::kSigned ? sg + i * Kq : nullptr;
+    if (r + kPrefetchRows < R) prefetch_row(r + kPrefetchRows);
     if (r < R) {
-      decode_row(t, w + size_t(r) * row_bytes, K, Kq, ur, sr, a + r * ng, b + r * ng);
+      decode_row(t, w + size_t(r) * row_bytes, K, Kq, ur, sr, a + i * ng, b + i * ng);
       continue;
     }
     std::memset(ur, 0, size_t(Kq));
     if (sr) std::memset(sr, 0, size_t(Kq));
-    std::fill(a + r * ng, a + (r + 1) * ng, 0.0f);
-    std::fill(b + r * ng, b + (r + 1) * ng, 0.0f);
+    std::fill(a + i * ng, a + (i + 1) * ng, 0.0f);
+    std::fill(b + i * ng, b + (i + 1) * ng, 0.0f);
   }
 }
 
@@ -321,11 +355,10 @@ inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 template <int G, Mode M, int kChunk>
 void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
-  const int R4 = (R + kMR - 1) / kMR * kMR;
   const int ngroups = (nt + kLanes - 1) / kLanes;
-  // Scratch: codes, signed codes (kSigned), A, B, zero activations, then per token group xt, dx, sb, z.
-  const size_t n_u = align64(size_t(R4 * Kq)), n_sg = M == Mode::kSigned ? n_u : 0,
-               n_ab = align64(size_t(R4 * ng) * 4), n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes),
+  // Scratch: one micro-tile's codes, signed codes (kSigned), A, B; zero activations; per token group xt, dx, sb, z.
+  const size_t n_u = align64(size_t(kMR * Kq)), n_sg = M == Mode::kSigned ? n_u : 0,
+               n_ab = align64(size_t(kMR * ng) * 4), n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes),
                n_dx = align64(size_t(nsb) * kLanes * 4), n_sb = align64(size_t(ng) * kLanes * 4);
   const size_t n_tok = n_xt + n_dx + 2 * n_sb;
   const int off = t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
@@ -338,7 +371,6 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
   uint8_t* tok = base + n_u + n_sg + 2 * n_ab + n_zero;
   std::memset(zeros, 0, size_t(Kq));
 
-  decode_panel<G, M>(t, w, row_bytes, R, K, Kq, u, sg, a, b);
   for (int gi = 0; gi < ngroups; ++gi) {
     uint8_t* p = tok + size_t(gi) * n_tok;
     pack_tokens<G, M>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros,
@@ -346,12 +378,12 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
                       reinterpret_cast<float*>(p + n_xt + n_dx), reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
   }
   alignas(32) float acc[kMR * kLanes];
-  for (int r0 = 0; r0 < R; r0 += kMR) {  // rows outer: a micro-tile's codes stay in L1 while the token groups pass
+  for (int r0 = 0; r0 < R; r0 += kMR) {  // each micro-tile decoded just before use: its codes stay in L1
+    decode_tile<G, M>(t, w, row_bytes, R, r0, K, Kq, u, sg, a, b);
     for (int gi = 0; gi < ngroups; ++gi) {
       const uint8_t* p = tok + size_t(gi) * n_tok;
       const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
-      micro<G, M, kChunk>(u + r0 * Kq, sg + (M == Mode::kSigned ? r0 * Kq : 0), a + r0 * ng, b + r0 * ng, Kq,
-                          reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + n_xt),
+      micro<G, M, kChunk>(u, sg, a, b, Kq, reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + n_xt),
                           reinterpret_cast<const float*>(p + n_xt + n_dx),
                           reinterpret_cast<const int32_t*>(p + n_xt + n_dx + n_sb), acc);
       for (int r = 0; r < kMR && r0 + r < R; ++r)
