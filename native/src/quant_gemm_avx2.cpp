@@ -1,6 +1,7 @@
 // Quantized prefill GEMM, AVX2: R weight rows (one driver task, <= kRowGroup) times nt tokens (<= kTokenBlock) on
 // the file's blocks, for every type of quant_kernels.h: the AVX2 twin of quant_gemm_avx512.cpp, for CPUs without
-// AVX-512 (AVX2 has no vpdpbusd; AVX-VNNI's 256-bit one is a separate CPUID flag this file does not need).
+// AVX-512. AVX2 has no vpdpbusd; AVX-VNNI's 256-bit one (a CPUID flag of its own) is not used: no development machine
+// here has it to test on.
 //
 // Why a GEMM: the AVX2 row path (quant_avx2.cpp) runs every token over a 4-row tile: per 32 values of one (row, token)
 // a maddubs, a madd, an int -> f32 conversion, a multiply by A * dx and an FMA into a lane accumulator, then a
