@@ -92,41 +92,164 @@ void pack_tokens(const ActRow* xs, int n, int64_t Kq, int off, const int8_t* zer
   }
   for (int64_t s = 0; s < nsb; ++s)
     for (int l = 0; l < kLanes; ++l) dx[s * kLanes + l] = l < n ? xs[l].d256[s] : 0.0f;
-  for (int64_t g = 0; g < ng; ++g)
-    for (int l = 0; l < kLanes; ++l) {
-      if (off > 0)
-        z[g * kLanes + l] = l >= n ? 0 : -off * (G == 16 ? xs[l].bs16[g] : xs[l].bs16[2 * g] + xs[l].bs16[2 * g + 1]);
-      else
-        sb[g * kLanes + l] = l >= n ? 0.0f : G == 16 ? xs[l].s16[g] : xs[l].s16[2 * g] + xs[l].s16[2 * g + 1];
+  // One token (lane) at a time, so its row pointers stay in registers; the same operations as per group.
+  for (int l = 0; l < kLanes; ++l) {
+    if (off > 0) {
+      const int16_t* bs = xs[l].bs16;
+      for (int64_t g = 0; g < ng; ++g)
+        z[g * kLanes + l] = l >= n ? 0 : -off * (G == 16 ? bs[g] : bs[2 * g] + bs[2 * g + 1]);
+    } else {
+      const float* s16 = xs[l].s16;
+      for (int64_t g = 0; g < ng; ++g)
+        sb[g * kLanes + l] = l >= n ? 0.0f : G == 16 ? s16[g] : s16[2 * g] + s16[2 * g + 1];
     }
+  }
+}
+
+// SIMD row decoders for decode_panel: one row of K values straight from its blocks -> codes ur [K] and, per G-value
+// group g < K / G, ar[g] = A_g (and br[g] = B_g where the B term is not an integer offset, i.e. Q4_K / Q5_K). Each value
+// is the one unpack_row_body (quant_body.inc) gives, by the same single f32 operations (A = d * float(sc), B = dmin *
+// float(m)); only the code unpacking is vectorized. The caller zeroes what lies past K.
+
+// Q4_K / Q5_K (G = 32): nibbles j of bytes 32 j' .. 32 j' + 31 are values 64 j' + 32 j + l; Q5_K's bit 4 of value
+// 32 s + l is bit s of qh[l].
+template <bool kFive>
+void decode_row_q45k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar, float* br) {
+  const int bytes = kFive ? 176 : 144;
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + bytes * b;
+    const float d = load_f16(blk), dmin = load_f16(blk + 2);
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    uint8_t* ub = ur + 256 * b;
+    const __m256i qh = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+      __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      if (kFive) {
+        const __mmask32 ml = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1u << (2 * j))));
+        const __mmask32 mh = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1u << (2 * j + 1))));
+        lo = _mm256_mask_add_epi8(lo, ml, lo, bit4);
+        hi = _mm256_mask_add_epi8(hi, mh, hi, bit4);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j + 32), hi);
+    }
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      scale_min_k4(s, blk + 4, &sc, &m);
+      ar[8 * b + s] = d * float(sc);
+      br[8 * b + s] = dmin * float(m);
+    }
+  }
+}
+
+// Q6_K (G = 16; B = 32 A is the integer offset): value 32 (4 h + 2 s + k) + l = nibble s of ql[64 h + 32 k + l] plus
+// bits 2 (2 s + k) .. +1 of qh[32 h + l] as bits 4-5.
+void decode_row_q6k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + 210 * b;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = load_f16(blk + 208);
+    uint8_t* ub = ur + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      for (int k = 0; k < 2; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * k));
+        for (int s = 0; s < 2; ++s) {
+          const __m256i nib = s ? _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4) : _mm256_and_si256(v, lo4);
+          // 16-bit shifts: after the & 3 each byte holds only its own bits, so the << 4 stays inside it.
+          const __m256i top = _mm256_slli_epi16(
+              _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * (2 * s + k))), lo2), 4);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 32 * (4 * h + 2 * s + k)), _mm256_or_si256(nib, top));
+        }
+      }
+    }
+    for (int g = 0; g < 16; ++g) ar[16 * b + g] = d * float(sc[g]);
+  }
+}
+
+// Q8_0 / Q4_0 / IQ4_XS (G = 32, integer offsets 128 / 8 / 128): codes q + 128, the two nibbles, kvalues[nibble] + 128.
+void decode_row_q8_0(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = src + 34 * b;
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ur + 32 * b), _mm256_xor_si256(q, flip));
+    ar[b] = load_f16(blk);
+  }
+}
+
+void decode_row_q4_0(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = src + 18 * b;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ur + 32 * b), _mm_and_si128(v, lo4));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ur + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+    ar[b] = load_f16(blk);
+  }
+}
+
+void decode_row_iq4_xs(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  alignas(16) uint8_t book[16];
+  for (int i = 0; i < 16; ++i) book[i] = uint8_t(kIQ4Values[i] + 128);
+  const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(book));
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + 136 * b;
+    const float d = load_f16(blk);
+    const unsigned scales_h = unsigned(blk[2]) | unsigned(blk[3]) << 8;
+    for (int ib = 0; ib < 8; ++ib) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * ib));
+      uint8_t* u = ur + 256 * b + 32 * ib;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_shuffle_epi8(table, _mm_and_si128(v, lo4)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16),
+                       _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), lo4)));
+      const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+      ar[8 * b + ib] = d * float(ls - 32);
+    }
+  }
+}
+
+// One row by its type's SIMD decoder, then zeros past K (codes up to Kq, A and B up to ng).
+template <int G>
+void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* ur, float* ar, float* br) {
+  switch (t) {
+    case QType::Q4_K: decode_row_q45k<false>(src, K, ur, ar, br); break;
+    case QType::Q5_K: decode_row_q45k<true>(src, K, ur, ar, br); break;
+    case QType::Q6_K: decode_row_q6k(src, K, ur, ar); break;
+    case QType::Q8_0: decode_row_q8_0(src, K, ur, ar); break;
+    case QType::Q4_0: decode_row_q4_0(src, K, ur, ar); break;
+    case QType::IQ4_XS: decode_row_iq4_xs(src, K, ur, ar); break;
+  }
+  std::memset(ur + K, 0, size_t(Kq - K));
+  const bool has_b = t == QType::Q4_K || t == QType::Q5_K;  // the others' B is an integer offset (never read)
+  for (int64_t g = K / G; g < Kq / G; ++g) {
+    ar[g] = 0.0f;
+    if (has_b) br[g] = 0.0f;
+  }
 }
 
 // R rows from their blocks -> u [R8][Kq] codes, a [R8][ng] A_g, b [R8][ng] B_g (R8 = R rounded up to kMR; the rows
-// past R and the values past K are zero). tmp: Kq / 4 + Kq / 16 floats.
+// past R and the values past K are zero; b is read only for Q4_K / Q5_K, whose B term is not an integer offset).
 template <int G>
 void decode_panel(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, int64_t Kq, uint8_t* u, float* a,
-                  float* b, float* tmp) {
-  const int64_t ng = Kq / G, Kp = padded_k(K);
+                  float* b) {
+  const int64_t ng = Kq / G;
   const int R8 = (R + kMR - 1) / kMR * kMR;
-  float* a4 = tmp;
-  float* b16 = tmp + Kq / 4;
   for (int r = 0; r < R8; ++r) {
     uint8_t* ur = u + r * Kq;
     float* ar = a + r * ng;
     float* br = b + r * ng;
-    if (r >= R) {
-      std::memset(ur, 0, size_t(Kq));
-      std::fill(ar, ar + ng, 0.0f);
-      std::fill(br, br + ng, 0.0f);
+    if (r < R) {
+      decode_row<G>(t, w + size_t(r) * row_bytes, K, Kq, ur, ar, br);
       continue;
     }
-    unpack_row_body(t, w + size_t(r) * row_bytes, K, ur, a4, b16);  // pads u to Kp, a4 to Kp/4, b16 to S16
-    std::memset(ur + Kp, 0, size_t(Kq - Kp));
-    for (int64_t g = 0; g < ng; ++g) {
-      const bool in = g * G < Kp;
-      ar[g] = in ? a4[g * G / 4] : 0.0f;
-      br[g] = in ? b16[g * G / 16] : 0.0f;
-    }
+    std::memset(ur, 0, size_t(Kq));
+    std::fill(ar, ar + ng, 0.0f);
+    std::fill(br, br + ng, 0.0f);
   }
 }
 
@@ -175,21 +298,19 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
   const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
   const int R8 = (R + kMR - 1) / kMR * kMR;
   const int ngroups = (nt + kLanes - 1) / kLanes;
-  // Scratch: codes, A, B, unpack temporaries, zero activations, then per token group xt, dx, sb.
-  const size_t n_u = align64(size_t(R8 * Kq)), n_ab = align64(size_t(R8 * ng) * 4), n_tmp = align64(size_t(Kq / 4 + Kq / 16) * 4),
-               n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
+  // Scratch: codes, A, B, zero activations, then per token group xt, dx, sb.
+  const size_t n_u = align64(size_t(R8 * Kq)), n_ab = align64(size_t(R8 * ng) * 4), n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
                n_sb = align64(size_t(ng) * kLanes * 4);
   const int off = t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
-  uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_tmp + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
+  uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
   uint8_t* u = base;
   float* a = reinterpret_cast<float*>(base + n_u);
   float* b = reinterpret_cast<float*>(base + n_u + n_ab);
-  float* tmp = reinterpret_cast<float*>(base + n_u + 2 * n_ab);
-  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_u + 2 * n_ab + n_tmp);
-  uint8_t* tok = base + n_u + 2 * n_ab + n_tmp + n_zero;
+  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_u + 2 * n_ab);
+  uint8_t* tok = base + n_u + 2 * n_ab + n_zero;
   std::memset(zeros, 0, size_t(Kq));
 
-  decode_panel<G>(t, w, row_bytes, R, K, Kq, u, a, b, tmp);
+  decode_panel<G>(t, w, row_bytes, R, K, Kq, u, a, b);
   for (int gi = 0; gi < ngroups; ++gi) {
     uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
     pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
