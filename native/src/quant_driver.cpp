@@ -114,8 +114,8 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
       for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
       dot_block(kr, a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K, xs, nt, res);
-      for (int r = 0; r < R; ++r)
-        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
+      for (int64_t t = t0; t < t1; ++t)  // token-major: each token's R outputs are contiguous
+        for (int r = 0; r < R; ++r) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
       return;
     }
     Tile& tile = tiles[ith];
@@ -177,8 +177,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
         dot_block(kr, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
         dot_block(kr, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
-        for (int r = 0; r < R; ++r)
-          for (int64_t s = s0; s < s1; ++s)
+        for (int64_t s = s0; s < s1; ++s)  // token-major: each slot's R outputs are contiguous
+          for (int r = 0; r < R; ++r)
             act[size_t(sl[size_t(s)] * I + i0 + r)] = silu(g[r * nt + (s - s0)]) * u[r * nt + (s - s0)];
         return;
       }
@@ -224,8 +224,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         const int R = int(std::min(H, h0 + kRowGroup) - h0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
         dot_block(kr, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
-        for (int r = 0; r < R; ++r)
-          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
+        for (int64_t s = s0; s < s1; ++s)
+          for (int r = 0; r < R; ++r) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
         return;
       }
       Tile& td = tiles_d[ith];

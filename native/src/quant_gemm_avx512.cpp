@@ -10,10 +10,11 @@
 // values, 16 tokens), and the B term (mins, code offsets) is a small f32 GEMM of the rows' B_g by the tokens' dx * sum(q)
 // per group, one FMA per (row, group, 16 tokens). No horizontal sums.
 //
-// Steps per call: (1) decode the R rows once into a per-thread scratch (u8 codes, f32 A_g and B_g, quant_body.inc's
-// unpack: the same values as every other path); (2) transpose the tokens' activations 16 at a time; (3) for every
-// 16-token group and every 8 rows, the register micro-kernel (8 int32 group sums, 8 f32 partial sums per 256 values,
-// 8 f32 results = 24 zmm). Rows past R are decoded as zeros and not stored; tokens past nt are zero and not stored.
+// Steps per call: (1) transpose the tokens' activations 16 at a time; (2) per 8 rows (a micro-tile), decode the rows
+// once into a per-thread scratch that stays in L1 (u8 codes, f32 A_g and B_g by SIMD decoders that give
+// quant_body.inc's values), prefetch the next 8 rows' blocks, and run the register micro-kernel for every 16-token
+// group (8 int32 group sums, 8 f32 partial sums per 256 values, 8 f32 results = 24 zmm). Rows past R are decoded as
+// zeros and not stored; tokens past nt are zero and not stored.
 //
 // Arithmetic: u8 codes x int8 activations summed exactly in int32 per group, then f32. Not bit-identical to the
 // mat-vec path (different f32 rounding order; tests hold both to Reference at NMSE 1e-10), but each (row, token)
@@ -293,13 +294,20 @@ __attribute__((always_inline)) inline void micro(const uint8_t* u, const float* 
 
 inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
+// Prefetch the blocks of rows [r0, r1) into L1 (the next micro-tile's rows while this one's GEMM runs).
+inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
+  const uint8_t* p = w + size_t(r0) * row_bytes;
+  const size_t n = size_t(r1 - r0) * row_bytes;  // the rows are contiguous
+  for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
 template <int G, bool kOff>
 void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
-  const int R8 = (R + kMR - 1) / kMR * kMR;
   const int ngroups = (nt + kLanes - 1) / kLanes;
-  // Scratch: codes, A, B, zero activations, then per token group xt, dx, sb.
-  const size_t n_u = align64(size_t(R8 * Kq)), n_ab = align64(size_t(R8 * ng) * 4), n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
+  // Scratch: one micro-tile's codes, A, B (kMR rows: stays in L1), zero activations, then per token group xt, dx, sb.
+  const size_t n_u = align64(size_t(kMR * Kq)), n_ab = align64(size_t(kMR * ng) * 4), n_zero = align64(size_t(Kq)),
+               n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
                n_sb = align64(size_t(ng) * kLanes * 4);
   const int off = t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
   uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
@@ -310,23 +318,27 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
   uint8_t* tok = base + n_u + 2 * n_ab + n_zero;
   std::memset(zeros, 0, size_t(Kq));
 
-  decode_panel<G>(t, w, row_bytes, R, K, Kq, u, a, b);
+  prefetch_rows(w, row_bytes, 0, std::min(R, kMR));
   for (int gi = 0; gi < ngroups; ++gi) {
     uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
     pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
                    reinterpret_cast<float*>(p + n_xt), reinterpret_cast<float*>(p + n_xt + n_dx),
                    reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
   }
-  for (int gi = 0; gi < ngroups; ++gi) {
-    const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
-    const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
-    const __mmask16 mask = __mmask16((1u << n) - 1);
-    for (int r0 = 0; r0 < R; r0 += kMR) {
+  // Micro-tiles of kMR rows: decode the tile's rows (prefetched), prefetch the next tile's, run every token group.
+  for (int r0 = 0; r0 < R; r0 += kMR) {
+    const int rn = std::min(kMR, R - r0);
+    decode_panel<G>(t, w + size_t(r0) * row_bytes, row_bytes, rn, K, Kq, u, a, b);
+    if (r0 + kMR < R) prefetch_rows(w, row_bytes, r0 + kMR, std::min(R, r0 + 2 * kMR));
+    for (int gi = 0; gi < ngroups; ++gi) {
+      const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
+      const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
+      const __mmask16 mask = __mmask16((1u << n) - 1);
       __m512 acc[kMR];
-      micro<G, kOff>(u + r0 * Kq, a + r0 * ng, b + r0 * ng, Kq, reinterpret_cast<const int32_t*>(p),
-                     reinterpret_cast<const float*>(p + n_xt), reinterpret_cast<const float*>(p + n_xt + n_dx),
+      micro<G, kOff>(u, a, b, Kq, reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + n_xt),
+                     reinterpret_cast<const float*>(p + n_xt + n_dx),
                      reinterpret_cast<const int32_t*>(p + n_xt + n_dx + n_sb), acc);
-      for (int r = 0; r < kMR && r0 + r < R; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
+      for (int r = 0; r < rn; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
     }
   }
 }
