@@ -294,11 +294,12 @@ __attribute__((always_inline)) inline void micro(const uint8_t* u, const float* 
 
 inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Prefetch the blocks of rows [r0, r1) into L1 (the next micro-tile's rows while this one's GEMM runs).
+// Prefetch the blocks of rows [r0, r1) (contiguous) into L1 (kHint _MM_HINT_T0) or L2 (_MM_HINT_T1).
+template <_mm_hint kHint>
 inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
   const uint8_t* p = w + size_t(r0) * row_bytes;
-  const size_t n = size_t(r1 - r0) * row_bytes;  // the rows are contiguous
-  for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+  const size_t n = size_t(std::max(0, r1 - r0)) * row_bytes;
+  for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), kHint);
 }
 
 template <int G, bool kOff>
@@ -318,18 +319,21 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
   uint8_t* tok = base + n_u + 2 * n_ab + n_zero;
   std::memset(zeros, 0, size_t(Kq));
 
-  prefetch_rows(w, row_bytes, 0, std::min(R, kMR));
+  prefetch_rows<_MM_HINT_T0>(w, row_bytes, 0, std::min(R, kMR));
+  prefetch_rows<_MM_HINT_T1>(w, row_bytes, kMR, std::min(R, 2 * kMR));
   for (int gi = 0; gi < ngroups; ++gi) {
     uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
     pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
                    reinterpret_cast<float*>(p + n_xt), reinterpret_cast<float*>(p + n_xt + n_dx),
                    reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
   }
-  // Micro-tiles of kMR rows: decode the tile's rows (prefetched), prefetch the next tile's, run every token group.
+  // Micro-tiles of kMR rows: decode the tile's rows (prefetched), prefetch the next tiles', run every token group.
   for (int r0 = 0; r0 < R; r0 += kMR) {
     const int rn = std::min(kMR, R - r0);
     decode_panel<G>(t, w + size_t(r0) * row_bytes, row_bytes, rn, K, Kq, u, a, b);
-    if (r0 + kMR < R) prefetch_rows(w, row_bytes, r0 + kMR, std::min(R, r0 + 2 * kMR));
+    // The next tile's rows into L1 (already on their way to L2), the one after into L2.
+    prefetch_rows<_MM_HINT_T0>(w, row_bytes, r0 + kMR, std::min(R, r0 + 2 * kMR));
+    prefetch_rows<_MM_HINT_T1>(w, row_bytes, r0 + 2 * kMR, std::min(R, r0 + 3 * kMR));
     for (int gi = 0; gi < ngroups; ++gi) {
       const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
       const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
