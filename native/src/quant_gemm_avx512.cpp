@@ -136,12 +136,18 @@ void decode_row_q45k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar, floa
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j), lo);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j + 32), hi);
     }
-    for (int s = 0; s < 8; ++s) {
-      int sc, m;
-      scale_min_k4(s, blk + 4, &sc, &m);
-      ar[8 * b + s] = d * float(sc);
-      br[8 * b + s] = dmin * float(m);
-    }
+    // The 8 6-bit scales and mins of the 12 packed bytes (scale_min_k4's values, by llama.cpp's u32 shuffle), then
+    // A = d * float(sc), B = dmin * float(m) eight at a time.
+    uint32_t q[4];
+    std::memcpy(q, blk + 4, 12);
+    const uint32_t sc_hi = (q[2] & 0x0f0f0f0fu) | (((q[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((q[2] >> 4) & 0x0f0f0f0fu) | (((q[1] >> 6) & 0x03030303u) << 4);
+    const uint64_t scs = uint64_t(q[0] & 0x3f3f3f3fu) | uint64_t(sc_hi) << 32;
+    const uint64_t mins = uint64_t(q[1] & 0x3f3f3f3fu) | uint64_t(m_hi) << 32;
+    const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(scs))));
+    const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins))));
+    _mm256_storeu_ps(ar + 8 * b, _mm256_mul_ps(_mm256_set1_ps(d), fsc));
+    _mm256_storeu_ps(br + 8 * b, _mm256_mul_ps(_mm256_set1_ps(dmin), fm));
   }
 }
 
@@ -167,7 +173,8 @@ void decode_row_q6k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
         }
       }
     }
-    for (int g = 0; g < 16; ++g) ar[16 * b + g] = d * float(sc[g]);
+    const __m512 fsc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))));
+    _mm512_storeu_ps(ar + 16 * b, _mm512_mul_ps(_mm512_set1_ps(d), fsc));  // A = d * float(sc), 16 at a time
   }
 }
 
