@@ -309,31 +309,46 @@ inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
   for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), kHint);
 }
 
-template <int G, bool kOff>
-void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
-  const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
-  const int ngroups = (nt + kLanes - 1) / kLanes;
-  // Scratch: one micro-tile's codes, A, B (kMR rows: stays in L1), zero activations, then per token group xt, dx, sb.
-  const size_t n_u = align64(size_t(kMR * Kq)), n_ab = align64(size_t(kMR * ng) * 4), n_zero = align64(size_t(Kq)),
-               n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
-               n_sb = align64(size_t(ng) * kLanes * 4);
-  const int off = t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
-  uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
-  uint8_t* u = base;
-  float* a = reinterpret_cast<float*>(base + n_u);
-  float* b = reinterpret_cast<float*>(base + n_u + n_ab);
-  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_u + 2 * n_ab);
-  uint8_t* tok = base + n_u + 2 * n_ab + n_zero;
-  std::memset(zeros, 0, size_t(Kq));
+// Packed tokens: per 16-token group, xt [Kq/4][16] int32, dx [nsb][16], sb [ng][16], z [ng][16] (pack_tokens), each
+// 64-byte aligned.
+struct TokenLayout {
+  size_t n_xt, n_dx, n_sb;
+  TokenLayout(int64_t Kq, int G)
+      : n_xt(align64(size_t(Kq) * kLanes)), n_dx(align64(size_t(Kq / 256) * kLanes * 4)),
+        n_sb(align64(size_t(Kq / G) * kLanes * 4)) {}
+  size_t group() const { return n_xt + n_dx + 2 * n_sb; }
+};
 
+inline int offset_of(QType t) {
+  return t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
+}
+
+template <int G>
+void pack_all(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst, const int8_t* zeros) {
+  const int64_t Kq = padded_k256(K);
+  const TokenLayout L(Kq, G);
+  for (int gi = 0; gi * kLanes < nt; ++gi) {
+    uint8_t* p = dst + gi * L.group();
+    pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, offset_of(t), zeros,
+                   reinterpret_cast<int32_t*>(p), reinterpret_cast<float*>(p + L.n_xt),
+                   reinterpret_cast<float*>(p + L.n_xt + L.n_dx),
+                   reinterpret_cast<int32_t*>(p + L.n_xt + L.n_dx + L.n_sb));
+  }
+}
+
+// R rows over nt packed tokens; tile: scratch for one micro-tile (kMR rows of codes, A, B).
+template <int G, bool kOff>
+void gemm_on_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tok, int nt,
+                    float* out, uint8_t* tile) {
+  const int64_t Kq = padded_k256(K), ng = Kq / G;
+  const int ngroups = (nt + kLanes - 1) / kLanes;
+  const TokenLayout L(Kq, G);
+  const size_t n_u = align64(size_t(kMR * Kq)), n_ab = align64(size_t(kMR * ng) * 4);
+  uint8_t* u = tile;
+  float* a = reinterpret_cast<float*>(tile + n_u);
+  float* b = reinterpret_cast<float*>(tile + n_u + n_ab);
   prefetch_rows<_MM_HINT_T0>(w, row_bytes, 0, std::min(R, kMR));
   prefetch_rows<_MM_HINT_T1>(w, row_bytes, kMR, std::min(R, 2 * kMR));
-  for (int gi = 0; gi < ngroups; ++gi) {
-    uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
-    pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
-                   reinterpret_cast<float*>(p + n_xt), reinterpret_cast<float*>(p + n_xt + n_dx),
-                   reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
-  }
   // Micro-tiles of kMR rows: decode the tile's rows (prefetched), prefetch the next tiles', run every token group.
   for (int r0 = 0; r0 < R; r0 += kMR) {
     const int rn = std::min(kMR, R - r0);
@@ -342,19 +357,71 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
     prefetch_rows<_MM_HINT_T0>(w, row_bytes, r0 + kMR, std::min(R, r0 + 2 * kMR));
     prefetch_rows<_MM_HINT_T1>(w, row_bytes, r0 + 2 * kMR, std::min(R, r0 + 3 * kMR));
     for (int gi = 0; gi < ngroups; ++gi) {
-      const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
+      const uint8_t* p = tok + gi * L.group();
       const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
       const __mmask16 mask = __mmask16((1u << n) - 1);
       __m512 acc[kMR];
-      micro<G, kOff>(u, a, b, Kq, reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + n_xt),
-                     reinterpret_cast<const float*>(p + n_xt + n_dx),
-                     reinterpret_cast<const int32_t*>(p + n_xt + n_dx + n_sb), acc);
+      micro<G, kOff>(u, a, b, Kq, reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + L.n_xt),
+                     reinterpret_cast<const float*>(p + L.n_xt + L.n_dx),
+                     reinterpret_cast<const int32_t*>(p + L.n_xt + L.n_dx + L.n_sb), acc);
       for (int r = 0; r < rn; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
     }
   }
 }
 
+inline size_t tile_bytes(int64_t Kq, int G) { return align64(size_t(kMR * Kq)) + 2 * align64(size_t(kMR * Kq / G) * 4); }
+
+// One call: pack its tokens into the scratch, then the GEMM on them.
+template <int G, bool kOff>
+void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t Kq = padded_k256(K);
+  const int ngroups = (nt + kLanes - 1) / kLanes;
+  // Scratch: one micro-tile (kMR rows: stays in L1), zero activations, then the packed token groups.
+  const size_t n_tile = tile_bytes(Kq, G), n_zero = align64(size_t(Kq));
+  uint8_t* base = gemm_scratch(n_tile + n_zero + ngroups * TokenLayout(Kq, G).group());
+  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_tile);
+  uint8_t* tok = base + n_tile + n_zero;
+  std::memset(zeros, 0, size_t(Kq));
+  prefetch_rows<_MM_HINT_T0>(w, row_bytes, 0, std::min(R, kMR));
+  pack_all<G>(t, K, xs, nt, tok, zeros);
+  gemm_on_packed<G, kOff>(t, w, row_bytes, R, K, tok, nt, out, base);
+}
+
+template <int G>
+void pack_g(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
+  const int64_t Kq = padded_k256(K);
+  uint8_t* zeros = gemm_scratch(size_t(Kq));
+  std::memset(zeros, 0, size_t(Kq));
+  pack_all<G>(t, K, xs, nt, dst, reinterpret_cast<const int8_t*>(zeros));
+}
+
+template <int G, bool kOff>
+void packed_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tok, int nt, float* out) {
+  gemm_on_packed<G, kOff>(t, w, row_bytes, R, K, tok, nt, out, gemm_scratch(tile_bytes(padded_k256(K), G)));
+}
+
 }  // namespace
+
+size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt) {
+  return size_t((nt + kLanes - 1) / kLanes) * TokenLayout(padded_k256(K), t == QType::Q6_K ? 16 : 32).group();
+}
+
+void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
+  if (t == QType::Q6_K)
+    pack_g<16>(t, K, xs, nt, dst);
+  else
+    pack_g<32>(t, K, xs, nt, dst);
+}
+
+void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                             int nt, float* out) {
+  switch (t) {
+    case QType::Q6_K: packed_g<16, true>(t, w, row_bytes, R, K, tokens, nt, out); break;
+    case QType::Q4_K:
+    case QType::Q5_K: packed_g<32, false>(t, w, row_bytes, R, K, tokens, nt, out); break;
+    default: packed_g<32, true>(t, w, row_bytes, R, K, tokens, nt, out); break;  // Q8_0, Q4_0, IQ4_XS
+  }
+}
 
 void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                       float* out) {
