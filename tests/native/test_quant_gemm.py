@@ -6,8 +6,9 @@ far as they cannot overflow.
 
 Proven here, for every type and every ISA this CPU runs (the others take their mat-vec path, and must agree too):
 - every token count from 1 to 70 (1 = decode, the mat-vec / row tiles below each GEMM's threshold, the smallest GEMM,
-  8- and 16-token lane groups full and ragged, the 64-token block and the block after it) and 127-129, 255-257,
-  511-513, on 1, 2 and 3 threads (bit-identical whatever the thread count: the tasks do not depend on it), against
+  8- and 16-token lane groups full and ragged, the MoE's 64-token block and the block after it) and 127-129, 255-257,
+  511-513 (AVX-512 quant_matmul's GEMM tasks of 256 tokens on tokens packed once per call, full and ragged), on 1, 2
+  and 3 threads (bit-identical whatever the thread count: the tasks do not depend on it), against
   Reference (the same integer dots, double accumulation: NMSE bound 1e-10 as in test_quant_matmul.py) and float64
   on gguf.quants.dequantize's values (2e-4, the int8 activation step; see test_quant_matmul.py), on NaN-prefilled
   outputs that must be overwritten everywhere. Neither GEMM is bit-identical to its ISA's row path: each rounds its
