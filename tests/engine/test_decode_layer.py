@@ -160,3 +160,36 @@ def test_the_python_path_keeps_what_the_native_step_does_not_take(model_file):
     assert not model.layers[0].decode_step.runs(torch.zeros(2, model.config.hidden_size), model.new_cache(4))
     model.forward(ids[:PROMPT], f32)
     assert torch.isfinite(model.forward(ids[PROMPT:], f32)).all()
+
+
+def test_native_decode_steps_stay_close_to_transformers():
+    """The oracle: transformers' Qwen3MoeForCausalLM (tests/engine/hf_reference.py, head dim 32, f32 weights, Torch
+    experts) teacher-forced over 40 tokens against a 20-token prefill and 20 one-token steps, every step through the
+    native layer step (counted). Same bounds as test_model_vs_hf's bf16-cache test, whose rounding dominates here."""
+    pytest.importorskip("transformers")
+    from hf_reference import CONFIGS, canonical_weights, hf_model
+
+    ref = hf_model(CONFIGS["head_dim_32"], seed=3)
+    w = canonical_weights(ref)
+    model = Qwen3MoeModel(w, TorchExperts(layer_experts(w.config, w.tensors)))
+    calls = []
+    for block in model.layers:
+        real = block.decode_step.plan
+
+        class Counting:
+            def step(self, *a, real=real):
+                calls.append(1)
+                return real.step(*a)
+
+        block.decode_step.plan = Counting()
+    ids = torch.randint(0, ref.config.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = ref(ids[None]).logits[0]  # [T, V]
+    cache = model.new_cache(4)  # grows while decoding
+    first = model.forward(ids[:20], cache, last_only=False)  # [20, V]
+    ours = torch.cat([first, *(model.forward(ids[i : i + 1], cache) for i in range(20, 40))])  # [40, V]
+    assert len(calls) == 20 * model.config.num_hidden_layers
+    per_position = (ours - theirs).abs().max(-1).values / float(theirs.max() - theirs.min())  # [40]
+    kl = torch.nn.functional.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none")
+    top1 = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
+    assert float(per_position.median()) < 3e-3 and float(kl.sum(-1).mean()) < 5e-4 and top1 >= 0.95
