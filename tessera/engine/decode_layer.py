@@ -8,7 +8,9 @@ cache, the attention kernel over it, o_proj, the residual, the post-attention RM
 and, when the expert backend hands over a native description of the layer's experts (`ExpertBackend.decode_experts`),
 the routed experts and the second residual too. The mat-vec kernels are the ones engine.dense uses (bit for bit for
 quantized and 16-bit weights); the norms, RoPE, softmax and f32 mat-vecs sum in another order than torch
-(tests/engine/test_decode_layer.py holds the two paths to each other).
+(tests/engine/test_decode_layer.py holds the two paths to each other). The whole layer runs on the expert backend's
+pool when it has one (else on the dense Linears' pool): one pool whose workers stay warm across the layer's phases,
+instead of the dense pool and the experts' pool taking turns (and cores) on a 2-core machine.
 
 It applies (`DecodeLayerStep.build` / `runs`) to a layer on the CPU whose projections and router are all read
 natively or held as f32 (no GPU copy), at T = 1, with a bf16 cache the native attention kernel reads
