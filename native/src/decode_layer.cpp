@@ -159,4 +159,33 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   for (int64_t i = 0; i < H; ++i) S.out[i] = S.h[i] + moe[size_t(i)];
 }
 
+void decode_stack_step(const DecodeStackLayer* layers, int n, const float* x, const float* cos, const float* sin,
+                       int64_t C, int64_t start, float* out, ThreadPool& pool) {
+  if (n <= 0) return;
+  const size_t nH = static_cast<size_t>(layers[0].plan->H);
+  std::vector<float> h(nH), normed(nH), ping(nH), pong(nH);
+  const float* cur = x;
+  for (int i = 0; i < n; ++i) {
+    const DecodeStackLayer& L = layers[i];
+    DecodeStep s;
+    s.x = cur;
+    s.cos = cos;
+    s.sin = sin;
+    s.kt = L.kt;
+    s.v = L.v;
+    s.C = C;
+    s.start = start;
+    s.h = h.data();
+    s.normed = normed.data();
+    s.ids = L.ids;
+    s.weights = L.weights;
+    s.experts = L.experts;
+    s.out = i == n - 1 ? out : (i % 2 ? pong.data() : ping.data());
+    decode_layer_step(*L.plan, s, pool);
+    std::fill(L.counts, L.counts + L.plan->router.N, int64_t(0));
+    for (int64_t j = 0; j < L.plan->top_k; ++j) ++L.counts[L.ids[j]];
+    cur = s.out;
+  }
+}
+
 }  // namespace tessera

@@ -89,3 +89,49 @@ class DecodeLayerStep:
         self.plan.step(x.contiguous(), cos, sin, cache.k[self.layer], cache.v[self.layer], cache.length, h, normed,
                        ids, weights, moe, out, pool)
         return StepOutput(h, normed, (ids, weights) if k else None, out)
+
+
+class DecodeStack:
+    """Every decoder layer of a model in one native call per decode step (`engine.native.decode_stack_step`): where
+    every layer is an MoE layer whose step takes this token and whose experts the backend hands over as a native
+    object. No return to Python between layers, so the pool's workers stay warm from the first layer to the last
+    (the per-layer step returns to Python 48 times a token on 30B-A3B). Anything else: the blocks run one by one."""
+
+    def __init__(self, steps: list[DecodeLayerStep], num_experts: int):
+        self.steps, self.num_experts = steps, num_experts
+        self.plans = [step.plan for step in steps]
+        self._experts: tuple[object, list | None] = (None, None)  # (backend, its decode_experts per layer)
+
+    @classmethod
+    def build(cls, steps: list[DecodeLayerStep | None], num_experts: int) -> DecodeStack | None:
+        if not steps or any(step is None or not step.top_k for step in steps):
+            return None
+        return cls(list(steps), num_experts)
+
+    def _moe(self, experts) -> list | None:
+        if self._experts[0] is not experts:  # decided once per backend (a backend switch decides again)
+            moe = [experts.decode_experts(step.layer) for step in self.steps]
+            self._experts = (experts, None if any(m is None for m in moe) else moe)
+        return self._experts[1]
+
+    def runs(self, x: torch.Tensor, cache: KVCache, experts) -> bool:
+        return (x.shape[0] == 1 and experts.pool is not None and self._moe(experts) is not None
+                and all(step.runs(x, cache) for step in self.steps))
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, experts,
+                 stats) -> torch.Tensor:
+        """x [1, H] f32 at position cache.length (reserved) -> the last layer's output [1, H]; writes every layer's
+        K/V (committed by the caller) and, with `stats`, the routed pairs and per-layer counts (model.RoutingStats)."""
+        L, k = len(self.steps), self.steps[0].top_k
+        ids = torch.empty(L, k, dtype=torch.int64)  # [L, k]
+        weights = torch.empty(L, k)  # [L, k]
+        counts = torch.empty(L, self.num_experts, dtype=torch.int64)  # [L, E]
+        out = torch.empty(1, self.steps[0].H)  # [1, H]
+        layers = [step.layer for step in self.steps]
+        native.decode_stack_step(self.plans, self._moe(experts), x.contiguous(), cos, sin,
+                                 [cache.k[i] for i in layers], [cache.v[i] for i in layers], cache.length, ids,
+                                 weights, counts, out, experts.pool)
+        if stats is not None:
+            stats.pairs += ids.numel()
+            stats.counts.update(zip(layers, counts))  # layer -> [E]
+        return out

@@ -5,8 +5,8 @@ Norm weights are converted to float32 once at construction; the 2-D dense weight
 dense MLP, lm_head) stay as stored (float, or a GGUF's quantized blocks) inside `engine.dense.Linear`, which chooses how
 to multiply by them, and so does the embedding table (`engine.dense.embedding_rows` looks rows up); the routed
 experts stay as stored and are computed by an `engine.experts.ExpertBackend`. The model only calls both (no backend
-branches here); at T = 1 a layer that can runs in one native call (engine.decode_layer.DecodeLayerStep, chosen once per
-layer in Block).
+branches here); at T = 1 a layer that can runs in one native call (engine.decode_layer.DecodeLayerStep, chosen in
+Block), and a model whose every layer can runs them all in one (engine.decode_layer.DecodeStack, chosen in forward).
 
 Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value
 heads, hd head dim, E experts, k experts per token, Id dense intermediate size.
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.engine.attention import attend
-from tessera.engine.decode_layer import DecodeLayerStep
+from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
     FusedMatvec,
     Linear,
@@ -225,6 +225,8 @@ class Qwen3MoeModel:
             for i in range(cfg.num_hidden_layers)
         ]
         self.linears = [self.lm_head] + [lin for block in self.layers for lin in block.linears()]
+        # Decode: every layer in one native call where all of them can take it (else each Block chooses for itself).
+        self.decode_stack = DecodeStack.build([block.decode_step for block in self.layers], cfg.num_experts)
         self.set_experts(experts)
 
     def set_experts(self, experts: ExpertBackend) -> None:
@@ -260,11 +262,14 @@ class Qwen3MoeModel:
             mask = torch.arange(start + T)[None, :] <= positions[:, None]  # [T, S] bool
         on_device = {}  # device -> (cos, sin, mask) copied there once per step
         x = embedding_rows(self.embed_tokens, input_ids)  # [T, H] f32
-        for block in self.layers:
-            if block.device not in on_device:
-                on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
-            c, s, m = on_device[block.device]
-            x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
+        if self.decode_stack is not None and self.decode_stack.runs(x, cache, self.experts):
+            x = self.decode_stack(x, cos, sin, cache, self.experts, stats)  # [1, H]: every layer, one native call
+        else:
+            for block in self.layers:
+                if block.device not in on_device:
+                    on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
+                c, s, m = on_device[block.device]
+                x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
         cache.commit(input_ids.tolist())
         if last_only:
             x = x[-1:]  # [1, H]

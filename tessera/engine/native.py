@@ -553,6 +553,14 @@ def decode_layer_plan(H: int, nh: int, nkv: int, hd: int, eps: float, input_norm
                                top_k, norm_topk, isa)
 
 
+def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, weights, counts, out, pool) -> None:
+    """One token through consecutive MoE layers in one call (engine.decode_layer.DecodeStack): `plans` their
+    decode_layer_plan objects, `experts` their QuantMoeLayer (ExpertBackend.decode_experts), `kts`/`vs` their cache
+    buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k], counts int64 [L, E]
+    (tokens routed to each expert) and out f32 [1, H] (the last layer's output)."""
+    _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool)
+
+
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,
                       isa: str = "auto") -> None:
     """Routed experts on quantized weights, `forward`'s contract: gate, up [E, I, row_bytes(H)] and down

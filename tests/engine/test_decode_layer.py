@@ -44,17 +44,22 @@ def _model(path, backend: str) -> Qwen3MoeModel:
     return Qwen3MoeModel(w, experts)
 
 
-def _step(model: Qwen3MoeModel, token: torch.Tensor, cache, native_step: bool):
-    saved = [block.decode_step for block in model.layers]
+def _step(model: Qwen3MoeModel, token: torch.Tensor, cache, native_step: bool, stack: bool = True):
+    """One forward of `token`: native_step False runs the Python path; stack False keeps the per-layer native steps
+    but not the whole-model call."""
+    saved, saved_stack = [block.decode_step for block in model.layers], model.decode_stack
     if not native_step:
         for block in model.layers:
             block.decode_step = None
+    if not (native_step and stack):
+        model.decode_stack = None
     stats = RoutingStats()
     try:
         return model.forward(token, cache, stats=stats), stats  # [1, V]
     finally:
         for block, step in zip(model.layers, saved):
             block.decode_step = step
+        model.decode_stack = saved_stack
 
 
 @pytest.mark.parametrize("backend", ["Auto", "Torch"])
@@ -93,12 +98,44 @@ def test_native_step_matches_the_python_path(model_file, backend):
     assert close >= least and routing_same >= least, (close, routing_same, STEPS)
 
 
-def test_a_decode_step_makes_one_native_call_per_layer(model_file, monkeypatch):
+def test_the_whole_model_call_equals_the_per_layer_calls(model_file):
+    """Where every layer is an MoE layer with quantized experts read in place, a decode step is one native call for
+    all layers; it runs the same per-layer code in the same order, so it equals the per-layer steps bit for bit."""
+    name, path = model_file
+    model = _model(path, "Auto")
+    cfg = model.config
+    stacked = name in ("q8_0", "q4_k_m")  # every layer MoE, experts read as blocks in place
+    assert (model.decode_stack is not None and model.decode_stack.runs(torch.zeros(1, cfg.hidden_size),
+            model.new_cache(4), model.experts)) == stacked
+    ids = torch.randint(0, cfg.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(4))
+    cache = model.new_cache(PROMPT + 6)
+    model.forward(ids[:PROMPT], cache)
+    for t in range(PROMPT, PROMPT + 6):
+        ours_cache, theirs_cache = cache.copy_prefix(t), cache.copy_prefix(t)
+        ours, ours_stats = _step(model, ids[t : t + 1], ours_cache, native_step=True)
+        theirs, theirs_stats = _step(model, ids[t : t + 1], theirs_cache, native_step=True, stack=False)
+        assert torch.equal(ours, theirs)
+        assert ours_stats.pairs == theirs_stats.pairs == cfg.num_experts_per_tok * len(theirs_stats.counts)
+        assert sorted(ours_stats.counts) == sorted(theirs_stats.counts)
+        assert all(torch.equal(ours_stats.counts[i], theirs_stats.counts[i]) for i in theirs_stats.counts)
+        for layer in range(cfg.num_hidden_layers):
+            assert torch.equal(ours_cache.v[layer][:, : t + 1], theirs_cache.v[layer][:, : t + 1])
+            tile, lane = divmod(t, 32)  # keys: full tiles, then the filled lanes of the last one
+            assert torch.equal(ours_cache.k[layer][:, :tile], theirs_cache.k[layer][:, :tile])
+            last = (c.k[layer][:, tile, :, : lane + 1] for c in (ours_cache, theirs_cache))  # [nkv, hd, lane+1] x 2
+            assert torch.equal(*last)
+        cache = theirs_cache
+
+
+def test_a_decode_step_makes_one_native_call_per_layer_or_one_for_all(model_file, monkeypatch):
     name, path = model_file
     model = _model(path, "Auto")
     ids = torch.arange(PROMPT + 1)
     cache = model.new_cache(PROMPT + 1)
     model.forward(ids[:PROMPT], cache)
+    stack_calls = []
+    real_stack = native.decode_stack_step
+    monkeypatch.setattr(native, "decode_stack_step", lambda *a: stack_calls.append(1) or real_stack(*a))
     calls = []
     for block in model.layers:
         real = block.decode_step.plan
@@ -115,8 +152,11 @@ def test_a_decode_step_makes_one_native_call_per_layer(model_file, monkeypatch):
         monkeypatch.setattr(native, fn, lambda *a, fn=fn: pytest.fail(f"{fn} called from Python"))
     logits = model.forward(ids[PROMPT:], cache)
     assert torch.isfinite(logits).all()
+    if name in ("q8_0", "q4_k_m"):  # every layer MoE with quantized experts: one call for the whole model
+        assert stack_calls == [1] and calls == []
+        return
     moe_layers = [i for i in range(model.config.num_hidden_layers) if model.config.is_moe_layer(i)]
-    assert len(calls) == model.config.num_hidden_layers
+    assert stack_calls == [] and len(calls) == model.config.num_hidden_layers
     quantized_experts = name.startswith("q")  # block kernels in place: the experts run inside the same call
     assert calls == [quantized_experts and i in moe_layers for i in range(len(calls))]
 
@@ -149,6 +189,21 @@ def test_outputs_are_overwritten_and_a_position_past_capacity_is_refused(model_f
     with pytest.raises(ValueError, match="x: expected shape"):
         step.plan.step(torch.zeros(1, H + 1), cos, sin, cache.k[layer], cache.v[layer], 0, h, normed, ids, weights,
                        None, None, model.experts.pool)
+    stack = model.decode_stack
+    if stack is None or not stack.runs(x, cache, model.experts):
+        return
+    L, E = cfg.num_hidden_layers, cfg.num_experts  # the whole-model call (quantized experts in place)
+    ids, weights = torch.full((L, k), -7, dtype=torch.int64), torch.full((L, k), float("nan"))
+    counts = torch.full((L, E), -7, dtype=torch.int64)
+    args = (stack.plans, stack._moe(model.experts), x, cos, sin, cache.k, cache.v)
+    native.decode_stack_step(*args, 5, ids, weights, counts, out, model.experts.pool)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    assert ((ids >= 0) & (ids < E)).all() and (counts.sum(-1) == k).all() and ((counts == 0) | (counts == 1)).all()
+    assert torch.equal(counts, torch.zeros(L, E, dtype=torch.int64).scatter_(1, ids, 1))
+    with pytest.raises(ValueError, match=f"position {capacity} is beyond its capacity {capacity}"):
+        native.decode_stack_step(*args, capacity, ids, weights, counts, out, model.experts.pool)
+    with pytest.raises(ValueError, match="counts: expected shape"):
+        native.decode_stack_step(*args, 5, ids, weights, counts[:1], out, model.experts.pool)
 
 
 def test_the_python_path_keeps_what_the_native_step_does_not_take(model_file):

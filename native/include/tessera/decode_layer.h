@@ -68,6 +68,23 @@ struct DecodeStep {
 // Runs the layer for one token on `pool`. Preconditions (checked in the bindings): shapes agree, start < C, hd even.
 void decode_layer_step(const DecodeLayerPlan& plan, const DecodeStep& step, ThreadPool& pool);
 
+// One layer of decode_stack_step: an MoE layer whose experts run in the same call.
+struct DecodeStackLayer {
+  const DecodeLayerPlan* plan = nullptr;   // has_router
+  const DecodeExperts* experts = nullptr;  // E = plan->router.N
+  uint16_t* kt = nullptr;                  // this layer's cache buffers (DecodeStep's kt, v)
+  uint16_t* v = nullptr;
+  int64_t* ids = nullptr;                  // [k] out
+  float* weights = nullptr;                // [k] out
+  int64_t* counts = nullptr;               // [E] out: tokens routed to each expert (0 or 1 at T = 1)
+};
+
+// n consecutive layers for one token, layer i reading layer i-1's output: decode_layer_step per layer, with no return
+// to the caller between layers (the pool's workers stay warm). x [H] in, out [H] the last layer's output; C, start as
+// in DecodeStep (every layer's cache has capacity C).
+void decode_stack_step(const DecodeStackLayer* layers, int n, const float* x, const float* cos, const float* sin,
+                       int64_t C, int64_t start, float* out, ThreadPool& pool);
+
 // out[N] = W[N, K] . x[K] for one weight of any kind, on the pool (the f32 kind sums in f32 in another order than
 // torch; the others are the kernels engine.dense uses, bit for bit).
 void decode_matvec(const DecodeWeight& w, QIsa isa, const float* x, float* out, ThreadPool& pool);
