@@ -5,7 +5,8 @@ into attention, routed experts and the rest (dense projections, norms, router, l
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
-(tessera/engine/attention.py's path) and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
+(tessera/engine/attention.py's path; native_ms is attend's, which at start 0 with T > 1 is torch's), each native kernel
+this CPU runs called directly (native_AVX512_BF16_ms, native_AVX512_ms), and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
 explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
@@ -39,6 +40,7 @@ def best_s(fn, reps: int) -> float:
 def kernel_row(T: int, S: int) -> dict:
     """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1)."""
     from tessera.engine.attention import attend, decode_attention
+    from tessera.engine.dense import dense_pool
     from tessera.engine.kv_cache import KVCache
 
     start = S - T
@@ -47,8 +49,13 @@ def kernel_row(T: int, S: int) -> dict:
     cache.write(0, torch.randn(NKV, S, HD, generator=g), torch.randn(NKV, S, HD, generator=g))
     q = torch.randn(NH, T, HD, generator=g)  # [nh, T, hd]
     mask = torch.arange(S)[None, :] <= torch.arange(start, S)[:, None]  # [T, S]
-    reps = 2 if T * S > 4e6 else 5
+    reps = 2 if T * S > 4e6 else 5 if T > 1 else 50
     native_s = best_s(lambda: attend(q, cache, 0, start, mask), reps)
+    others = {}  # every other native kernel this CPU runs, called directly (attend takes torch's path at start 0)
+    for kernel in [k for k in ("AVX512_BF16", "AVX512") if native.attention_kernel(HD) in ("AVX512_BF16", k)]:
+        out = torch.empty(T, NH * HD)
+        others[f"native_{kernel}_ms"] = 1e3 * best_s(lambda k=kernel: native.attention_bf16(
+            q, cache.k[0], cache.v[0], start, HD**-0.5, out, dense_pool(), kernel=k), reps)
 
     def old():  # the path before: widen the layer to f32, SDPA with the mask (prefill) or two matmuls (decode)
         keys, values = cache.keys_values(0, S)
@@ -56,7 +63,7 @@ def kernel_row(T: int, S: int) -> dict:
             return decode_attention(q, keys, values)
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
 
-    row = {"T": T, "S": S, "native_ms": native_s * 1e3, "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
+    row = {"T": T, "S": S, "native_ms": native_s * 1e3, **others, "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
     if T > 1:
         keys, values = cache.keys_values(0, S)
         row["sdpa_is_causal_f32_ms"] = 1e3 * best_s(lambda: F.scaled_dot_product_attention(

@@ -1,11 +1,13 @@
 """Causal grouped-query attention of one decoder layer over its KV cache.
 
 Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
-- native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
-  kernel for this head dim. Flash style: query blocks x key blocks of 32 with an online softmax, K/V read in place as
-  stored (never widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped. It runs decode
-  (where reading the cache is the whole cost) and prefill after cached positions (a second turn), where torch would
-  need an explicit [T, S] mask and compute the whole square.
+- native (`engine.native.attention_bf16`, native/src/attention_avx512*.cpp): a bf16 cache on the CPU with an AVX-512
+  kernel for this head dim (AVX512_BF16: vdpbf16ps products, q and the probabilities rounded to bf16; AVX512: f32
+  products). Flash style: query blocks x key blocks of 32 with an online softmax, K/V read in place as stored (never
+  widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped; with few query blocks (decode)
+  the keys are split across the threads and the partial softmaxes merged (flash-decoding). It runs decode (where
+  reading the cache is the whole cost) and prefill after cached positions (a second turn), where torch would need an
+  explicit [T, S] mask and compute the whole square.
 - torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512), and a prompt with nothing cached
   before it: K/V are widened to float32 once per layer (KVCache.keys_values, O(S), small beside O(T*S) work), then
   torch's SDPA with is_causal, whose CPU flash kernel (query/key blocks, no T x T matrix either) measured faster than
@@ -28,13 +30,14 @@ from tessera.engine.kv_cache import KVCache
 
 @functools.cache
 def native_kernel(head_dim: int) -> str:
-    """"AVX512" where the native kernel runs for this head dim on this CPU, else "Reference" (then torch is used)."""
+    """"AVX512_BF16" or "AVX512" where a native kernel runs for this head dim on this CPU, else "Reference" (then torch
+    is used)."""
     return native.attention_kernel(head_dim)
 
 
 def uses_native(cache: KVCache, layer: int) -> bool:
     return (cache.dtype == torch.bfloat16 and cache.k[layer].device.type == "cpu"
-            and native_kernel(cache.head_dim) == "AVX512")
+            and native_kernel(cache.head_dim) != "Reference")
 
 
 def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.Tensor | None,
