@@ -5,9 +5,10 @@ into attention, routed experts and the rest (dense projections, norms, router, l
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
-(tessera/engine/attention.py's path; native_ms is attend's, which at start 0 with T > 1 is torch's), each native kernel
-this CPU runs called directly (native_AVX512_BF16_ms, native_AVX512_ms), and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
-explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few runs.
+(tessera/engine/attention.py's path: native_ms is attend's), each native kernel this CPU runs called directly
+(native_AVX512_BF16_ms, native_AVX512_ms), and by the torch path it replaces (widen the layer's K/V to f32, then SDPA
+with an explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few
+runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
 Prints figures only; nothing is asserted.
@@ -52,8 +53,8 @@ def kernel_row(T: int, S: int) -> dict:
     reps = 2 if T * S > 4e6 else 5 if T > 1 else 50
     native_s = best_s(lambda: attend(q, cache, 0, start, mask), reps)
     others = {}  # every other native kernel this CPU runs, called directly (attend takes torch's path at start 0)
+    out = torch.empty(T, NH * HD)  # [T, nh*hd]
     for kernel in [k for k in ("AVX512_BF16", "AVX512") if native.attention_kernel(HD) in ("AVX512_BF16", k)]:
-        out = torch.empty(T, NH * HD)
         others[f"native_{kernel}_ms"] = 1e3 * best_s(lambda k=kernel: native.attention_bf16(
             q, cache.k[0], cache.v[0], start, HD**-0.5, out, dense_pool(), kernel=k), reps)
 

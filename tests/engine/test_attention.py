@@ -187,7 +187,7 @@ def test_long_context_matches_transformers(kv_dtype):
         theirs = ref(ids[None]).logits[0]  # [1012, V]
     cache = model.new_cache(16)
     if kv_dtype == torch.bfloat16:
-        assert uses_native(cache, 0) == (native_kernel(32) == "AVX512")
+        assert uses_native(cache, 0) == (native_kernel(32) != "Reference")
     parts = [model.forward(ids[:700], cache, last_only=False), model.forward(ids[700:1000], cache, last_only=False)]
     parts += [model.forward(ids[i : i + 1], cache) for i in range(1000, 1012)]
     ours = torch.cat(parts)  # [1012, V]
