@@ -117,6 +117,8 @@ void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const flo
 
 // The f32 block products for attention_flash.inc: queries scaled in f32, probabilities used as computed.
 struct F32Kernel {
+  static __m512i key_lanes(int half) { return _mm512_add_epi32(_mm512_set1_epi32(16 * half), _mm512_setr_epi32(
+      0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }  // scores in key order
   static void load_queries(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Scratch& w) {
     const int64_t hd = a.hd;
     w.q.resize(size_t((t1 - t0) * g * hd));
