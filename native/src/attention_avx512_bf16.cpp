@@ -61,8 +61,8 @@ void block_scores(const uint16_t* Q, int64_t hd, const uint16_t* tile, int nk, f
     const __m512i k1 = _mm512_maskz_loadu_epi16(keys, tile + (d + 1) * kKeys);
     const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(k0, k1), ph = (__m512bh)_mm512_unpackhi_epi16(k0, k1);
     if (pf) {
-      _mm_prefetch(pf + d * 64, _MM_HINT_T0);
-      _mm_prefetch(pf + d * 64 + 64, _MM_HINT_T0);
+      _mm_prefetch(pf + d * 64, _MM_HINT_T1);
+      _mm_prefetch(pf + d * 64 + 64, _MM_HINT_T1);
     }
     for (int r = 0; r < RB; ++r) {
       const __m512bh q = bcast_pair(Q + r * hd + d);
@@ -98,8 +98,8 @@ void block_values(const uint16_t* p, const uint16_t* v, int64_t hd, int nk, cons
     const __m512i v1 = j + 1 < nk ? _mm512_loadu_si512(v + (j + 1) * hd) : _mm512_setzero_si512();
     const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(v0, v1), ph = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
     if (pf) {
-      _mm_prefetch(pf + q * 128, _MM_HINT_T0);
-      _mm_prefetch(pf + q * 128 + 64, _MM_HINT_T0);
+      _mm_prefetch(pf + q * 128, _MM_HINT_T1);
+      _mm_prefetch(pf + q * 128 + 64, _MM_HINT_T1);
     }
     for (int r = 0; r < RB; ++r) {
       const __m512bh w = bcast_pair(p + r * kKeys + 2 * q);
