@@ -3,7 +3,7 @@ into attention, routed experts and the rest (dense projections, norms, router, l
 
     python scripts/bench_long_context.py --kernels [--threads 2] [--prefill 512 2048 4096] [--decode 128 2048 8192]
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
-        [--fill-random]
+        [--fill-random] [--warmup-steps N]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
 (tessera/engine/attention.py's path: native_ms is attend's), each native kernel this CPU runs called directly
@@ -145,6 +145,10 @@ def model_split(a) -> list[dict]:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     model.forward(torch.randint(0, vocab, (8,), generator=g), model.new_cache(16))  # warm-up
+    warm = model.new_cache(a.warmup_steps + 1)
+    for _ in range(a.warmup_steps):  # first touches of the mapped weights (each expert's pages fault in once)
+        model.forward(torch.randint(0, vocab, (1,), generator=g), warm)
+    del warm
     rows = []
     contexts = sorted(set(a.decode) if a.fill_random else set(a.prefill) | set(a.decode))
     for n in contexts:
@@ -187,6 +191,8 @@ def main() -> int:
     p.add_argument("--prefill", type=int, nargs="+", default=[512, 2048, 4096], help="prompt lengths")
     p.add_argument("--decode", type=int, nargs="+", default=[128, 2048, 8192], help="decode contexts")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
     p.add_argument("--fill-random", action="store_true",
                    help="decode contexts only: fill the KV cache with random K/V instead of a prefill (minutes saved "
                         "on a big model; a decode step reads the same bytes either way)")
