@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
-# Kernel tuning (tessera/engine/tuned.py): tests never calibrate on a load, and never read or write the user's records.
+# The suite never reads or writes the user's cache folder (packed copies, scale-check records, tuning records): every
+# default folder (platformdirs' user cache dir) is under a throw-away XDG_CACHE_HOME, which child processes inherit,
+# and the user's own folder overrides are dropped, so a test that moves XDG_CACHE_HOME moves every folder with it.
+# Kernel tuning never calibrates on a load.
+_TEST_CACHE = tempfile.mkdtemp(prefix="tessera-cache-tests-")
+atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)
+os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
+for _override in ("TESSERA_PACK_CACHE_DIR", "TESSERA_TUNE_DIR"):
+    os.environ.pop(_override, None)
 os.environ.setdefault("TESSERA_TUNE_ON_LOAD", "0")
-os.environ.setdefault("TESSERA_TUNE_DIR", tempfile.mkdtemp(prefix="tessera-tune-tests-"))
 
 
 @pytest.fixture(scope="session")

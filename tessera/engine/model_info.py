@@ -160,7 +160,7 @@ class RamEstimate:
 
 def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto") -> RamEstimate:
     """RAM a load of the model described by `info` takes with expert backend `backend` and a KV cache of
-    `context_length` positions (default: the model's). Weights as engine.weights holds them (the same held_bytes rule),
+    `context_length` positions (default: the model's; a larger wish is clamped to it, as a load does). Weights as engine.weights holds them (the same held_bytes rule),
     the packed copy from engine.native's own packed-size function and its in-place rule (quantized experts that the
     block kernels read take no packed copy and no float32 layer; a file where only some layers have a type without a
     block kernel is sized as if every layer were widened), the KV cache from engine.kv_cache's."""
@@ -170,7 +170,7 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
     from tessera.engine.kv_cache import kv_bytes
 
     concrete, _ = resolve(backend)
-    ctx = context_length or info.context_length
+    ctx = min(context_length or info.context_length, info.context_length)  # as engine.session clamps it
     kv = kv_bytes(info.num_hidden_layers, info.num_key_value_heads, info.head_dim, ctx)
     kv += kv_bytes(1, info.num_key_value_heads, info.head_dim, ctx, torch.float32)  # the scratch of one layer
     moe_layers = info.num_hidden_layers - len(info.dense_layers)
