@@ -55,6 +55,39 @@ struct Acts {
   }
 };
 
+// quant_matmul's prefill on AVX-512 VNNI (T >= kGemmMinTokens): the tokens are packed for the GEMM once (16 at a
+// time, on the pool) and shared by every row group, and a task runs its kRowGroup rows over up to kGemmBlock tokens,
+// so each row is decoded once per kGemmBlock tokens (the per-task path packed its tokens again for every row group
+// and decoded each row once per kTokenBlock). Per (row, token) the same arithmetic as gemm_avx512_vnni.
+constexpr int64_t kGemmBlock = 256;
+
+void matmul_gemm_avx512(const Kernels& kr, const QMatmulArgs& a, ThreadPool& pool) {
+  Acts acts;
+  acts.resize(a.T, a.K);
+  pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
+  const int64_t n_groups = (a.T + 15) / 16;
+  const size_t group_bytes = quant::gemm_avx512_vnni_packed_bytes(a.type, a.K, 16);
+  std::vector<uint8_t> buf(size_t(n_groups) * group_bytes + 64);  // 64-byte aligned below
+  uint8_t* packed = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  pool.parallel_for(n_groups, [&](int64_t g, int) {
+    ActRow xs[16];
+    const int n = int(std::min<int64_t>(16, a.T - 16 * g));
+    for (int i = 0; i < n; ++i) xs[i] = acts.row(16 * g + i);
+    quant::gemm_avx512_vnni_pack(a.type, a.K, xs, n, packed + size_t(g) * group_bytes);
+  });
+  const int64_t n_rg = (a.N + kRowGroup - 1) / kRowGroup, n_tb = (a.T + kGemmBlock - 1) / kGemmBlock;
+  pool.parallel_for(n_rg * n_tb, [&](int64_t task, int) {
+    const int64_t rg = task % n_rg, tb = task / n_rg;
+    const int64_t t0 = tb * kGemmBlock, t1 = std::min(a.T, t0 + kGemmBlock);
+    const int nt = int(t1 - t0), R = int(std::min(a.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
+    std::vector<float> res(size_t(kRowGroup * kGemmBlock));  // [row, token]
+    quant::gemm_avx512_vnni_packed(a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K,
+                                   packed + size_t(t0 / 16) * group_bytes, nt, res.data());
+    for (int64_t t = t0; t < t1; ++t)
+      for (int r = 0; r < R; ++r) a.out[t * a.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
+  });
+}
+
 // One thread's row tile.
 struct Tile {
   std::vector<uint8_t> u;
@@ -97,6 +130,7 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
+  if (isa == QIsa::AVX512VNNI && a.T >= quant::kGemmMinTokens) return matmul_gemm_avx512(kr, a, pool);
   const bool wide = qtype_info(a.type).wide;
   Acts acts;
   acts.resize(a.T, a.K);
@@ -114,8 +148,8 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
       for (int64_t t = t0; t < t1; ++t) xs[t - t0] = acts.row(t);
       dot_block(kr, a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K, xs, nt, res);
-      for (int r = 0; r < R; ++r)
-        for (int64_t t = t0; t < t1; ++t) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
+      for (int64_t t = t0; t < t1; ++t)  // token-major: each token's R outputs are contiguous
+        for (int r = 0; r < R; ++r) a.out[t * a.N + rg * kRowGroup + r] = res[r * nt + (t - t0)];
       return;
     }
     Tile& tile = tiles[ith];
@@ -177,8 +211,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
         dot_block(kr, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
         dot_block(kr, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
-        for (int r = 0; r < R; ++r)
-          for (int64_t s = s0; s < s1; ++s)
+        for (int64_t s = s0; s < s1; ++s)  // token-major: each slot's R outputs are contiguous
+          for (int r = 0; r < R; ++r)
             act[size_t(sl[size_t(s)] * I + i0 + r)] = silu(g[r * nt + (s - s0)]) * u[r * nt + (s - s0)];
         return;
       }
@@ -224,8 +258,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         const int R = int(std::min(H, h0 + kRowGroup) - h0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
         dot_block(kr, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
-        for (int r = 0; r < R; ++r)
-          for (int64_t s = s0; s < s1; ++s) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
+        for (int64_t s = s0; s < s1; ++s)
+          for (int r = 0; r < R; ++r) y[size_t(sl[size_t(s)] * H + h0 + r)] = res[r * nt + (s - s0)];
         return;
       }
       Tile& td = tiles_d[ith];

@@ -10,10 +10,11 @@
 // values, 16 tokens), and the B term (mins, code offsets) is a small f32 GEMM of the rows' B_g by the tokens' dx * sum(q)
 // per group, one FMA per (row, group, 16 tokens). No horizontal sums.
 //
-// Steps per call: (1) decode the R rows once into a per-thread scratch (u8 codes, f32 A_g and B_g, quant_body.inc's
-// unpack: the same values as every other path); (2) transpose the tokens' activations 16 at a time; (3) for every
-// 16-token group and every 8 rows, the register micro-kernel (8 int32 group sums, 8 f32 partial sums per 256 values,
-// 8 f32 results = 24 zmm). Rows past R are decoded as zeros and not stored; tokens past nt are zero and not stored.
+// Steps per call: (1) transpose the tokens' activations 16 at a time; (2) per 8 rows (a micro-tile), decode the rows
+// once into a per-thread scratch that stays in L1 (u8 codes, f32 A_g and B_g by SIMD decoders that give
+// quant_body.inc's values), prefetch the next 8 rows' blocks, and run the register micro-kernel for every 16-token
+// group (8 int32 group sums, 8 f32 partial sums per 256 values, 8 f32 results = 24 zmm). Rows past R are decoded as
+// zeros and not stored; tokens past nt are zero and not stored.
 //
 // Arithmetic: u8 codes x int8 activations summed exactly in int32 per group, then f32. Not bit-identical to the
 // mat-vec path (different f32 rounding order; tests hold both to Reference at NMSE 1e-10), but each (row, token)
@@ -92,41 +93,171 @@ void pack_tokens(const ActRow* xs, int n, int64_t Kq, int off, const int8_t* zer
   }
   for (int64_t s = 0; s < nsb; ++s)
     for (int l = 0; l < kLanes; ++l) dx[s * kLanes + l] = l < n ? xs[l].d256[s] : 0.0f;
-  for (int64_t g = 0; g < ng; ++g)
-    for (int l = 0; l < kLanes; ++l) {
-      if (off > 0)
-        z[g * kLanes + l] = l >= n ? 0 : -off * (G == 16 ? xs[l].bs16[g] : xs[l].bs16[2 * g] + xs[l].bs16[2 * g + 1]);
-      else
-        sb[g * kLanes + l] = l >= n ? 0.0f : G == 16 ? xs[l].s16[g] : xs[l].s16[2 * g] + xs[l].s16[2 * g + 1];
+  // One token (lane) at a time, so its row pointers stay in registers; the same operations as per group.
+  for (int l = 0; l < kLanes; ++l) {
+    if (off > 0) {
+      const int16_t* bs = xs[l].bs16;
+      for (int64_t g = 0; g < ng; ++g)
+        z[g * kLanes + l] = l >= n ? 0 : -off * (G == 16 ? bs[g] : bs[2 * g] + bs[2 * g + 1]);
+    } else {
+      const float* s16 = xs[l].s16;
+      for (int64_t g = 0; g < ng; ++g)
+        sb[g * kLanes + l] = l >= n ? 0.0f : G == 16 ? s16[g] : s16[2 * g] + s16[2 * g + 1];
     }
+  }
+}
+
+// SIMD row decoders for decode_panel: one row of K values straight from its blocks -> codes ur [K] and, per G-value
+// group g < K / G, ar[g] = A_g (and br[g] = B_g where the B term is not an integer offset, i.e. Q4_K / Q5_K). Each value
+// is the one unpack_row_body (quant_body.inc) gives, by the same single f32 operations (A = d * float(sc), B = dmin *
+// float(m)); only the code unpacking is vectorized. The caller zeroes what lies past K.
+
+// Q4_K / Q5_K (G = 32): nibbles j of bytes 32 j' .. 32 j' + 31 are values 64 j' + 32 j + l; Q5_K's bit 4 of value
+// 32 s + l is bit s of qh[l].
+template <bool kFive>
+void decode_row_q45k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar, float* br) {
+  const int bytes = kFive ? 176 : 144;
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + bytes * b;
+    const float d = load_f16(blk), dmin = load_f16(blk + 2);
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    uint8_t* ub = ur + 256 * b;
+    const __m256i qh = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+      __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+      if (kFive) {
+        const __mmask32 ml = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1u << (2 * j))));
+        const __mmask32 mh = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1u << (2 * j + 1))));
+        lo = _mm256_mask_add_epi8(lo, ml, lo, bit4);
+        hi = _mm256_mask_add_epi8(hi, mh, hi, bit4);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 64 * j + 32), hi);
+    }
+    // The 8 6-bit scales and mins of the 12 packed bytes (scale_min_k4's values, by llama.cpp's u32 shuffle), then
+    // A = d * float(sc), B = dmin * float(m) eight at a time.
+    uint32_t q[4];
+    std::memcpy(q, blk + 4, 12);
+    const uint32_t sc_hi = (q[2] & 0x0f0f0f0fu) | (((q[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((q[2] >> 4) & 0x0f0f0f0fu) | (((q[1] >> 6) & 0x03030303u) << 4);
+    const uint64_t scs = uint64_t(q[0] & 0x3f3f3f3fu) | uint64_t(sc_hi) << 32;
+    const uint64_t mins = uint64_t(q[1] & 0x3f3f3f3fu) | uint64_t(m_hi) << 32;
+    const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(scs))));
+    const __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins))));
+    _mm256_storeu_ps(ar + 8 * b, _mm256_mul_ps(_mm256_set1_ps(d), fsc));
+    _mm256_storeu_ps(br + 8 * b, _mm256_mul_ps(_mm256_set1_ps(dmin), fm));
+  }
+}
+
+// Q6_K (G = 16; B = 32 A is the integer offset): value 32 (4 h + 2 s + k) + l = nibble s of ql[64 h + 32 k + l] plus
+// bits 2 (2 s + k) .. +1 of qh[32 h + l] as bits 4-5.
+void decode_row_q6k(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), lo2 = _mm256_set1_epi8(0x03);
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + 210 * b;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = load_f16(blk + 208);
+    uint8_t* ub = ur + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      for (int k = 0; k < 2; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * k));
+        for (int s = 0; s < 2; ++s) {
+          const __m256i nib = s ? _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4) : _mm256_and_si256(v, lo4);
+          // 16-bit shifts: after the & 3 each byte holds only its own bits, so the << 4 stays inside it.
+          const __m256i top = _mm256_slli_epi16(
+              _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * (2 * s + k))), lo2), 4);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub + 32 * (4 * h + 2 * s + k)), _mm256_or_si256(nib, top));
+        }
+      }
+    }
+    const __m512 fsc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))));
+    _mm512_storeu_ps(ar + 16 * b, _mm512_mul_ps(_mm512_set1_ps(d), fsc));  // A = d * float(sc), 16 at a time
+  }
+}
+
+// Q8_0 / Q4_0 / IQ4_XS (G = 32, integer offsets 128 / 8 / 128): codes q + 128, the two nibbles, kvalues[nibble] + 128.
+void decode_row_q8_0(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = src + 34 * b;
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ur + 32 * b), _mm256_xor_si256(q, flip));
+    ar[b] = load_f16(blk);
+  }
+}
+
+void decode_row_q4_0(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = src + 18 * b;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ur + 32 * b), _mm_and_si128(v, lo4));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(ur + 32 * b + 16), _mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+    ar[b] = load_f16(blk);
+  }
+}
+
+void decode_row_iq4_xs(const uint8_t* src, int64_t K, uint8_t* ur, float* ar) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  alignas(16) uint8_t book[16];
+  for (int i = 0; i < 16; ++i) book[i] = uint8_t(kIQ4Values[i] + 128);
+  const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(book));
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const uint8_t* blk = src + 136 * b;
+    const float d = load_f16(blk);
+    const unsigned scales_h = unsigned(blk[2]) | unsigned(blk[3]) << 8;
+    for (int ib = 0; ib < 8; ++ib) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * ib));
+      uint8_t* u = ur + 256 * b + 32 * ib;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_shuffle_epi8(table, _mm_and_si128(v, lo4)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16),
+                       _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), lo4)));
+      const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+      ar[8 * b + ib] = d * float(ls - 32);
+    }
+  }
+}
+
+// One row by its type's SIMD decoder, then zeros past K (codes up to Kq, A and B up to ng).
+template <int G>
+void decode_row(QType t, const uint8_t* src, int64_t K, int64_t Kq, uint8_t* ur, float* ar, float* br) {
+  switch (t) {
+    case QType::Q4_K: decode_row_q45k<false>(src, K, ur, ar, br); break;
+    case QType::Q5_K: decode_row_q45k<true>(src, K, ur, ar, br); break;
+    case QType::Q6_K: decode_row_q6k(src, K, ur, ar); break;
+    case QType::Q8_0: decode_row_q8_0(src, K, ur, ar); break;
+    case QType::Q4_0: decode_row_q4_0(src, K, ur, ar); break;
+    case QType::IQ4_XS: decode_row_iq4_xs(src, K, ur, ar); break;
+  }
+  std::memset(ur + K, 0, size_t(Kq - K));
+  const bool has_b = t == QType::Q4_K || t == QType::Q5_K;  // the others' B is an integer offset (never read)
+  for (int64_t g = K / G; g < Kq / G; ++g) {
+    ar[g] = 0.0f;
+    if (has_b) br[g] = 0.0f;
+  }
 }
 
 // R rows from their blocks -> u [R8][Kq] codes, a [R8][ng] A_g, b [R8][ng] B_g (R8 = R rounded up to kMR; the rows
-// past R and the values past K are zero). tmp: Kq / 4 + Kq / 16 floats.
+// past R and the values past K are zero; b is read only for Q4_K / Q5_K, whose B term is not an integer offset).
 template <int G>
 void decode_panel(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, int64_t Kq, uint8_t* u, float* a,
-                  float* b, float* tmp) {
-  const int64_t ng = Kq / G, Kp = padded_k(K);
+                  float* b) {
+  const int64_t ng = Kq / G;
   const int R8 = (R + kMR - 1) / kMR * kMR;
-  float* a4 = tmp;
-  float* b16 = tmp + Kq / 4;
   for (int r = 0; r < R8; ++r) {
     uint8_t* ur = u + r * Kq;
     float* ar = a + r * ng;
     float* br = b + r * ng;
-    if (r >= R) {
-      std::memset(ur, 0, size_t(Kq));
-      std::fill(ar, ar + ng, 0.0f);
-      std::fill(br, br + ng, 0.0f);
+    if (r < R) {
+      decode_row<G>(t, w + size_t(r) * row_bytes, K, Kq, ur, ar, br);
       continue;
     }
-    unpack_row_body(t, w + size_t(r) * row_bytes, K, ur, a4, b16);  // pads u to Kp, a4 to Kp/4, b16 to S16
-    std::memset(ur + Kp, 0, size_t(Kq - Kp));
-    for (int64_t g = 0; g < ng; ++g) {
-      const bool in = g * G < Kp;
-      ar[g] = in ? a4[g * G / 4] : 0.0f;
-      br[g] = in ? b16[g * G / 16] : 0.0f;
-    }
+    std::memset(ur, 0, size_t(Kq));
+    std::fill(ar, ar + ng, 0.0f);
+    std::fill(br, br + ng, 0.0f);
   }
 }
 
@@ -170,47 +301,127 @@ __attribute__((always_inline)) inline void micro(const uint8_t* u, const float* 
 
 inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
-template <int G, bool kOff>
-void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
-  const int64_t Kq = padded_k256(K), ng = Kq / G, nsb = Kq / 256;
-  const int R8 = (R + kMR - 1) / kMR * kMR;
-  const int ngroups = (nt + kLanes - 1) / kLanes;
-  // Scratch: codes, A, B, unpack temporaries, zero activations, then per token group xt, dx, sb.
-  const size_t n_u = align64(size_t(R8 * Kq)), n_ab = align64(size_t(R8 * ng) * 4), n_tmp = align64(size_t(Kq / 4 + Kq / 16) * 4),
-               n_zero = align64(size_t(Kq)), n_xt = align64(size_t(Kq) * kLanes), n_dx = align64(size_t(nsb) * kLanes * 4),
-               n_sb = align64(size_t(ng) * kLanes * 4);
-  const int off = t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
-  uint8_t* base = gemm_scratch(n_u + 2 * n_ab + n_tmp + n_zero + ngroups * (n_xt + n_dx + 2 * n_sb));
-  uint8_t* u = base;
-  float* a = reinterpret_cast<float*>(base + n_u);
-  float* b = reinterpret_cast<float*>(base + n_u + n_ab);
-  float* tmp = reinterpret_cast<float*>(base + n_u + 2 * n_ab);
-  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_u + 2 * n_ab + n_tmp);
-  uint8_t* tok = base + n_u + 2 * n_ab + n_tmp + n_zero;
-  std::memset(zeros, 0, size_t(Kq));
+// Prefetch the blocks of rows [r0, r1) (contiguous) into L1 (kHint _MM_HINT_T0) or L2 (_MM_HINT_T1).
+template <_mm_hint kHint>
+inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
+  const uint8_t* p = w + size_t(r0) * row_bytes;
+  const size_t n = size_t(std::max(0, r1 - r0)) * row_bytes;
+  for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), kHint);
+}
 
-  decode_panel<G>(t, w, row_bytes, R, K, Kq, u, a, b, tmp);
-  for (int gi = 0; gi < ngroups; ++gi) {
-    uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
-    pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, off, zeros, reinterpret_cast<int32_t*>(p),
-                   reinterpret_cast<float*>(p + n_xt), reinterpret_cast<float*>(p + n_xt + n_dx),
-                   reinterpret_cast<int32_t*>(p + n_xt + n_dx + n_sb));
+// Packed tokens: per 16-token group, xt [Kq/4][16] int32, dx [nsb][16], sb [ng][16], z [ng][16] (pack_tokens), each
+// 64-byte aligned.
+struct TokenLayout {
+  size_t n_xt, n_dx, n_sb;
+  TokenLayout(int64_t Kq, int G)
+      : n_xt(align64(size_t(Kq) * kLanes)), n_dx(align64(size_t(Kq / 256) * kLanes * 4)),
+        n_sb(align64(size_t(Kq / G) * kLanes * 4)) {}
+  size_t group() const { return n_xt + n_dx + 2 * n_sb; }
+};
+
+inline int offset_of(QType t) {
+  return t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
+}
+
+template <int G>
+void pack_all(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst, const int8_t* zeros) {
+  const int64_t Kq = padded_k256(K);
+  const TokenLayout L(Kq, G);
+  for (int gi = 0; gi * kLanes < nt; ++gi) {
+    uint8_t* p = dst + gi * L.group();
+    pack_tokens<G>(xs + gi * kLanes, std::min(kLanes, nt - gi * kLanes), Kq, offset_of(t), zeros,
+                   reinterpret_cast<int32_t*>(p), reinterpret_cast<float*>(p + L.n_xt),
+                   reinterpret_cast<float*>(p + L.n_xt + L.n_dx),
+                   reinterpret_cast<int32_t*>(p + L.n_xt + L.n_dx + L.n_sb));
   }
-  for (int gi = 0; gi < ngroups; ++gi) {
-    const uint8_t* p = tok + gi * (n_xt + n_dx + 2 * n_sb);
-    const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
-    const __mmask16 mask = __mmask16((1u << n) - 1);
-    for (int r0 = 0; r0 < R; r0 += kMR) {
+}
+
+// R rows over nt packed tokens; tile: scratch for one micro-tile (kMR rows of codes, A, B).
+template <int G, bool kOff>
+void gemm_on_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tok, int nt,
+                    float* out, uint8_t* tile) {
+  const int64_t Kq = padded_k256(K), ng = Kq / G;
+  const int ngroups = (nt + kLanes - 1) / kLanes;
+  const TokenLayout L(Kq, G);
+  const size_t n_u = align64(size_t(kMR * Kq)), n_ab = align64(size_t(kMR * ng) * 4);
+  uint8_t* u = tile;
+  float* a = reinterpret_cast<float*>(tile + n_u);
+  float* b = reinterpret_cast<float*>(tile + n_u + n_ab);
+  prefetch_rows<_MM_HINT_T0>(w, row_bytes, 0, std::min(R, kMR));
+  prefetch_rows<_MM_HINT_T1>(w, row_bytes, kMR, std::min(R, 2 * kMR));
+  // Micro-tiles of kMR rows: decode the tile's rows (prefetched), prefetch the next tiles', run every token group.
+  for (int r0 = 0; r0 < R; r0 += kMR) {
+    const int rn = std::min(kMR, R - r0);
+    decode_panel<G>(t, w + size_t(r0) * row_bytes, row_bytes, rn, K, Kq, u, a, b);
+    // The next tile's rows into L1 (already on their way to L2), the one after into L2.
+    prefetch_rows<_MM_HINT_T0>(w, row_bytes, r0 + kMR, std::min(R, r0 + 2 * kMR));
+    prefetch_rows<_MM_HINT_T1>(w, row_bytes, r0 + 2 * kMR, std::min(R, r0 + 3 * kMR));
+    for (int gi = 0; gi < ngroups; ++gi) {
+      const uint8_t* p = tok + gi * L.group();
+      const int t0 = gi * kLanes, n = std::min(kLanes, nt - t0);
+      const __mmask16 mask = __mmask16((1u << n) - 1);
       __m512 acc[kMR];
-      micro<G, kOff>(u + r0 * Kq, a + r0 * ng, b + r0 * ng, Kq, reinterpret_cast<const int32_t*>(p),
-                     reinterpret_cast<const float*>(p + n_xt), reinterpret_cast<const float*>(p + n_xt + n_dx),
-                     reinterpret_cast<const int32_t*>(p + n_xt + n_dx + n_sb), acc);
-      for (int r = 0; r < kMR && r0 + r < R; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
+      micro<G, kOff>(u, a, b, Kq, reinterpret_cast<const int32_t*>(p), reinterpret_cast<const float*>(p + L.n_xt),
+                     reinterpret_cast<const float*>(p + L.n_xt + L.n_dx),
+                     reinterpret_cast<const int32_t*>(p + L.n_xt + L.n_dx + L.n_sb), acc);
+      for (int r = 0; r < rn; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * nt + t0, mask, acc[r]);
     }
   }
 }
 
+inline size_t tile_bytes(int64_t Kq, int G) { return align64(size_t(kMR * Kq)) + 2 * align64(size_t(kMR * Kq / G) * 4); }
+
+// One call: pack its tokens into the scratch, then the GEMM on them.
+template <int G, bool kOff>
+void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t Kq = padded_k256(K);
+  const int ngroups = (nt + kLanes - 1) / kLanes;
+  // Scratch: one micro-tile (kMR rows: stays in L1), zero activations, then the packed token groups.
+  const size_t n_tile = tile_bytes(Kq, G), n_zero = align64(size_t(Kq));
+  uint8_t* base = gemm_scratch(n_tile + n_zero + ngroups * TokenLayout(Kq, G).group());
+  int8_t* zeros = reinterpret_cast<int8_t*>(base + n_tile);
+  uint8_t* tok = base + n_tile + n_zero;
+  std::memset(zeros, 0, size_t(Kq));
+  prefetch_rows<_MM_HINT_T0>(w, row_bytes, 0, std::min(R, kMR));
+  pack_all<G>(t, K, xs, nt, tok, zeros);
+  gemm_on_packed<G, kOff>(t, w, row_bytes, R, K, tok, nt, out, base);
+}
+
+template <int G>
+void pack_g(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
+  const int64_t Kq = padded_k256(K);
+  uint8_t* zeros = gemm_scratch(size_t(Kq));
+  std::memset(zeros, 0, size_t(Kq));
+  pack_all<G>(t, K, xs, nt, dst, reinterpret_cast<const int8_t*>(zeros));
+}
+
+template <int G, bool kOff>
+void packed_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tok, int nt, float* out) {
+  gemm_on_packed<G, kOff>(t, w, row_bytes, R, K, tok, nt, out, gemm_scratch(tile_bytes(padded_k256(K), G)));
+}
+
 }  // namespace
+
+size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt) {
+  return size_t((nt + kLanes - 1) / kLanes) * TokenLayout(padded_k256(K), t == QType::Q6_K ? 16 : 32).group();
+}
+
+void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
+  if (t == QType::Q6_K)
+    pack_g<16>(t, K, xs, nt, dst);
+  else
+    pack_g<32>(t, K, xs, nt, dst);
+}
+
+void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                             int nt, float* out) {
+  switch (t) {
+    case QType::Q6_K: packed_g<16, true>(t, w, row_bytes, R, K, tokens, nt, out); break;
+    case QType::Q4_K:
+    case QType::Q5_K: packed_g<32, false>(t, w, row_bytes, R, K, tokens, nt, out); break;
+    default: packed_g<32, true>(t, w, row_bytes, R, K, tokens, nt, out); break;  // Q8_0, Q4_0, IQ4_XS
+  }
+}
 
 void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                       float* out) {

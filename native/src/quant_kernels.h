@@ -55,6 +55,15 @@ struct Kernels {
                      float* out);
 };
 
+// The same GEMM on tokens packed once and shared by every row group of a call (quant_matmul's prefill): the packed
+// size of nt tokens of K values for type t (whole 16-token groups, 64-byte aligned), the packing (dst 64-byte
+// aligned), and the GEMM of R <= kRowGroup rows over nt tokens of a packing that starts at a 16-token group boundary
+// (out[r * nt + i], as gemm_avx512_vnni's; bit-identical to it for the same rows and tokens).
+size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt);
+void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
+void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                             int nt, float* out);
+
 // Prefill GEMM (quant_gemm_avx512.cpp), the contract of Kernels::dot_direct for 1 <= nt <= kTokenBlock tokens: rows
 // decoded once per call, 16 tokens per vector lane set. The driver sends it blocks of kGemmMinTokens tokens and more
 // on the AVX-512 VNNI ISA; its f32 rounding order differs from dot_direct's (same integer dots).

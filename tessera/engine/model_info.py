@@ -160,10 +160,11 @@ class RamEstimate:
 
 def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto") -> RamEstimate:
     """RAM a load of the model described by `info` takes with expert backend `backend` and a KV cache of
-    `context_length` positions (default: the model's; a larger wish is clamped to it, as a load does). Weights as engine.weights holds them (the same held_bytes rule),
-    the packed copy from engine.native's own packed-size function and its in-place rule (quantized experts that the
-    block kernels read take no packed copy and no float32 layer; a file where only some layers have a type without a
-    block kernel is sized as if every layer were widened), the KV cache from engine.kv_cache's."""
+    `context_length` positions (default: the model's; a larger wish is clamped to it, as a load does). Weights as
+    engine.weights holds them (the same held_bytes rule), the packed copy from engine.native's own packed-size function
+    and its in-place rule (quantized experts that the block kernels read take no packed copy and no float32 layer; a
+    file where only some layers have a type without a block kernel is sized as if every layer were widened), the KV
+    cache from engine.kv_cache's."""
     import torch
 
     from tessera.engine.backends import TORCH, resolve

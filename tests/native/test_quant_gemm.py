@@ -3,7 +3,8 @@ runs as a rows x 16-token register GEMM on the decoded rows instead of one mat-v
 
 Proven here, for every type and every ISA this CPU runs (the others take their mat-vec path, and must agree too):
 - every token count from 1 to 70 (1 = decode, 2-11 the mat-vec per token, 12 = the smallest GEMM, 16-token lane
-  groups full and ragged, the 64-token block and the block after it) and 127-129, 255-257, 511-513, against
+  groups full and ragged, the MoE's 64-token block and the block after it) and 127-129, 255-257, 511-513 (quant_matmul's
+  GEMM tasks of 256 tokens on tokens packed once per call, full and ragged), against
   Reference (the same integer dots, double accumulation: NMSE bound 1e-10 as in test_quant_matmul.py) and float64
   on gguf.quants.dequantize's values (2e-4, the int8 activation step; see test_quant_matmul.py), on NaN-prefilled
   outputs that must be overwritten everywhere;
