@@ -105,17 +105,19 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
 
 
 def attention_kernel(head_dim: int) -> str:
-    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512" or "Reference"."""
+    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512_BF16" (vdpbf16ps: q and the
+    probabilities rounded to bf16), "AVX512" (f32 products) or "Reference" (scalar, double accumulation)."""
     return str(_native.attention_kernel(head_dim))
 
 
 def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: int, scale: float, out: torch.Tensor,
-                   pool, *, reference: bool = False) -> None:
+                   pool, *, kernel: str = "") -> None:
     """out[T, nh*hd] = causal softmax(q k^T * scale) v, query t (position start+t) seeing positions [0, start+t].
     q [nh, T, hd] f32; kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read
     in place.
-    `reference` runs the scalar double-accumulation twin."""
-    _native.attention_bf16(q, kt, v, start, scale, out, pool, reference)
+    `kernel` names one to run ("AVX512_BF16", "AVX512", "Reference": the scalar double-accumulation twin); "" runs
+    attention_kernel(hd)'s. One this CPU cannot run raises ValueError."""
+    _native.attention_bf16(q, kt, v, start, scale, out, pool, kernel)
 
 
 def dense_gemm_bf16_available() -> bool:
