@@ -3,10 +3,13 @@ into attention, routed experts and the rest (dense projections, norms, router, l
 
     python scripts/bench_long_context.py --kernels [--threads 2] [--prefill 512 2048 4096] [--decode 128 2048 8192]
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
+        [--fill-random] [--warmup-steps N]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
-(tessera/engine/attention.py's path) and by the torch path it replaces (widen the layer's K/V to f32, then SDPA with an
-explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few runs.
+(tessera/engine/attention.py's path: native_ms is attend's), each native kernel this CPU runs called directly
+(native_AVX512_BF16_ms, native_AVX512_ms), and by the torch path it replaces (widen the layer's K/V to f32, then SDPA
+with an explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few
+runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
 Prints figures only; nothing is asserted.
@@ -37,18 +40,32 @@ def best_s(fn, reps: int) -> float:
 
 
 def kernel_row(T: int, S: int) -> dict:
-    """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1)."""
+    """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1). Decode cycles
+    through enough layers (>= 128 MB of K/V) that each call reads its layer from memory, not from the last level cache,
+    as a model's decode step does; the time is per layer."""
     from tessera.engine.attention import attend, decode_attention
-    from tessera.engine.kv_cache import KVCache
+    from tessera.engine.dense import dense_pool
+    from tessera.engine.kv_cache import KVCache, kv_bytes
 
     start = S - T
-    cache = KVCache(1, NKV, HD, S)
+    layers = -(-128_000_000 // kv_bytes(1, NKV, HD, S)) if T == 1 else 1
+    cache = KVCache(layers, NKV, HD, S)
     g = torch.Generator().manual_seed(0)
-    cache.write(0, torch.randn(NKV, S, HD, generator=g), torch.randn(NKV, S, HD, generator=g))
+    for layer in range(layers):
+        cache.write(layer, torch.randn(NKV, S, HD, generator=g), torch.randn(NKV, S, HD, generator=g))
     q = torch.randn(NH, T, HD, generator=g)  # [nh, T, hd]
     mask = torch.arange(S)[None, :] <= torch.arange(start, S)[:, None]  # [T, S]
-    reps = 2 if T * S > 4e6 else 5
-    native_s = best_s(lambda: attend(q, cache, 0, start, mask), reps)
+    reps = 2 if T * S > 4e6 else 5 if T > 1 else 20
+
+    def per_layer(fn):  # seconds per call of fn(layer), every layer in turn
+        return best_s(lambda: [fn(layer) for layer in range(layers)], reps) / layers
+
+    native_s = per_layer(lambda layer: attend(q, cache, layer, start, mask))
+    others = {}  # every other native kernel this CPU runs, called directly (attend takes torch's path at start 0)
+    out = torch.empty(T, NH * HD)  # [T, nh*hd]
+    for kernel in [k for k in ("AVX512_BF16", "AVX512") if native.attention_kernel(HD) in ("AVX512_BF16", k)]:
+        others[f"native_{kernel}_ms"] = 1e3 * per_layer(lambda layer, k=kernel: native.attention_bf16(
+            q, cache.k[layer], cache.v[layer], start, HD**-0.5, out, dense_pool(), kernel=k))
 
     def old():  # the path before: widen the layer to f32, SDPA with the mask (prefill) or two matmuls (decode)
         keys, values = cache.keys_values(0, S)
@@ -56,7 +73,8 @@ def kernel_row(T: int, S: int) -> dict:
             return decode_attention(q, keys, values)
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
 
-    row = {"T": T, "S": S, "native_ms": native_s * 1e3, "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
+    row = {"T": T, "S": S, "layers": layers, "native_ms": native_s * 1e3, **others,
+           "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
     if T > 1:
         keys, values = cache.keys_values(0, S)
         row["sdpa_is_causal_f32_ms"] = 1e3 * best_s(lambda: F.scaled_dot_product_attention(
@@ -106,6 +124,18 @@ class Split:
         self.attn = self.experts = 0.0
 
 
+def fill_random(cache, ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Write random K/V (unit normal, as the model's normed keys are about) for the positions of `ids` in every layer
+    and commit them; returns stand-in last-position logits ([1, 1]: the next token is id 0)."""
+    n = len(ids)
+    cache.reserve(n)
+    for layer in range(cache.layers):
+        k, v = torch.randn(2, cache.kv_heads, n, cache.head_dim, generator=g)  # [nkv, n, hd] each
+        cache.write(layer, k, v)
+    cache.commit(ids.tolist())
+    return torch.zeros(1, 1)
+
+
 def model_split(a) -> list[dict]:
     from tessera import engine
 
@@ -115,16 +145,26 @@ def model_split(a) -> list[dict]:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     model.forward(torch.randint(0, vocab, (8,), generator=g), model.new_cache(16))  # warm-up
+    warm = model.new_cache(a.warmup_steps + 1)
+    for _ in range(a.warmup_steps):  # first touches of the mapped weights (each expert's pages fault in once)
+        model.forward(torch.randint(0, vocab, (1,), generator=g), warm)
+    del warm
     rows = []
-    for n in sorted(set(a.prefill) | set(a.decode)):
+    contexts = sorted(set(a.decode) if a.fill_random else set(a.prefill) | set(a.decode))
+    for n in contexts:
         cache = model.new_cache(n + a.decode_steps)
         ids = torch.randint(0, vocab, (n,), generator=g)
-        split.reset()
-        t = time.perf_counter()
-        logits = model.forward(ids, cache)
-        total = time.perf_counter() - t
-        row = {"context": n, "prefill_s": total, "prefill_attention_s": split.attn, "prefill_experts_s": split.experts,
-               "prefill_dense_s": total - split.attn - split.experts, "prefill_tok_s": n / total}
+        if a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
+            logits = fill_random(cache, ids, g)
+            row = {"context": n, "filled": "random"}
+        else:
+            split.reset()
+            t = time.perf_counter()
+            logits = model.forward(ids, cache)
+            total = time.perf_counter() - t
+            row = {"context": n, "prefill_s": total, "prefill_attention_s": split.attn,
+                   "prefill_experts_s": split.experts, "prefill_dense_s": total - split.attn - split.experts,
+                   "prefill_tok_s": n / total}
         if n in a.decode:
             split.reset()
             nxt = logits.argmax(-1)
@@ -151,6 +191,11 @@ def main() -> int:
     p.add_argument("--prefill", type=int, nargs="+", default=[512, 2048, 4096], help="prompt lengths")
     p.add_argument("--decode", type=int, nargs="+", default=[128, 2048, 8192], help="decode contexts")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
+    p.add_argument("--fill-random", action="store_true",
+                   help="decode contexts only: fill the KV cache with random K/V instead of a prefill (minutes saved "
+                        "on a big model; a decode step reads the same bytes either way)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     a = p.parse_args()
     if not a.kernels and not a.model:

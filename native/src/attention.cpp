@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tessera/bf16.h"
@@ -19,9 +21,19 @@ bool avx512_ok(int64_t hd) {
   return cpu && hd % 32 == 0 && hd <= 512;
 }
 
+bool avx512_bf16_ok(int64_t hd) {
+  static const bool cpu = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx512bw && c.avx512vl && c.avx512dq && c.avx512_bf16;
+  }();
+  return cpu && avx512_ok(hd);
+}
+
 }  // namespace
 
-const char* attention_kernel_name(int64_t hd) { return avx512_ok(hd) ? "AVX512" : "Reference"; }
+const char* attention_kernel_name(int64_t hd) {
+  return avx512_bf16_ok(hd) ? "AVX512_BF16" : avx512_ok(hd) ? "AVX512" : "Reference";
+}
 
 void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv;
@@ -50,8 +62,17 @@ void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
 }
 
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
-  if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
+  if (avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);
+  else if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
   else attention_bf16_reference(a, pool);
+}
+
+void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::string& kernel) {
+  if (kernel == "Reference") return attention_bf16_reference(a, pool);
+  if (kernel == "AVX512" && avx512_ok(a.hd)) return attention_isa::attention_avx512(a, pool);
+  if (kernel == "AVX512_BF16" && avx512_bf16_ok(a.hd)) return attention_isa::attention_avx512_bf16(a, pool);
+  throw std::invalid_argument("kernel: '" + kernel + "' is not an attention kernel this CPU runs for head dim " +
+                              std::to_string(a.hd) + " (AVX512_BF16, AVX512 or Reference)");
 }
 
 }  // namespace tessera

@@ -1,8 +1,7 @@
-// Causal grouped-query attention, AVX-512F (+BW for masked 16-bit loads), flash style: each task takes one KV head and
-// a block of query tokens (all g query heads of that KV head: up to ~128 query rows), walks the key blocks of 32
-// positions with an online softmax, and reads the bf16 K/V in place (widened 32 values at a time in registers). Scores
-// live in a [rows, 32] scratch: no T x S matrix anywhere. Keys are stored as tiles of 32 positions ([nkv, C/32, hd, 32]),
-// so one block of keys is one contiguous 2*32*hd bytes; values as [nkv, C, hd].
+// Causal grouped-query attention, AVX-512F (+BW for masked 16-bit loads), f32 products: the kernel for AVX-512 CPUs
+// without avx512_bf16 (attention_avx512_bf16.cpp takes those with it). The driver (tasks, key splits, online softmax,
+// merge) is attention_flash.inc's; this file gives its block products. Keys are stored as tiles of 32 positions
+// ([nkv, C/32, hd, 32]), so one block of keys is one contiguous 2*32*hd bytes; values as [nkv, C, hd].
 // Both products are outer products (a broadcast query or probability times 16 widened positions or dims), so no
 // horizontal sums; the bf16 pairs widen as (even, odd) lanes, and the results are put back in order once per block.
 #include <immintrin.h>
@@ -20,8 +19,7 @@ TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512)
 namespace tessera {
 namespace {
 
-constexpr int kKeys = 32;          // positions per key block (one 512-bit load of bf16 per head dim)
-constexpr int kRowsPerTask = 128;  // query rows (tokens x the g heads of one KV head) per task, about
+#include "attention_flash.inc"
 
 // 32 bf16 as 16 pairs -> f32: element 2i in even's lane i, element 2i+1 in odd's lane i.
 inline void widen_pairs(__m512i r, __m512& even, __m512& odd) {
@@ -35,25 +33,6 @@ inline void interleave(__m512 even, __m512 odd, __m512& first, __m512& second) {
   const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   first = _mm512_permutex2var_ps(even, lo, odd);
   second = _mm512_permutex2var_ps(even, hi, odd);
-}
-
-// exp(x) for x <= 0; below -87 (and -inf) gives 0, so no denormal probability ever reaches the value products (it
-// would weigh < 2^-125 of the row's largest). Cody-Waite reduction by ln 2, degree-6 Taylor polynomial: ~2 ulp.
-inline __m512 exp_nonpositive(__m512 x) {
-  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(kept, _mm512_scalef_ps(p, n));
 }
 
 // s[r][0..32) = Q[r] . K[key] for RB rows and the nk (<= 32) keys of one tile ([hd][32] bf16); keys >= nk are read as 0.
@@ -136,87 +115,44 @@ void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const flo
   }
 }
 
-// Online softmax over one block: s[r] (scores, keys >= visible[r] ignored) becomes p[r] = exp(s - m_new), m and l
-// are updated, alpha[r] = exp(m_old - m_new) rescales the row's accumulator.
-void block_softmax(float* s, const int64_t* visible, int64_t rows, float* m, float* l, float* alpha) {
-  const __m512 ninf = _mm512_set1_ps(-INFINITY);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * kKeys;
-    const int64_t n = std::min<int64_t>(visible[r], kKeys);
-    if (n <= 0) {  // the row sees none of these keys: p = 0, accumulator unchanged
-      _mm512_storeu_ps(row, _mm512_setzero_ps());
-      _mm512_storeu_ps(row + 16, _mm512_setzero_ps());
-      alpha[r] = 1.0f;
-      continue;
-    }
-    const uint32_t bits = n >= kKeys ? 0xffffffffu : (1u << n) - 1u;
-    const __m512 x0 = _mm512_mask_blend_ps(__mmask16(bits), ninf, _mm512_loadu_ps(row));
-    const __m512 x1 = _mm512_mask_blend_ps(__mmask16(bits >> 16), ninf, _mm512_loadu_ps(row + 16));
-    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-    const float m_new = std::max(m[r], mx);
-    const __m512 mn = _mm512_set1_ps(m_new);
-    const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x0, mn)), p1 = exp_nonpositive(_mm512_sub_ps(x1, mn));
-    alpha[r] = std::exp(m[r] - m_new);  // m[r] = -inf before the first block: 0 (the accumulator is 0 anyway)
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-    m[r] = m_new;
-    _mm512_storeu_ps(row, p0);
-    _mm512_storeu_ps(row + 16, p1);
-  }
-}
-
-struct Scratch {
-  std::vector<float> q, acc, s, m, l, alpha;
-  std::vector<int64_t> visible;
-};
-
-}  // namespace
-
-void attention_isa::attention_avx512(const AttentionArgs& a, ThreadPool& pool) {
-  const int64_t g = a.nh / a.nkv, hd = a.hd;
-  const int64_t tokens_per_task = std::max<int64_t>(1, kRowsPerTask / g);
-  const int64_t blocks = (a.T + tokens_per_task - 1) / tokens_per_task, tasks = blocks * a.nkv;
-  pool.parallel_for(tasks, [&](int64_t task, int) {
-    thread_local Scratch w;
-    const int64_t qb = blocks - 1 - task / a.nkv, h = task % a.nkv;  // the longest (last) query blocks first
-    const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
-    w.q.resize(size_t(rows * hd));
-    w.acc.assign(size_t(rows * hd), 0.0f);
-    w.s.resize(size_t(rows * kKeys));
-    w.m.assign(size_t(rows), -INFINITY);
-    w.l.assign(size_t(rows), 0.0f);
-    w.alpha.resize(size_t(rows));
-    w.visible.resize(size_t(rows));
-    for (int64_t t = t0; t < t1; ++t)  // row (t - t0) * g + j: token t, query head h * g + j
+// The f32 block products for attention_flash.inc: queries scaled in f32, probabilities used as computed.
+struct F32Kernel {
+  static __m512i key_lanes(int half) { return _mm512_add_epi32(_mm512_set1_epi32(16 * half), _mm512_setr_epi32(
+      0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }  // scores in key order
+  static void load_queries(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Scratch& w) {
+    const int64_t hd = a.hd;
+    w.q.resize(size_t((t1 - t0) * g * hd));
+    for (int64_t t = t0; t < t1; ++t)
       for (int64_t j = 0; j < g; ++j) {
         const float* src = a.q + ((h * g + j) * a.T + t) * hd;
         float* dst = w.q.data() + ((t - t0) * g + j) * hd;
         for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * a.scale;
       }
-    const uint16_t* kt = a.kt + h * ((a.C + kKeys - 1) / kKeys) * kKeys * hd;  // [ceil(C/32), hd, 32]
-    const uint16_t* v = a.v + h * a.C * hd;    // [C, hd]
-    const int64_t kend = a.start + t1;         // keys [0, kend) are seen by the block's last token
-    std::vector<int64_t>& vis = w.visible;
-    for (int64_t s0 = 0; s0 < kend; s0 += kKeys) {
-      const int nk = int(std::min<int64_t>(kKeys, kend - s0));
-      scores_rows(w.q.data(), hd, kt + s0 * hd, nk, w.s.data(), rows);
-      for (int64_t r = 0; r < rows; ++r) vis[size_t(r)] = std::min<int64_t>(a.start + t0 + r / g + 1 - s0, nk);
-      block_softmax(w.s.data(), vis.data(), rows, w.m.data(), w.l.data(), w.alpha.data());
-      values_all(w.s.data(), v + s0 * hd, hd, nk, w.alpha.data(), w.acc.data(), rows);
+  }
+  static void scores(Scratch& w, int64_t rows, int64_t hd, const uint16_t* tile, int nk) {
+    scores_rows(w.q.data(), hd, tile, nk, w.s.data(), rows);
+  }
+  static void round_probs(__m512 p0, __m512 p1, Scratch& w, int64_t r) {
+    _mm512_storeu_ps(w.s.data() + r * kKeys, p0);
+    _mm512_storeu_ps(w.s.data() + r * kKeys + 16, p1);
+  }
+  static void values(Scratch& w, int64_t rows, int64_t hd, const uint16_t* v, int nk) {
+    values_all(w.s.data(), v, hd, nk, w.alpha.data(), w.acc.data(), rows);
+  }
+  static void store_row(const float* acc, float inv, float* out, int64_t hd) {  // acc: (even, odd) per 32 dims
+    const __m512 f = _mm512_set1_ps(inv);
+    for (int64_t c = 0; c < hd; c += 32) {
+      __m512 first, second;
+      interleave(_mm512_loadu_ps(acc + c), _mm512_loadu_ps(acc + c + 16), first, second);
+      _mm512_storeu_ps(out + c, _mm512_mul_ps(first, f));
+      _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(second, f));
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = t0 + r / g, hq = h * g + r % g;
-      const float* acc = w.acc.data() + r * hd;
-      float* out = a.out + (t * a.nh + hq) * hd;
-      const __m512 inv = _mm512_set1_ps(1.0f / w.l[size_t(r)]);
-      for (int64_t c = 0; c < hd; c += 32) {
-        __m512 first, second;
-        interleave(_mm512_loadu_ps(acc + c), _mm512_loadu_ps(acc + c + 16), first, second);
-        _mm512_storeu_ps(out + c, _mm512_mul_ps(first, inv));
-        _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(second, inv));
-      }
-    }
-  });
-}
+  }
+};
+
+}  // namespace
+
+void attention_isa::attention_avx512(const AttentionArgs& a, ThreadPool& pool) { flash_attention<F32Kernel>(a, pool); }
 
 }  // namespace tessera
 

@@ -1,6 +1,7 @@
-"""Causal attention over the KV cache (tessera/engine/attention.py, native/src/attention*.cpp): the native kernel and
-its scalar reference against a naive float64 softmax on odd lengths and cached starts, the torch path against the same,
-and a long context end to end against transformers' Qwen3MoeForCausalLM (the oracle)."""
+"""Causal attention over the KV cache (tessera/engine/attention.py, native/src/attention*.cpp): the native kernels and
+their scalar reference against a naive float64 softmax on odd lengths, cached starts, GQA groups and key splits over 1-3
+threads, the torch path against the same, and a long context end to end against transformers' Qwen3MoeForCausalLM (the
+oracle)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from tessera.engine.dense import dense_pool
 from tessera.engine.experts import TorchExperts
 from tessera.engine.kv_cache import KVCache
 from tessera.engine.model import Qwen3MoeModel, layer_experts
+from tessera.engine.native import make_pool
 
-NATIVE = native.attention_kernel(128) == "AVX512"
+NATIVE = native.attention_kernel(128) != "Reference"
+KERNELS = {  # kernel -> whether it runs on this CPU (for head dims that are multiples of 32)
+    "AVX512_BF16": native.attention_kernel(128) == "AVX512_BF16",
+    "AVX512": native.attention_kernel(128) != "Reference",
+    "Reference": True,
+}
 
 
 def naive(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -45,20 +52,76 @@ def filled_cache(nkv: int, hd: int, start: int, T: int, seed: int, capacity: int
 SHAPES = [  # nh, nkv, hd, start, T: decode, prefill, prefill after a cached prefix, ragged blocks, g = 1 and g = 3
     (32, 4, 128, 0, 1), (32, 4, 128, 0, 37), (32, 4, 128, 300, 1), (32, 4, 128, 45, 19), (8, 2, 64, 0, 130),
     (4, 4, 32, 31, 33), (6, 2, 96, 64, 65), (3, 1, 32, 1, 16),
+    # decode at 31 / 32 / 33 / 8191 keys and a few tokens after 1000 cached (the keys split across threads)
+    (32, 4, 128, 30, 1), (32, 4, 128, 31, 1), (32, 4, 128, 32, 1), (32, 4, 128, 8190, 1), (32, 4, 128, 1000, 19),
+    (16, 2, 64, 4000, 3), (3, 1, 32, 2047, 1),
 ]
 
 
+def bf16_products_ok(out: torch.Tensor, q, keys, values, start: int, scale: float) -> tuple[bool, str]:
+    """Whether `out` is what the AVX512_BF16 kernel may give: the float64 softmax of the scores of q * scale rounded to
+    bf16 (the kernel rounds the query once, then its products are exact), up to the rounding of every probability to
+    bf16. With the denominator summing the rounded weights, that error is, per output, sum_j w_j e_j (v_j - out) with
+    |e_j| <= 2^-8: held to 6 sigma of it (e_j uniform) per element, and its RMS to 1.2 sigma (a lost or doubled key
+    shows up as a bias beyond that even at 8191 keys)."""
+    nh, T, hd = q.shape
+    g = nh // keys.shape[0]
+    k, v = keys.double().repeat_interleave(g, 0), values.double().repeat_interleave(g, 0)  # [nh, S, hd]
+    scores = (q * scale).bfloat16().double() @ k.transpose(1, 2)  # [nh, T, S]
+    seen = torch.arange(keys.shape[1])[None, :] <= torch.arange(start, start + T)[:, None]  # [T, S]
+    w = scores.masked_fill(~seen, float("-inf")).softmax(-1)  # [nh, T, S]
+    want = w @ v  # [nh, T, hd]
+    w2 = w * w
+    spread = (w2 @ (v * v) - 2 * want * (w2 @ v) + want * want * w2.sum(-1, keepdim=True)).clamp(min=0)  # [nh, T, hd]
+    sigma = 2.0**-8 / 3**0.5 * spread.sqrt()
+    err = (out.reshape(T, nh, hd).transpose(0, 1).double() - want).abs()  # [nh, T, hd]
+    floor = 2e-6 * float(values.abs().max())  # f32 sums
+    worst = float((err - 6 * sigma - floor).max())
+    rms = float(err.square().mean().sqrt()), float(sigma.square().mean().sqrt())
+    ok = worst <= 0 and rms[0] <= 1.2 * rms[1] + floor
+    return ok, f"max excess over 6 sigma {worst:.3g}, rms error {rms[0]:.3g} vs sigma {rms[1]:.3g}"
+
+
 @pytest.mark.parametrize("nh,nkv,hd,start,T", SHAPES)
-@pytest.mark.parametrize("reference", [False, True])
-def test_native_attention_equals_naive(nh, nkv, hd, start, T, reference):
-    if not reference and native.attention_kernel(hd) != "AVX512":
-        pytest.skip("no AVX-512 attention kernel on this CPU")
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_native_attention_equals_naive(nh, nkv, hd, start, T, kernel, threads):
+    if not KERNELS[kernel]:
+        pytest.skip(f"no {kernel} attention kernel on this CPU")
+    if kernel == "Reference" and (threads != 2 or start + T > 2048):
+        pytest.skip("the scalar reference is checked once per shape, below 2048 positions")
     cache, keys, values = filled_cache(nkv, hd, start, T, seed=start + T)
     q = torch.randn(nh, T, hd, generator=torch.Generator().manual_seed(7))  # [nh, T, hd]
     out = torch.full((T, nh * hd), float("nan"))
-    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, out, dense_pool(), reference=reference)
-    want = naive(q, keys, values, start)
-    assert float((out.double() - want).abs().max()) < 2e-6 * float(want.abs().max())
+    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, out, make_pool(threads), kernel=kernel)
+    if kernel == "AVX512_BF16":
+        ok, why = bf16_products_ok(out, q, keys, values, start, hd**-0.5)
+        assert ok, why
+        return
+    want = naive(q, keys, values, start)  # f32 sums: errors scale with the values, not the (averaged, small) outputs
+    assert float((out.double() - want).abs().max()) < 2e-6 * float(values.abs().max())
+
+
+def test_bf16_kernel_check_catches_a_lost_key():
+    """The AVX512_BF16 tolerance is tight enough to see one key of 8191 left out (the kernel's exact twin is used as
+    the 'faulty' output, with key 4000's weight removed)."""
+    nh, nkv, hd, S = 8, 1, 128, 8191
+    cache, keys, values = filled_cache(nkv, hd, S - 1, 1, seed=3)
+    q = torch.randn(nh, 1, hd, generator=torch.Generator().manual_seed(9))
+    rounded_q = (q * hd**-0.5).bfloat16().float() / hd**-0.5
+    keep = torch.ones(S, dtype=torch.bool)
+    keep[4000] = False
+    lost = naive(rounded_q, keys[:, keep], values[:, keep], S - 2).float()  # [1, nh*hd]: 8190 keys, all seen
+    exact = naive(rounded_q, keys, values, S - 1).float()
+    assert bf16_products_ok(exact, q, keys, values, S - 1, hd**-0.5)[0]
+    assert not bf16_products_ok(lost, q, keys, values, S - 1, hd**-0.5)[0]
+
+
+def test_unknown_kernel_is_refused_by_name():
+    cache, _, _ = filled_cache(1, 32, 0, 2, seed=0)
+    with pytest.raises(ValueError, match="kernel: 'AMX'"):
+        native.attention_bf16(torch.randn(2, 2, 32), cache.k[0], cache.v[0], 0, 1.0, torch.empty(2, 64), dense_pool(),
+                              kernel="AMX")
 
 
 @pytest.mark.parametrize("start,T", [(0, 1), (0, 50), (70, 1), (70, 29)])
@@ -73,9 +136,12 @@ def test_torch_path_equals_naive_and_native(start, T):
     f32.write(0, keys, values)
     assert not uses_native(f32, 0)
     assert torch.allclose(attend(q, f32, 0, start, mask).double(), want, atol=1e-5)
-    if native_kernel(hd) == "AVX512":
+    if native_kernel(hd) != "Reference":
         assert uses_native(cache, 0)
-        assert torch.allclose(attend(q, cache, 0, start, mask).double(), want, atol=1e-5)
+        if native_kernel(hd) == "AVX512_BF16":  # q and the probabilities rounded to bf16
+            assert bf16_products_ok(attend(q, cache, 0, start, mask), q, keys, values, start, hd**-0.5)[0]
+        else:
+            assert torch.allclose(attend(q, cache, 0, start, mask).double(), want, atol=1e-5)
 
 
 def test_key_tiles_round_trip_through_growth_and_copies():
@@ -121,7 +187,7 @@ def test_long_context_matches_transformers(kv_dtype):
         theirs = ref(ids[None]).logits[0]  # [1012, V]
     cache = model.new_cache(16)
     if kv_dtype == torch.bfloat16:
-        assert uses_native(cache, 0) == (native_kernel(32) == "AVX512")
+        assert uses_native(cache, 0) == (native_kernel(32) != "Reference")
     parts = [model.forward(ids[:700], cache, last_only=False), model.forward(ids[700:1000], cache, last_only=False)]
     parts += [model.forward(ids[i : i + 1], cache) for i in range(1000, 1012)]
     ours = torch.cat(parts)  # [1012, V]

@@ -3,6 +3,7 @@
 // dim, C cache capacity (positions allocated), start = positions already cached before these T, S = start + T.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "tessera/pool.h"
 
@@ -17,15 +18,20 @@ struct AttentionArgs {
   float* out;          // [T, nh, hd] f32: query t at position start+t attends to keys [0, start+t]
 };
 
-// The AVX-512 kernel where the CPU (and TESSERA_MAX_ISA) allows and hd is a multiple of 32, else the reference.
+// The fastest kernel the CPU (and TESSERA_MAX_ISA) allows for hd: AVX512_BF16 (vdpbf16ps; q and the probabilities
+// rounded to bf16) where the CPU has avx512_bf16, else AVX512 (f32 products), both for hd a multiple of 32 up to 512;
+// else the reference.
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool);
+// The named kernel ("AVX512_BF16", "AVX512" or "Reference"); throws std::invalid_argument if it cannot run here.
+void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::string& kernel);
 // Scalar, double accumulation, two passes (max, then exp-sum): the yardstick the fast kernel is tested against.
 void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool);
-// "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU.
+// "AVX512_BF16", "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU.
 const char* attention_kernel_name(int64_t hd);
 
 namespace attention_isa {
 void attention_avx512(const AttentionArgs& a, ThreadPool& pool);
+void attention_avx512_bf16(const AttentionArgs& a, ThreadPool& pool);
 }
 
 }  // namespace tessera
