@@ -2,12 +2,14 @@
 (model.Block with its decode_step switched off) from the same cache state, on make-model files of several types.
 
 What may differ and why: the native step's norms, RoPE, softmax and f32 mat-vecs sum in another order than torch
-(~1e-7 relative); its quantized and 16-bit mat-vecs are the same kernels as the Python path's, bit for bit. On float
-files that leaves the logits within ~1e-5 (bound 1e-4) and a K/V value at most one bf16 step apart (when the two f32
-values round to different sides). On quantized files the same 1e-7 sometimes moves an activation across an int8
-rounding boundary (Q8_K activations, one code step = 1/127 of the block's largest value), and that step's logits then
-move by up to ~1e-2 (measured 2026-12-03 on these files: 1 step in 52, Q4_K_M and Q8_0; the others within 5e-7): at
-least 90 % of the steps must match to 1e-4, every step to 5e-2, the routing must agree on at least 90 % of the steps.
+(~1e-7 relative); its quantized and 16-bit mat-vecs and its attention kernel are the Python path's, bit for bit. The
+attention kernel (AVX512_BF16 on a CPU with avx512_bf16) rounds q and the probabilities to bf16, so the ~1e-7 sometimes
+moves a q value by one bf16 step: on float files with Torch experts the logits stay within ~7e-4 (measured 2026-12-03;
+bound 1e-3 on every step), and a K/V value is at most one bf16 step apart (when the two f32 values round to different
+sides). Where activations are quantized to int8 (a quantized file's dense weights, or Auto's AVX512Int8 experts) the
+same 1e-7 sometimes moves one across an int8 rounding boundary (one code step = 1/127 of its block's largest value),
+and that step's logits then move by up to ~1e-2 (measured: 1 step in 52 on Q4_K_M and Q8_0): at least 90 % of the
+steps must match to 1e-3, every step to 5e-2, and the routing must agree on at least 90 % of the steps.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tessera.engine.experts import TorchExperts
 from tessera.engine.model import Qwen3MoeModel, RoutingStats, layer_experts
 from tessera.engine.weights import load_weights
 
-pytestmark = pytest.mark.skipif(attention.native_kernel(64) != "AVX512",
+pytestmark = pytest.mark.skipif(attention.native_kernel(64) == "Reference",
                                 reason="the native decode step needs the AVX-512 attention kernel")
 
 PROMPT, STEPS = 8, 40  # prefill, then one-token steps compared one by one
@@ -79,7 +81,7 @@ def test_native_step_matches_the_python_path(model_file, backend):
         assert ours_cache.tokens == theirs_cache.tokens == ids[: t + 1].tolist()
         diff = float((ours - theirs).abs().max())
         assert torch.isfinite(ours).all() and diff <= 5e-2, (t, diff)
-        close += diff <= 1e-4
+        close += diff <= 1e-3
         assert ours_stats.pairs == theirs_stats.pairs and sorted(ours_stats.counts) == sorted(theirs_stats.counts)
         assert all(int(c.sum()) == cfg.num_experts_per_tok for c in ours_stats.counts.values())
         routing_same += all(torch.equal(ours_stats.counts[i], theirs_stats.counts[i]) for i in theirs_stats.counts)
@@ -87,9 +89,12 @@ def test_native_step_matches_the_python_path(model_file, backend):
         for layer in range(cfg.num_hidden_layers):  # the position this step wrote, in the cache's own layouts
             k_ours, k_theirs = (c.k[layer][:, tile, :, lane].float() for c in (ours_cache, theirs_cache))  # [nkv, hd]
             v_ours, v_theirs = (c.v[layer][:, t].float() for c in (ours_cache, theirs_cache))  # [nkv, hd]
-            if diff <= 1e-4:  # no int8 flip upstream: at most one bf16 step apart (values near 0: the f32 noise)
-                assert torch.allclose(k_ours, k_theirs, rtol=BF16_STEP, atol=1e-4), (t, layer)
-                assert torch.allclose(v_ours, v_theirs, rtol=BF16_STEP, atol=1e-4), (t, layer)
+            if diff <= 1e-3:  # no int8 flip upstream
+                # layer 0 (no attention before it): at most one bf16 step apart (values near 0: the f32 noise); later
+                # layers also carry the earlier layers' attention, where a bf16 step of q moves the output ~1e-3
+                atol = 1e-4 if layer == 0 else 1e-2
+                assert torch.allclose(k_ours, k_theirs, rtol=BF16_STEP, atol=atol), (t, layer)
+                assert torch.allclose(v_ours, v_theirs, rtol=BF16_STEP, atol=atol), (t, layer)
             assert torch.equal(ours_cache.k[layer][:, : t // 32], theirs_cache.k[layer][:, : t // 32])  # untouched
             assert torch.equal(ours_cache.v[layer][:, :t], theirs_cache.v[layer][:, :t])
         cache = theirs_cache
