@@ -2,6 +2,7 @@
 // them to pointers; every error names the argument. No kernel logic here.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -16,6 +17,7 @@
 #include "tessera/attention.h"  // attention over a bf16 KV cache (attention_bindings.inc)
 #include "tessera/backend.h"
 #include "tessera/cpu.h"
+#include "tessera/decode_layer.h"  // one decoder layer at T = 1 (decode_layer_bindings.inc)
 #include "tessera/dense.h"
 #include "tessera/pool.h"
 #include "tessera/probe.h"
@@ -229,6 +231,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
 #include "attention_bindings.inc"  // attention over a bf16 KV cache: bind_attention(m)
 #include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
+#include "decode_layer_bindings.inc"  // one decoder layer at T = 1: bind_decode_layer(m)
 
 }  // namespace
 
@@ -334,6 +337,7 @@ NB_MODULE(_native, m) {
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
+    d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;
@@ -385,6 +389,7 @@ NB_MODULE(_native, m) {
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
   bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
+  bind_decode_layer(m);  // DecodeLayer, QuantMoeLayer (decode_layer_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "quant_kernels.h"
+#include "tessera/tuning.h"
 
 namespace tessera {
 namespace {
@@ -114,12 +115,20 @@ struct Tiles {
   Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
 };
 
+// Whether a task of nt tokens on type t goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
+bool block_path(const Kernels& kr, QType t, int64_t nt) {
+  return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t));
+}
+
 // A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI takes the GEMM
-// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct.
+// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct; AVX2 arrives here only for its GEMM
+// (quant_gemm_avx2.cpp, block_path).
 void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs,
                int nt, float* out) {
   if (kr.isa == QIsa::AVX512VNNI && nt >= quant::kGemmMinTokens)
     quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
+  else if (kr.isa == QIsa::AVX2)
+    quant::gemm_avx2(t, w, row_bytes, R, K, xs, nt, out);
   else
     kr.dot_direct(t, w, row_bytes, R, K, xs, nt, out);
 }
@@ -127,6 +136,18 @@ void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, i
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 }  // namespace
+
+int quant_gemm_min_tokens(QIsa isa, QType t) {
+  switch (isa) {
+    case QIsa::AVX512VNNI: return quant::kGemmMinTokens;
+    case QIsa::AVX2: {
+      const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
+      // Never below 2: decode (T = 1) keeps the row tiles (see avx2_gemm_min_tokens).
+      return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1)) : quant::avx2_gemm_min_tokens(t);
+    }
+    default: return 0;
+  }
+}
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
@@ -142,7 +163,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     const int64_t rg = task % n_rg, tb = task / n_rg;
     const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
     const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
-    if (kr.dot_direct) {
+    if (block_path(kr, a.type, t1 - t0)) {
       ActRow xs[kTokenBlock];
       float res[kRowGroup * kTokenBlock];  // [row, token]
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
@@ -202,7 +223,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (kr.dot_direct) {
+      if (block_path(kr, a.gate.type, s1 - s0) && block_path(kr, a.up.type, s1 - s0)) {  // one path for both
         ActRow xs[kTokenBlock];
         float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);
@@ -250,7 +271,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int64_t rg = local % n_rg, tb = local / n_rg;
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (kr.dot_direct) {
+      if (block_path(kr, a.down.type, s1 - s0)) {
         ActRow xs[kTokenBlock];
         float res[kRowGroup * kTokenBlock];  // [row, token]
         const int nt = int(s1 - s0);

@@ -71,6 +71,21 @@ void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_
                       float* out);
 constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would be mostly padding)
 
+// Prefill GEMM for AVX2 (quant_gemm_avx2.cpp), the same contract: 8 tokens per vector lane set, 4-row micro-tiles.
+// The driver sends it blocks of quant_gemm_min_tokens(AVX2, t) tokens and more; shorter blocks keep the row tiles
+// (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
+void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out);
+// From how many tokens the AVX2 GEMM beat the row tiles, per type: scripts/bench_avx2_gemm_threshold.py (one 768 x
+// 2048 matrix, 2 threads, a Zen 4 running AVX2 code; docs/BENCHMARKS.md, "AVX2 quantized prefill GEMM"). Never below
+// 2: one token is decode, which stays on the row tiles (quant_matvec_multi equals quant_matmul at T = 1 bit for bit),
+// although for Q4_0, Q5_K and IQ4_XS, whose row tiles unpack slowly, the GEMM measured as fast or faster even there.
+constexpr int avx2_gemm_min_tokens(QType t) {
+  switch (t) {
+    case QType::Q8_0: return 4;
+    default: return 2;  // Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS
+  }
+}
+
 const Kernels& kernels_reference();  // quant_ref.cpp
 const Kernels& kernels_avx2();       // quant_avx2.cpp
 const Kernels& kernels_avx512_vnni();  // quant_avx512_vnni.cpp

@@ -41,6 +41,7 @@ void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
   read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
   read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
+  read_count(t, "TESSERA_AVX2_GEMM_MIN_T", t.avx2_gemm_min_tokens);
   g_seen = nullptr;
 }
 

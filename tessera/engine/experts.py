@@ -60,6 +60,11 @@ class ExpertBackend(Protocol):
         out, self._submitted = self._submitted, None
         return out
 
+    def decode_experts(self, layer: int):
+        """This layer's experts as a native object a one-token decoder-layer step runs in its own call
+        (engine.decode_layer; engine.native's QuantMoeLayer on `pool`), or None: the step calls `forward`."""
+        return None
+
     def take_step_stats(self) -> tuple[int, int] | None:
         """(expert pairs, pairs served by the hot-expert cache) since the last call; None without such a cache."""
         return None

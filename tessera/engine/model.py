@@ -5,7 +5,8 @@ Norm weights are converted to float32 once at construction; the 2-D dense weight
 dense MLP, lm_head) stay as stored (float, or a GGUF's quantized blocks) inside `engine.dense.Linear`, which chooses how
 to multiply by them, and so does the embedding table (`engine.dense.embedding_rows` looks rows up); the routed
 experts stay as stored and are computed by an `engine.experts.ExpertBackend`. The model only calls both (no backend
-branches here).
+branches here); at T = 1 a layer that can runs in one native call (engine.decode_layer.DecodeLayerStep, chosen in
+Block), and a model whose every layer can runs them all in one (engine.decode_layer.DecodeStack, chosen in forward).
 
 Letters: T tokens in this step, S cached + new positions, H hidden size, V vocabulary, nh query heads, nkv key/value
 heads, hd head dim, E experts, k experts per token, Id dense intermediate size.
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.engine.attention import attend
+from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
     FusedMatvec,
     Linear,
@@ -131,12 +133,16 @@ class MoE:
         self.router = Router(cfg, p["gate.weight"], device, f"{prefix}gate.weight")
         self.num_experts = cfg.num_experts
 
-    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
-        ids, weights = self.router(x)  # [T, k], [T, k]
+    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None,
+                 routing: tuple[torch.Tensor, torch.Tensor] | None = None):
+        ids, weights = routing if routing is not None else self.router(x)  # [T, k], [T, k]
+        self.record(layer, ids, stats)
+        return experts.forward(layer, x, ids, weights)  # [T, H]
+
+    def record(self, layer: int, ids: torch.Tensor, stats: RoutingStats | None) -> None:
         if stats is not None:
             stats.pairs += ids.numel()
             stats.counts[layer] = torch.bincount(ids.reshape(-1), minlength=self.num_experts)  # [E]
-        return experts.forward(layer, x, ids, weights)  # [T, H]
 
 
 class DenseMLP:
@@ -145,7 +151,8 @@ class DenseMLP:
         self.up_proj = Linear(p["up_proj.weight"], device, f"{prefix}up_proj.weight")  # [Id, H]
         self.down_proj = Linear(p["down_proj.weight"], device, f"{prefix}down_proj.weight")  # [H, Id]
 
-    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None):
+    def __call__(self, layer: int, x: torch.Tensor, experts: ExpertBackend, stats: RoutingStats | None,
+                 routing=None):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [T, H]
 
 
@@ -159,6 +166,11 @@ class Block:
         mlp = _sub(p, "mlp.")
         moe = cfg.is_moe_layer(layer)
         self.mlp = MoE(cfg, mlp, device, prefix + "mlp.") if moe else DenseMLP(mlp, device, prefix + "mlp.")
+        a = self.self_attn
+        self.decode_step = DecodeLayerStep.build(  # the whole layer in one native call at T = 1, where it can run
+            cfg, layer, self.device,
+            {"input": self.input_layernorm, "post": self.post_attention_layernorm, "q": a.q_norm, "k": a.k_norm},
+            [a.q_proj, a.k_proj, a.v_proj, a.o_proj], self.mlp.router.proj if moe else None)
 
     def linears(self) -> list[Linear]:
         a, m = self.self_attn, self.mlp
@@ -167,6 +179,12 @@ class Block:
 
     def __call__(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
         x = x.to(self.device)  # a no-op unless the previous layer ran elsewhere
+        if self.decode_step is not None and self.decode_step.runs(x, cache):
+            step = self.decode_step(x, cos, sin, cache, experts)  # one native call for the layer
+            if step.out is not None:  # the routed experts ran in that call too
+                self.mlp.record(self.layer, step.routing[0], stats)
+                return step.out  # [1, H]
+            return step.h + self.mlp(self.layer, step.normed, experts, stats, step.routing)  # [1, H]
         h = x + self.self_attn(self.layer, rms_norm(x, self.input_layernorm, self.eps), cos, sin, cache, mask)  # [T, H]
         return h + self.mlp(self.layer, rms_norm(h, self.post_attention_layernorm, self.eps), experts, stats)  # [T, H]
 
@@ -207,6 +225,8 @@ class Qwen3MoeModel:
             for i in range(cfg.num_hidden_layers)
         ]
         self.linears = [self.lm_head] + [lin for block in self.layers for lin in block.linears()]
+        # Decode: every layer in one native call where all of them can take it (else each Block chooses for itself).
+        self.decode_stack = DecodeStack.build([block.decode_step for block in self.layers], cfg.num_experts)
         self.set_experts(experts)
 
     def set_experts(self, experts: ExpertBackend) -> None:
@@ -242,11 +262,14 @@ class Qwen3MoeModel:
             mask = torch.arange(start + T)[None, :] <= positions[:, None]  # [T, S] bool
         on_device = {}  # device -> (cos, sin, mask) copied there once per step
         x = embedding_rows(self.embed_tokens, input_ids)  # [T, H] f32
-        for block in self.layers:
-            if block.device not in on_device:
-                on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
-            c, s, m = on_device[block.device]
-            x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
+        if self.decode_stack is not None and self.decode_stack.runs(x, cache, self.experts):
+            x = self.decode_stack(x, cos, sin, cache, self.experts, stats)  # [1, H]: every layer, one native call
+        else:
+            for block in self.layers:
+                if block.device not in on_device:
+                    on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
+                c, s, m = on_device[block.device]
+                x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
         cache.commit(input_ids.tolist())
         if last_only:
             x = x[-1:]  # [1, H]

@@ -262,6 +262,8 @@ def reads_blocks(requested: str, concrete: str, experts: LayerExperts) -> bool:
 class PackedLayer:
     """One layer packed for a native backend: a 64-byte-aligned blob, packed now or read from the disk cache."""
 
+    decode = None  # a decode step calls forward (engine.decode_layer runs only block layers in its own call)
+
     def __init__(self, kernel, blob: np.ndarray):
         self.kernel, self.blob = kernel, blob
         self.nbytes = int(blob.nbytes)
@@ -286,6 +288,9 @@ class BlockLayer:
         self.types = (int(g.qtype), int(u.qtype), int(d.qtype))
         self.raw = (g.raw, u.raw, d.raw)  # [E, I, B], [E, I, B], [E, H, B] uint8
         self.isa = isa
+        # The same experts for a decode step that runs the whole layer in one call (engine.decode_layer).
+        (tg, tu, td), H = self.types, d.raw.shape[1]
+        self.decode = _native.QuantMoeLayer(H, tg, g.raw, tu, u.raw, td, d.raw, isa)
 
     def _args(self, ids, w, x, out, pool):
         (tg, tu, td), (g, u, d) = self.types, self.raw
@@ -376,6 +381,11 @@ class NativeExperts(ExpertBackend):
         args = self._args(layer, x, topk_ids, topk_weights)
         self.layers[layer].submit(*args, self.pool)
         self._pending = args  # keeps the tensors alive until sync
+
+    def decode_experts(self, layer: int):
+        if layer not in self.layers:
+            raise KeyError(f"layer {layer} has no experts in backend {self.name}")
+        return self.layers[layer].decode
 
     def sync(self) -> torch.Tensor:
         if self._pending is None:
@@ -487,7 +497,8 @@ def quant_types() -> list[dict]:
 
 
 def quant_isas() -> list[dict]:
-    """Quantized-kernel ISAs, best first: [{name, available, reason}] under TESSERA_MAX_ISA."""
+    """Quantized-kernel ISAs, best first: [{name, available, reason, gemm_min_tokens}] under TESSERA_MAX_ISA;
+    gemm_min_tokens = {type name: token blocks from this long run the ISA's prefill GEMM (0: it has none)}."""
     return list(_native.quant_isas())
 
 
@@ -531,6 +542,26 @@ def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
     equal to quant_matmul per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
     _native.quant_matvec_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
                                pool, isa)
+
+
+def decode_layer_plan(H: int, nh: int, nkv: int, hd: int, eps: float, input_norm, post_norm, q_norm, k_norm,
+                      weights, router, top_k: int, norm_topk: bool, isa: str = "auto"):
+    """A decoder layer's fixed parts for one-token steps in one native call (native/src/decode_layer.cpp; used by
+    engine.decode_layer): norms f32 [H], [H], [hd], [hd]; `weights` the (type, array) of q, k, v, o_proj and `router`
+    that of the router (None for a dense-MLP layer), each (GGML type id, raw rows [N, row_bytes] uint8) or (-1, a
+    float32/bfloat16/float16 [N, K] tensor). Its `step(x, cos, sin, kt, v, start, h, normed, ids, weights, experts,
+    out, pool)` runs the layer; it keeps every array it was given alive."""
+    return _native.DecodeLayer(H, nh, nkv, hd, eps, input_norm, post_norm, q_norm, k_norm,
+                               list(weights), router,
+                               top_k, norm_topk, isa)
+
+
+def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, weights, counts, out, pool) -> None:
+    """One token through consecutive MoE layers in one call (engine.decode_layer.DecodeStack): `plans` their
+    decode_layer_plan objects, `experts` their QuantMoeLayer (ExpertBackend.decode_experts), `kts`/`vs` their cache
+    buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k], counts int64 [L, E]
+    (tokens routed to each expert) and out f32 [1, H] (the last layer's output)."""
+    _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool)
 
 
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,

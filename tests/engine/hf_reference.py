@@ -24,13 +24,17 @@ BASE = dict(
     rms_norm_eps=1e-6,
 )
 
-# Several shapes of the architecture: non-power-of-two sizes, dense layers, norm_topk_prob off, head_dim != H/nh, tied.
+# Several shapes of the architecture: non-power-of-two sizes, dense layers, norm_topk_prob off, head_dim != H/nh, tied,
+# a head dim of 32.
 CONFIGS = {
     "odd_sizes": dict(BASE),
     "dense_layers": dict(BASE, num_hidden_layers=4, mlp_only_layers=[0], decoder_sparse_step=2),
     "no_norm_topk": dict(BASE, norm_topk_prob=False, num_key_value_heads=5),
     "head_dim_wide": dict(BASE, hidden_size=36, num_attention_heads=4, num_key_value_heads=2, head_dim=14),
     "tied": dict(BASE, tie_word_embeddings=True, num_experts=9, num_experts_per_tok=1),
+    # A head dim the native attention kernel takes (a multiple of 32): with a bf16 cache, decode steps run each layer
+    # in one native call (engine.decode_layer), so the oracle tests hold that path to transformers too.
+    "head_dim_32": dict(BASE, hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
 }
 
 

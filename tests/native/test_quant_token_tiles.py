@@ -1,11 +1,12 @@
 """Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512 below 12 tokens: a
-row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles).
+row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles,
+its GEMM from 2-4 tokens by type).
 That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone,
 for ragged token counts (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
 256-value super-block types, to running that token by itself (T = 1, the decode path: same integer dot, same f32
-steps in the same order; on AVX-512 VNNI from 12 tokens, where the GEMM of test_quant_gemm.py runs, within NMSE 1e-10
-instead). Block-32 types (Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different
-f32 rounding order, so for them only the row grouping is checked bit for bit.
+steps in the same order; where the GEMM of test_quant_gemm.py runs, within NMSE 1e-10 instead). Block-32 types
+(Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different f32 rounding order, so for them only the
+row grouping is checked bit for bit.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import tessera.engine.native as N
 from tests.native.quant_cases import K_QUANTS, TYPES, matmul, nmse, quant_isas, random_blocks
 
 ISAS = quant_isas()
-GEMM_MIN_TOKENS = 12  # native/src/quant_kernels.h kGemmMinTokens: AVX-512 VNNI blocks this long take the GEMM
+# {isa: {type name: n}}: token blocks of n tokens and more take the GEMM of test_quant_gemm.py (0: none), as the
+# kernels choose (AVX-512 VNNI from 12; AVX2 per type, or TESSERA_AVX2_GEMM_MIN_T).
+GEMM_MIN_TOKENS = {i["name"]: i["gemm_min_tokens"] for i in N.quant_isas()}
 
 
 def _K(qtype) -> int:
@@ -49,7 +53,8 @@ def test_token_tile_equals_one_token_at_a_time(pool, isa, qtype, T):
     w = random_blocks(qtype, N_rows, K, rng)
     x = rng.standard_normal((T, K)).astype(np.float32)
     full = matmul(qtype, w, x, pool, isa)
-    gemm = isa == "avx512_vnni" and T >= GEMM_MIN_TOKENS  # test_quant_gemm.py: other f32 order, same integer dots
+    n_gemm = GEMM_MIN_TOKENS[isa][qtype.name]
+    gemm = 0 < n_gemm <= T  # test_quant_gemm.py: other f32 order, same integer dots (never at T = 1: decode)
     for t in range(T):
         one = matmul(qtype, w, x[t:t + 1], pool, isa)  # [1, N]: decode
         if gemm:

@@ -75,6 +75,10 @@ struct QMatmulArgs {
   float* out;
 };
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool);
+// Token blocks (<= 64 tokens of one task) of at least this many tokens run `isa`'s prefill GEMM on type t, shorter
+// ones its row path; 0: the ISA has no GEMM (Reference). AVX2: per type, from where it measured faster
+// (docs/BENCHMARKS.md), or TESSERA_AVX2_GEMM_MIN_T for every type.
+int quant_gemm_min_tokens(QIsa isa, QType t);
 
 // One projection of a layer's experts: E * rows_per_expert rows of `row_bytes`.
 struct QWeights {

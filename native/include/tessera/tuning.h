@@ -26,6 +26,12 @@ struct Tuning {
   // (more: torch on an f32 upcast). Read here so every knob has one reader; tessera/engine/dense.py uses it.
   int64_t dense_native_max_tokens = 512;
   int64_t dense_quant_max_tokens = 512;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
+  // TESSERA_AVX2_GEMM_MIN_T: on the AVX2 quantized kernels, token blocks of at least this many tokens (2 at least:
+  // decode keeps the row tiles) take the GEMM (quant_gemm_avx2.cpp) for every type, shorter ones the row tiles; above
+  // 64 (kTokenBlock) the GEMM never runs (the row path alone, for before/after timings). 0 (default): per type, from
+  // where it measured faster
+  // (quant_kernels.h avx2_gemm_min_tokens; tessera.engine.native.quant_isas() lists them).
+  int64_t avx2_gemm_min_tokens = 0;
   // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.
   std::string invalid;
   // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.

@@ -1,0 +1,191 @@
+// decode_layer_step (tessera/decode_layer.h): one decoder layer at T = 1 in one call. Portable: the heavy parts are the
+// existing ISA kernels (quant_matvec_multi, dense_matvec, attention_bf16, quant_moe_forward), each on the pool; what
+// runs here on the caller's thread (norms, RoPE, the KV append, softmax / top-k) is O(H + nh*hd + E) scalar work.
+#include "tessera/decode_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessera/attention.h"
+#include "tessera/bf16.h"
+#include "tessera/dense.h"
+#include "tessera/quant_decode.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kF32Rows = 16;  // rows of an f32 weight per pool task
+constexpr int kLanes = 16;        // independent partial sums per f32 dot (the compiler keeps them in vector registers)
+
+// out[n] = sum_j w[n, j] x[j], f32 weights.
+void matvec_f32(const float* w, int64_t N, int64_t K, const float* x, float* out, ThreadPool& pool) {
+  pool.parallel_for((N + kF32Rows - 1) / kF32Rows, [&](int64_t task, int) {
+    const int64_t n1 = std::min(N, (task + 1) * kF32Rows);
+    for (int64_t n = task * kF32Rows; n < n1; ++n) {
+      const float* r = w + n * K;
+      float acc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= K; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] += r[j + l] * x[j + l];
+      float s = 0.0f;
+      for (; j < K; ++j) s += r[j] * x[j];
+      for (int l = 0; l < kLanes; ++l) s += acc[l];
+      out[n] = s;
+    }
+  });
+}
+
+// out[i] = weight[i] * (x[i] * rsqrt(mean(x^2) + eps)) over n values: engine.model.rms_norm.
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  const float r = 1.0f / std::sqrt(float(ss / double(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * r);
+}
+
+// x [hd] in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]) (engine.model.Rope.apply).
+void rope(float* x, const float* cos, const float* sin, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    const float lo_c = a * cos[i], lo_s = -b * sin[i], hi_c = b * cos[i + half], hi_s = a * sin[i + half];
+    x[i] = lo_c + lo_s;
+    x[i + half] = hi_c + hi_s;
+  }
+}
+
+// probs = softmax(logits); ids/weights = the k largest, largest first (ties: the lower id), renormalised if asked.
+void route(const float* logits, int64_t E, int64_t k, bool norm_topk, int64_t* ids, float* weights) {
+  float mx = logits[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
+  std::vector<float> p(static_cast<size_t>(E));
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(logits[e] - mx));
+  for (int64_t e = 0; e < E; ++e) p[size_t(e)] /= sum;
+  std::vector<char> taken(size_t(E), 0);
+  float picked = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = 0;
+    while (taken[size_t(best)]) ++best;  // k <= E: an untaken id exists, so ids stay in range even for NaN logits
+    for (int64_t e = best + 1; e < E; ++e)
+      if (!taken[size_t(e)] && p[size_t(e)] > p[size_t(best)]) best = e;
+    taken[size_t(best)] = 1;
+    ids[j] = best;
+    weights[j] = p[size_t(best)];
+    picked += weights[j];
+  }
+  if (norm_topk)
+    for (int64_t j = 0; j < k; ++j) weights[j] /= picked;
+}
+
+// bf16 of one 16-bit weight kind as dense.h's WeightType.
+WeightType dense_type(DecodeWeight::Kind kind) { return kind == DecodeWeight::Kind::F16 ? WeightType::F16 : WeightType::BF16; }
+
+}  // namespace
+
+void decode_matvec(const DecodeWeight& w, QIsa isa, const float* x, float* out, ThreadPool& pool) {
+  switch (w.kind) {
+    case DecodeWeight::Kind::Quant: {
+      const QMatvecPart part{w.qtype, static_cast<const uint8_t*>(w.w), w.row_bytes, w.N, out};
+      quant_matvec_multi(isa, x, w.K, &part, 1, pool);
+      return;
+    }
+    case DecodeWeight::Kind::BF16:
+    case DecodeWeight::Kind::F16:
+      dense_matvec(DenseArgs{dense_type(w.kind), static_cast<const uint16_t*>(w.w), w.N, w.K, 1, x, out}, pool);
+      return;
+    case DecodeWeight::Kind::F32:
+      matvec_f32(static_cast<const float*>(w.w), w.N, w.K, x, out, pool);
+      return;
+  }
+}
+
+void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool& pool) {
+  const int64_t H = P.H, nh = P.nh, nkv = P.nkv, hd = P.hd;
+  const size_t nH = static_cast<size_t>(H), nq = static_cast<size_t>(nh * hd), nk = static_cast<size_t>(nkv * hd);
+  std::vector<float> xn(nH), q(nq), k(nk), v(nk), att(nq), o(nH);
+  rms_norm(S.x, P.input_norm, H, P.eps, xn.data());
+
+  // q/k/v: the quantized ones in one dispatch with x quantized once (engine.dense.FusedMatvec), the others one by one.
+  const DecodeWeight* qkv[3] = {&P.q, &P.k, &P.v};
+  float* outs[3] = {q.data(), k.data(), v.data()};
+  std::vector<QMatvecPart> parts;
+  for (int i = 0; i < 3; ++i) {
+    const DecodeWeight& w = *qkv[i];
+    if (w.kind == DecodeWeight::Kind::Quant)
+      parts.push_back({w.qtype, static_cast<const uint8_t*>(w.w), w.row_bytes, w.N, outs[i]});
+    else
+      decode_matvec(w, P.isa, xn.data(), outs[i], pool);
+  }
+  if (!parts.empty()) quant_matvec_multi(P.isa, xn.data(), H, parts.data(), int(parts.size()), pool);
+
+  // Per-head q/k norms and RoPE; this position's K/V into the cache (bf16, nearest even, as torch's copy rounds).
+  for (int64_t h = 0; h < nh; ++h) {
+    float* qh = q.data() + h * hd;
+    rms_norm(qh, P.q_norm, hd, P.eps, qh);
+    rope(qh, S.cos, S.sin, hd);
+  }
+  const int64_t tiles = (S.C + 31) / 32, tile = S.start / 32, lane = S.start % 32;
+  for (int64_t h = 0; h < nkv; ++h) {
+    float* kh = k.data() + h * hd;
+    rms_norm(kh, P.k_norm, hd, P.eps, kh);
+    rope(kh, S.cos, S.sin, hd);
+    uint16_t* kdst = S.kt + ((h * tiles + tile) * hd) * 32 + lane;  // [h][tile][d][lane]
+    uint16_t* vdst = S.v + (h * S.C + S.start) * hd;               // [h][start][d]
+    for (int64_t d = 0; d < hd; ++d) {
+      kdst[d * 32] = f32_to_bf16(kh[d]);
+      vdst[d] = f32_to_bf16(v[size_t(h * hd + d)]);
+    }
+  }
+
+  const float scale = float(std::pow(double(hd), -0.5));  // Python's hd**-0.5, then float as the binding takes it
+  attention_bf16(AttentionArgs{q.data(), S.kt, S.v, 1, nh, nkv, hd, S.C, S.start, scale, att.data()}, pool);
+  decode_matvec(P.o, P.isa, att.data(), o.data(), pool);
+  for (int64_t i = 0; i < H; ++i) S.h[i] = S.x[i] + o[size_t(i)];
+  rms_norm(S.h, P.post_norm, H, P.eps, S.normed);
+  if (!P.has_router) return;
+
+  const int64_t E = P.router.N;
+  std::vector<float> logits(static_cast<size_t>(E));
+  decode_matvec(P.router, P.isa, S.normed, logits.data(), pool);
+  route(logits.data(), E, P.top_k, P.norm_topk, S.ids, S.weights);
+  if (!S.experts) return;
+
+  const DecodeExperts& X = *S.experts;
+  std::vector<float> moe(static_cast<size_t>(H));
+  const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
+  quant_moe_forward(X.isa, a, pool);
+  for (int64_t i = 0; i < H; ++i) S.out[i] = S.h[i] + moe[size_t(i)];
+}
+
+void decode_stack_step(const DecodeStackLayer* layers, int n, const float* x, const float* cos, const float* sin,
+                       int64_t C, int64_t start, float* out, ThreadPool& pool) {
+  if (n <= 0) return;
+  const size_t nH = static_cast<size_t>(layers[0].plan->H);
+  std::vector<float> h(nH), normed(nH), ping(nH), pong(nH);
+  const float* cur = x;
+  for (int i = 0; i < n; ++i) {
+    const DecodeStackLayer& L = layers[i];
+    DecodeStep s;
+    s.x = cur;
+    s.cos = cos;
+    s.sin = sin;
+    s.kt = L.kt;
+    s.v = L.v;
+    s.C = C;
+    s.start = start;
+    s.h = h.data();
+    s.normed = normed.data();
+    s.ids = L.ids;
+    s.weights = L.weights;
+    s.experts = L.experts;
+    s.out = i == n - 1 ? out : (i % 2 ? pong.data() : ping.data());
+    decode_layer_step(*L.plan, s, pool);
+    std::fill(L.counts, L.counts + L.plan->router.N, int64_t(0));
+    for (int64_t j = 0; j < L.plan->top_k; ++j) ++L.counts[L.ids[j]];
+    cur = s.out;
+  }
+}
+
+}  // namespace tessera
