@@ -198,7 +198,8 @@ def main() -> int:
                    help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
     p.add_argument("--fill-random", action="store_true",
                    help="decode contexts only: fill the KV cache with random K/V instead of a prefill (minutes saved "
-                        "on a big model; a decode step reads the same bytes either way)")
+                        "on a big model; attention reads the same bytes, but random K/V change the routing, so only "
+                        "the attention time compares with a real prefill's)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     a = p.parse_args()
     if not a.kernels and not a.model:
