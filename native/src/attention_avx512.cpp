@@ -3,7 +3,9 @@
 // merge) is attention_flash.inc's; this file gives its block products. Keys are stored as tiles of 32 positions
 // ([nkv, C/32, hd, 32]), so one block of keys is one contiguous 2*32*hd bytes; values as [nkv, C, hd].
 // Both products are outer products (a broadcast query or probability times 16 widened positions or dims), so no
-// horizontal sums; the bf16 pairs widen as (even, odd) lanes, and the results are put back in order once per block.
+// horizontal sums; the bf16 pairs widen as (even, odd) lanes, scores and probabilities stay in that lane order, and
+// the accumulator is put back in order when a row is stored. K tile and V rows of a block ahead are prefetched a line a
+// step (decode from memory).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,33 +37,36 @@ inline void interleave(__m512 even, __m512 odd, __m512& first, __m512& second) {
   second = _mm512_permutex2var_ps(even, hi, odd);
 }
 
-// s[r][0..32) = Q[r] . K[key] for RB rows and the nk (<= 32) keys of one tile ([hd][32] bf16); keys >= nk are read as 0.
+// s[r][0..32) = Q[r] . K[key] for RB rows and the nk (<= 32) keys of one tile ([hd][32] bf16), as (even, odd) lanes:
+// s[r][i] is key 2i, s[r][16 + i] key 2i + 1; keys >= nk are read as 0. pf: a K tile to bring into the cache
+// meanwhile (a line a step), or null.
 template <int RB>
-void block_scores(const float* Q, int64_t hd, const uint16_t* tile, int nk, float* s) {
+void block_scores(const float* Q, int64_t hd, const uint16_t* tile, int nk, float* s, const char* pf) {
   __m512 a0[RB], a1[RB];
   for (int r = 0; r < RB; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
   const __mmask32 keys = nk >= kKeys ? __mmask32(0xffffffffu) : __mmask32((1u << nk) - 1u);
   for (int64_t d = 0; d < hd; ++d) {
     __m512 even, odd;
     widen_pairs(_mm512_maskz_loadu_epi16(keys, tile + d * kKeys), even, odd);
+    if (pf) _mm_prefetch(pf + d * 64, _MM_HINT_T1);
     for (int r = 0; r < RB; ++r) {
       const __m512 q = _mm512_set1_ps(Q[r * hd + d]);
       a0[r] = _mm512_fmadd_ps(q, even, a0[r]);
       a1[r] = _mm512_fmadd_ps(q, odd, a1[r]);
     }
   }
-  for (int r = 0; r < RB; ++r) {
-    __m512 first, second;
-    interleave(a0[r], a1[r], first, second);
-    _mm512_storeu_ps(s + r * kKeys, first);
-    _mm512_storeu_ps(s + r * kKeys + 16, second);
+  for (int r = 0; r < RB; ++r) {  // stored as they are: permuting here made GCC keep the accumulators in memory
+    _mm512_storeu_ps(s + r * kKeys, a0[r]);
+    _mm512_storeu_ps(s + r * kKeys + 16, a1[r]);
   }
 }
 
-// acc[r][dims of NC chunks of 32] = alpha[r] * acc + sum_j p[r][j] * V[j], over the nk keys of the block. acc keeps
-// each 32-dim chunk as (even, odd) lanes.
+// acc[r][dims of NC chunks of 32] = alpha[r] * acc + sum_j p[r][j] * V[j], over the nk keys of the block; p in
+// (even, odd) lanes as block_scores leaves them. acc keeps each 32-dim chunk as (even, odd) lanes. pf: the same
+// NC * 64 bytes of each of the 32 value rows of a block ahead, to bring into the cache meanwhile, or null.
 template <int RB, int NC>
-void block_values(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc) {
+void block_values(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc,
+                  const char* pf) {
   __m512 A[RB][2 * NC];
   for (int r = 0; r < RB; ++r) {
     const __m512 al = _mm512_set1_ps(alpha[r]);
@@ -70,8 +75,11 @@ void block_values(const float* p, const uint16_t* v, int64_t hd, int nk, const f
   for (int j = 0; j < nk; ++j) {
     __m512 E[NC], O[NC];
     for (int c = 0; c < NC; ++c) widen_pairs(_mm512_loadu_si512(v + j * hd + c * 32), E[c], O[c]);
+    if (pf)
+      for (int c = 0; c < NC; ++c) _mm_prefetch(pf + j * hd * 2 + c * 64, _MM_HINT_T1);
+    const int lane = ((j & 1) << 4) + (j >> 1);  // key j's place in the (even, odd) lanes
     for (int r = 0; r < RB; ++r) {
-      const __m512 w = _mm512_set1_ps(p[r * kKeys + j]);
+      const __m512 w = _mm512_set1_ps(p[r * kKeys + lane]);
       for (int c = 0; c < NC; ++c) {
         A[r][2 * c] = _mm512_fmadd_ps(w, E[c], A[r][2 * c]);
         A[r][2 * c + 1] = _mm512_fmadd_ps(w, O[c], A[r][2 * c + 1]);
@@ -83,42 +91,49 @@ void block_values(const float* p, const uint16_t* v, int64_t hd, int nk, const f
 }
 
 template <int RB>
-void values_rows(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc) {
+void values_rows(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc,
+                 const char* pf) {
   int64_t c0 = 0;
-  for (; c0 + 64 <= hd; c0 += 64) block_values<RB, 2>(p, v + c0, hd, nk, alpha, acc + c0);
-  if (c0 < hd) block_values<RB, 1>(p, v + c0, hd, nk, alpha, acc + c0);
+  for (; c0 + 64 <= hd; c0 += 64)
+    block_values<RB, 2>(p, v + c0, hd, nk, alpha, acc + c0, pf ? pf + c0 * 2 : nullptr);
+  if (c0 < hd) block_values<RB, 1>(p, v + c0, hd, nk, alpha, acc + c0, pf ? pf + c0 * 2 : nullptr);
 }
 
-void scores_rows(const float* Q, int64_t hd, const uint16_t* tile, int nk, float* s, int64_t rows) {
+// pf (a block ahead's K tile, or null) is prefetched by the first group of rows only.
+void scores_rows(const float* Q, int64_t hd, const uint16_t* tile, int nk, float* s, int64_t rows, const char* pf) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) block_scores<8>(Q + r * hd, hd, tile, nk, s + r * kKeys);
+  for (; r + 8 <= rows; r += 8, pf = nullptr) block_scores<8>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf);
   switch (rows - r) {
-    case 7: block_scores<7>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 6: block_scores<6>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 5: block_scores<5>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 4: block_scores<4>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 3: block_scores<3>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 2: block_scores<2>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
-    case 1: block_scores<1>(Q + r * hd, hd, tile, nk, s + r * kKeys); break;
+    case 7: block_scores<7>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 6: block_scores<6>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 5: block_scores<5>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 4: block_scores<4>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 3: block_scores<3>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 2: block_scores<2>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
+    case 1: block_scores<1>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
     default: break;
   }
 }
 
-void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc, int64_t rows) {
+// pf (a block ahead's V rows, or null) is prefetched by the first group of rows only.
+void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc, int64_t rows,
+                const char* pf) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) values_rows<4>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd);
+  for (; r + 4 <= rows; r += 4, pf = nullptr) values_rows<4>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf);
   switch (rows - r) {
-    case 3: values_rows<3>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd); break;
-    case 2: values_rows<2>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd); break;
-    case 1: values_rows<1>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd); break;
+    case 3: values_rows<3>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
+    case 2: values_rows<2>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
+    case 1: values_rows<1>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
     default: break;
   }
 }
 
 // The f32 block products for attention_flash.inc: queries scaled in f32, probabilities used as computed.
 struct F32Kernel {
-  static __m512i key_lanes(int half) { return _mm512_add_epi32(_mm512_set1_epi32(16 * half), _mm512_setr_epi32(
-      0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }  // scores in key order
+  static __m512i key_lanes(int half) {  // scores in (even, odd) lanes: lane i of half h is key 2i + h
+    return _mm512_add_epi32(_mm512_set1_epi32(half), _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
+                                                                       24, 26, 28, 30));
+  }
   static void load_queries(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Scratch& w) {
     const int64_t hd = a.hd;
     w.q.resize(size_t((t1 - t0) * g * hd));
@@ -130,14 +145,14 @@ struct F32Kernel {
       }
   }
   static void scores(Scratch& w, int64_t rows, int64_t hd, const uint16_t* tile, int nk) {
-    scores_rows(w.q.data(), hd, tile, nk, w.s.data(), rows);
+    scores_rows(w.q.data(), hd, tile, nk, w.s.data(), rows, w.prefetch_k);
   }
   static void round_probs(__m512 p0, __m512 p1, Scratch& w, int64_t r) {
     _mm512_storeu_ps(w.s.data() + r * kKeys, p0);
     _mm512_storeu_ps(w.s.data() + r * kKeys + 16, p1);
   }
   static void values(Scratch& w, int64_t rows, int64_t hd, const uint16_t* v, int nk) {
-    values_all(w.s.data(), v, hd, nk, w.alpha.data(), w.acc.data(), rows);
+    values_all(w.s.data(), v, hd, nk, w.alpha.data(), w.acc.data(), rows, w.prefetch_v);
   }
   static void store_row(const float* acc, float inv, float* out, int64_t hd) {  // acc: (even, odd) per 32 dims
     const __m512 f = _mm512_set1_ps(inv);

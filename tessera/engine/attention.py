@@ -1,19 +1,17 @@
 """Causal grouped-query attention of one decoder layer over its KV cache.
 
 Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
-- native (`engine.native.attention_bf16`, native/src/attention_avx512*.cpp): a bf16 cache on the CPU with an AVX-512
-  kernel for this head dim (AVX512_BF16: vdpbf16ps products, q and the probabilities rounded to bf16; AVX512: f32
-  products). Flash style: query blocks x key blocks of 32 with an online softmax, K/V read in place as stored (never
-  widened as a whole, no T x S score matrix), causal blocks above the diagonal skipped; with few query blocks (decode)
-  the keys are split across the threads and the partial softmaxes merged (flash-decoding). It runs decode (where
-  reading the cache is the whole cost), prefill after cached positions (a second turn), where torch would need an
-  explicit [T, S] mask and compute the whole square, and a first prompt (any length with AVX512_BF16).
-- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512), and, where the kernel is AVX512 (f32
-  products), a prompt of more than FIRST_PREFILL_F32_MAX tokens with nothing cached before it: K/V are widened to
-  float32 once per layer (KVCache.keys_values, O(S), small beside O(T*S) work), then torch's SDPA with is_causal, whose
-  CPU flash kernel (query/key blocks, no T x T matrix either) measured faster than the f32 kernel there; the
-  AVX512_BF16 kernel measured faster than torch at every length (docs/BENCHMARKS.md, "Long context"). Decode takes two
-  small matmuls.
+- native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
+  kernel for this head dim (f32 products; native/src/attention_avx512_bf16.cpp's vdpbf16ps kernel, which rounds q and
+  the probabilities to bf16, runs only when named: it measured no faster at decode). Flash style: query blocks x key
+  blocks of 32 with an online softmax, K/V read in place as stored (never widened as a whole, no T x S score matrix),
+  causal blocks above the diagonal skipped; with few query blocks (decode) the keys are split across the threads and
+  the partial softmaxes merged (flash-decoding). It runs every step: decode (where reading the cache is the whole
+  cost), prefill after cached positions (where torch would need an explicit [T, S] mask and compute the whole square)
+  and a first prompt (where it measured faster than torch's causal SDPA at 512-4096 tokens).
+- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512): K/V are widened to float32 once per
+  layer (KVCache.keys_values, O(S), small beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
+  CPU flash kernel has no T x T matrix either); decode takes two small matmuls.
 
 Letters: T new positions, S = cached + new, nh query heads, nkv key/value heads, hd head dim.
 """
@@ -32,12 +30,8 @@ from tessera.engine.kv_cache import KVCache
 
 @functools.cache
 def native_kernel(head_dim: int) -> str:
-    """"AVX512_BF16" or "AVX512" where a native kernel runs for this head dim on this CPU, else "Reference" (then torch
-    is used)."""
+    """"AVX512" where the native kernel runs for this head dim on this CPU, else "Reference" (then torch is used)."""
     return native.attention_kernel(head_dim)
-
-
-FIRST_PREFILL_F32_MAX = 512  # the AVX512 kernel beat torch's SDPA on a first prompt of 512 tokens, lost from 2048
 
 
 def uses_native(cache: KVCache, layer: int) -> bool:
@@ -53,8 +47,7 @@ def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.
     engine.dense.dense_pool(), torch's count now; a model passes the one it was built with, as its Linears do, since a
     step may run with torch at one thread)."""
     nh, T, hd = q.shape
-    if uses_native(cache, layer) and (T == 1 or start > 0 or T <= FIRST_PREFILL_F32_MAX
-                                      or native_kernel(hd) == "AVX512_BF16"):
+    if uses_native(cache, layer):
         out = torch.empty(T, nh * hd)  # [T, nh*hd]
         kt, v = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16, read in place
         native.attention_bf16(q.contiguous(), kt, v, start, hd**-0.5, out, pool or dense_pool())

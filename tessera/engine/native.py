@@ -105,8 +105,8 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
 
 
 def attention_kernel(head_dim: int) -> str:
-    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512_BF16" (vdpbf16ps: q and the
-    probabilities rounded to bf16), "AVX512" (f32 products) or "Reference" (scalar, double accumulation)."""
+    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512" (f32 products) or "Reference" (scalar,
+    double accumulation). "AVX512_BF16" (vdpbf16ps: q and the probabilities rounded to bf16) runs only when named."""
     return str(_native.attention_kernel(head_dim))
 
 

@@ -18,15 +18,15 @@ struct AttentionArgs {
   float* out;          // [T, nh, hd] f32: query t at position start+t attends to keys [0, start+t]
 };
 
-// The fastest kernel the CPU (and TESSERA_MAX_ISA) allows for hd: AVX512_BF16 (vdpbf16ps; q and the probabilities
-// rounded to bf16) where the CPU has avx512_bf16, else AVX512 (f32 products), both for hd a multiple of 32 up to 512;
-// else the reference.
+// AVX512 (f32 products) where the CPU (and TESSERA_MAX_ISA) allows it and hd is a multiple of 32 up to 512, else the
+// reference. AVX512_BF16 (vdpbf16ps; q and the probabilities rounded to bf16) runs only when named: it measured no
+// faster at decode (docs/BENCHMARKS.md, "Long context").
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool);
 // The named kernel ("AVX512_BF16", "AVX512" or "Reference"); throws std::invalid_argument if it cannot run here.
 void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::string& kernel);
 // Scalar, double accumulation, two passes (max, then exp-sum): the yardstick the fast kernel is tested against.
 void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool);
-// "AVX512_BF16", "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU.
+// "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU.
 const char* attention_kernel_name(int64_t hd);
 
 namespace attention_isa {
