@@ -2,14 +2,15 @@
 (model.Block with its decode_step switched off) from the same cache state, on make-model files of several types.
 
 What may differ and why: the native step's norms, RoPE, softmax and f32 mat-vecs sum in another order than torch
-(~1e-7 relative); its quantized and 16-bit mat-vecs and its attention kernel are the Python path's, bit for bit. The
-attention kernel (AVX512_BF16 on a CPU with avx512_bf16) rounds q and the probabilities to bf16, so the ~1e-7 sometimes
-moves a q value by one bf16 step: on float files with Torch experts the logits stay within ~7e-4 (measured 2026-12-03;
-bound 1e-3 on every step), and a K/V value is at most one bf16 step apart (when the two f32 values round to different
-sides). Where activations are quantized to int8 (a quantized file's dense weights, or Auto's AVX512Int8 experts) the
-same 1e-7 sometimes moves one across an int8 rounding boundary (one code step = 1/127 of its block's largest value),
-and that step's logits then move by up to ~1e-2 (measured: 1 step in 52 on Q4_K_M and Q8_0): at least 90 % of the
-steps must match to 1e-3, every step to 5e-2, and the routing must agree on at least 90 % of the steps.
+(~1e-7 relative); its quantized and 16-bit mat-vecs and its attention kernel are the Python path's, bit for bit.
+Where the attention kernel rounds q and the probabilities to bf16 (AVX512_BF16, the default for a while on 2026-12-03)
+the ~1e-7 sometimes moves a q value by one bf16 step: on float files with Torch experts the logits then stay within
+~7e-4 (measured; ~1e-5 with the exact f32 kernel; bound 1e-3 on every step), and a K/V value is at most one bf16 step
+apart (when the two f32 values round to different sides). Where activations are quantized to int8 (a quantized file's
+dense weights, or Auto's AVX512Int8 experts) the same 1e-7 sometimes moves one across an int8 rounding boundary (one
+code step = 1/127 of its block's largest value), and that step's logits then move by up to ~1e-2 (measured: 1 step in
+52 on Q4_K_M and Q8_0): at least 90 % of the steps must match to 1e-3, every step to 5e-2, and the routing must agree
+on at least 90 % of the steps.
 """
 
 from __future__ import annotations
