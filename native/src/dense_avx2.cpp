@@ -21,6 +21,7 @@ struct V256 {
   static f zero() { return _mm256_setzero_ps(); }
   static f load(const float* p) { return _mm256_loadu_ps(p); }
   static f fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
+  static f add(f a, f b) { return _mm256_add_ps(a, b); }
   static float hsum(f v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

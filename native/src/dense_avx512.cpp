@@ -21,6 +21,7 @@ struct V512 {
   static f zero() { return _mm512_setzero_ps(); }
   static f load(const float* p) { return _mm512_loadu_ps(p); }
   static f fma(f a, f b, f c) { return _mm512_fmadd_ps(a, b, c); }
+  static f add(f a, f b) { return _mm512_add_ps(a, b); }
   static float hsum(f v) { return _mm512_reduce_add_ps(v); }
   static void widen_bf16(const uint16_t* p, f& even, f& odd) {  // 32 bf16 = 16 pairs
     __m512i r = _mm512_loadu_si512(p);
