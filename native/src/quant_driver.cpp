@@ -6,6 +6,7 @@
 // over that tile, so a weight block is read from memory once per 64 tokens (prefill) and once per call (decode).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "quant_kernels.h"
@@ -311,5 +312,22 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     });
   }
 }
+
+namespace quant {
+uint8_t* gemm_scratch(size_t bytes) {
+  struct Buf {
+    uint8_t* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (buf.n < bytes) {
+    std::free(buf.p);
+    buf.n = (bytes + 4095) / 4096 * 4096;
+    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, buf.n));
+  }
+  return buf.p;
+}
+}  // namespace quant
 
 }  // namespace tessera

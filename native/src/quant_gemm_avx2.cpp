@@ -41,15 +41,6 @@
 
 #include "isa_target.h"
 
-namespace tessera {
-namespace quant {
-namespace {
-// Per-thread scratch, grown on demand (outside the ISA region: baseline code only, see isa_target.h).
-uint8_t* gemm_scratch_avx2(size_t bytes);
-}  // namespace
-}  // namespace quant
-}  // namespace tessera
-
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
 
 namespace tessera {
@@ -363,7 +354,7 @@ void gemm_g(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const
                n_dx = align64(size_t(nsb) * kLanes * 4), n_sb = align64(size_t(ng) * kLanes * 4);
   const size_t n_tok = n_xt + n_dx + 2 * n_sb;
   const int off = t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;
-  uint8_t* base = gemm_scratch_avx2(n_u + n_sg + 2 * n_ab + n_zero + size_t(ngroups) * n_tok);
+  uint8_t* base = gemm_scratch(n_u + n_sg + 2 * n_ab + n_zero + size_t(ngroups) * n_tok);
   uint8_t* u = base;
   int8_t* sg = reinterpret_cast<int8_t*>(base + n_u);
   float* a = reinterpret_cast<float*>(base + n_u + n_sg);
@@ -409,24 +400,3 @@ void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, co
 }  // namespace tessera
 
 TESSERA_ISA_END
-
-namespace tessera {
-namespace quant {
-namespace {
-uint8_t* gemm_scratch_avx2(size_t bytes) {
-  struct Buf {
-    uint8_t* p = nullptr;
-    size_t n = 0;
-    ~Buf() { std::free(p); }
-  };
-  thread_local Buf buf;
-  if (buf.n < bytes) {
-    std::free(buf.p);
-    buf.n = (bytes + 4095) / 4096 * 4096;
-    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, buf.n));
-  }
-  return buf.p;
-}
-}  // namespace
-}  // namespace quant
-}  // namespace tessera

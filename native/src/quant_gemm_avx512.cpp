@@ -31,15 +31,6 @@
 
 #include "isa_target.h"
 
-namespace tessera {
-namespace quant {
-namespace {
-// Per-thread scratch, grown on demand (outside the ISA region: baseline code only, see isa_target.h).
-uint8_t* gemm_scratch(size_t bytes);
-}  // namespace
-}  // namespace quant
-}  // namespace tessera
-
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
 
 namespace tessera {
@@ -437,24 +428,3 @@ void gemm_avx512_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_
 }  // namespace tessera
 
 TESSERA_ISA_END
-
-namespace tessera {
-namespace quant {
-namespace {
-uint8_t* gemm_scratch(size_t bytes) {
-  struct Buf {
-    uint8_t* p = nullptr;
-    size_t n = 0;
-    ~Buf() { std::free(p); }
-  };
-  thread_local Buf buf;
-  if (buf.n < bytes) {
-    std::free(buf.p);
-    buf.n = (bytes + 4095) / 4096 * 4096;
-    buf.p = static_cast<uint8_t*>(std::aligned_alloc(64, buf.n));
-  }
-  return buf.p;
-}
-}  // namespace
-}  // namespace quant
-}  // namespace tessera

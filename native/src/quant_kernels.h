@@ -60,6 +60,10 @@ struct Kernels {
 // aligned), and the GEMM of R <= kRowGroup rows over nt tokens of a packing that starts at a 16-token group boundary
 // (out[r * nt + i], as gemm_avx512_vnni's; bit-identical to it for the same rows and tokens).
 size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt);
+// Per-thread scratch of the GEMMs (AVX-512 and AVX2), grown on demand; a GEMM call uses one region of it at a time.
+// Defined in quant_driver.cpp: baseline code, outside any ISA region (isa_target.h).
+uint8_t* gemm_scratch(size_t bytes);
+
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
 void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                              int nt, float* out);
