@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "isa_target.h"
@@ -101,31 +102,17 @@ void values_rows(const float* p, const uint16_t* v, int64_t hd, int nk, const fl
 
 // pf (a block ahead's K tile, or null) is prefetched by the first group of rows only.
 void scores_rows(const float* Q, int64_t hd, const uint16_t* tile, int nk, float* s, int64_t rows, const char* pf) {
-  int64_t r = 0;
-  for (; r + 8 <= rows; r += 8, pf = nullptr) block_scores<8>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf);
-  switch (rows - r) {
-    case 7: block_scores<7>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 6: block_scores<6>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 5: block_scores<5>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 4: block_scores<4>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 3: block_scores<3>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 2: block_scores<2>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    case 1: block_scores<1>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-    default: break;
-  }
+  for_row_groups<8>(rows, [&](auto R, int64_t r) {
+    block_scores<R>(Q + r * hd, hd, tile, nk, s + r * kKeys, r == 0 ? pf : nullptr);
+  });
 }
 
 // pf (a block ahead's V rows, or null) is prefetched by the first group of rows only.
 void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc, int64_t rows,
                 const char* pf) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4, pf = nullptr) values_rows<4>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf);
-  switch (rows - r) {
-    case 3: values_rows<3>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
-    case 2: values_rows<2>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
-    case 1: values_rows<1>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, pf); break;
-    default: break;
-  }
+  for_row_groups<4>(rows, [&](auto R, int64_t r) {
+    values_rows<R>(p + r * kKeys, v, hd, nk, alpha + r, acc + r * hd, r == 0 ? pf : nullptr);
+  });
 }
 
 // The f32 block products for attention_flash.inc: queries scaled in f32, probabilities used as computed.

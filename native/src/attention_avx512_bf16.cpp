@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
@@ -137,18 +138,9 @@ struct Bf16Kernel {
     const uint16_t* Q = w.qb.data();
     float* s = w.s.data();
     const char* pf = w.prefetch_k;  // by the first group of rows only
-    int64_t r = 0;
-    for (; r + 8 <= rows; r += 8, pf = nullptr) block_scores<8>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf);
-    switch (rows - r) {
-      case 7: block_scores<7>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 6: block_scores<6>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 5: block_scores<5>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 4: block_scores<4>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 3: block_scores<3>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 2: block_scores<2>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      case 1: block_scores<1>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf); break;
-      default: break;
-    }
+    for_row_groups<8>(rows, [&](auto R, int64_t r) {
+      block_scores<R>(Q + r * hd, hd, tile, nk, s + r * kKeys, r == 0 ? pf : nullptr);
+    });
   }
   // p rounded to bf16 (kept in w.pb for the value products: 16 pairs of consecutive keys, pair_key's order); p0, p1
   // become the rounded values, so l sums exactly the weights the values get.
@@ -164,19 +156,9 @@ struct Bf16Kernel {
     float* acc = w.acc.data();
     for (int64_t c = 0; c < hd; c += 32) {
       const char* pf = w.prefetch_v ? w.prefetch_v + c * 64 : nullptr;  // lines [c, c + 32) of the 2 * hd, once
-      int64_t r = 0;
-      for (; r + 8 <= rows; r += 8, pf = nullptr)
-        block_values<8>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf);
-      switch (rows - r) {
-        case 7: block_values<7>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 6: block_values<6>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 5: block_values<5>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 4: block_values<4>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 3: block_values<3>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 2: block_values<2>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        case 1: block_values<1>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, pf); break;
-        default: break;
-      }
+      for_row_groups<8>(rows, [&](auto R, int64_t r) {
+        block_values<R>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, r == 0 ? pf : nullptr);
+      });
     }
   }
   static void store_row(const float* acc, float inv, float* out, int64_t hd) {  // acc: unpack order per 32 dims
