@@ -188,7 +188,8 @@ def test_torch_path_equals_naive_and_native(start, T):
     k, v = cache.keys_values(0, start + T)  # the torch path's input: the dequantized cache
     assert torch.equal(k, keys) and torch.equal(v, values)
     if uses_native(cache, 0):
-        assert torch.allclose(attend(q, cache, 0, start, mask).double(), want, atol=2e-2)  # the VNNI kernel's rounding
+        ok, why = vnni_ok(attend(q, cache, 0, start, mask), q, keys, values, start, 32**-0.5, 32)  # its roundings
+        assert ok, why
     saved = cache.quantized
     from tessera.engine import attention
 
