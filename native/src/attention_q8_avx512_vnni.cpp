@@ -6,9 +6,10 @@
 //   registers (k + 128), and 128 * sum(q block) is taken off the integer dot. Per block: int32 -> f32, times the
 //   query's scale and the 16 keys' f16 scales, summed over the blocks. Keys come as stored, 16 per register.
 // - Values: the probability of key j times the key's value scale for block b (w = p_j * dv_j,b >= 0) is quantized per
-//   (row, block of 32 keys, block of 32 dims) to uint8 with an f32 scale (max/255), and vpdpbusd sums 4 keys at a
-//   time against the values stored as (dim, 4 positions). The softmax denominator sums the unrounded probabilities.
-//   The rounding of w adds at most wmax/510 per key and block, the size of the q8_0 values' own step (amax/254).
+//   (row, block of 32 keys, block of 32 dims) to uint8 with the step (max_j p_j) * (max_j dv_j,b) / 255, and vpdpbusd
+//   sums 4 keys at a time against the values stored as (dim, 4 positions). The softmax denominator sums the unrounded
+//   probabilities. The rounding of w adds at most half a step per key and block: for the block's heaviest key, at
+//   most 1/510 of its weight times the largest value scale, the size of the q8_0 values' own step (amax/254).
 // The driver (tasks of one KV head x a block of query rows x a range of keys, key splits with a merge at decode,
 // online softmax) follows attention_flash.inc's, whose helpers it shares.
 #include <immintrin.h>
@@ -147,14 +148,27 @@ void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, i
     }
 }
 
-// Online softmax over one block (scores in key order, keys >= visible[r] ignored), then each row's p * value scale
-// quantized to uint8 per block of 32 dims. vs: the tile's value scales [nb][32]; nk: keys of the tile that exist.
+// Online softmax over one block (scores in key order, keys >= visible[r] ignored), then each row's weights
+// w_j,b = p_j * dv_j,b quantized to uint8 per block b of 32 dims, with the step (max_j p_j) * (max_j dv_j,b) / 255:
+// the value scales' maxima and dv / max are taken once per key block for all rows, so a row pays one max of its p.
+// vs: the tile's value scales [nb][32]; nk: keys of the tile that exist (the others may hold any bits, even NaN).
 void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, const uint16_t* vs, int nk) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i sixteen = _mm512_set1_epi32(16);
   const __mmask16 in0 = _mm512_cmplt_epi32_mask(lanes, _mm512_set1_epi32(nk));
   const __mmask16 in1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), _mm512_set1_epi32(nk));
+  __m512 dvn[2 * 16];  // per b: dv_j,b * 255 / max_j dv_j,b (keys 0-15, 16-31); nb <= 16
+  float dvs[16];       // per b: max_j dv_j,b / 255
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 d0 = _mm512_maskz_mov_ps(in0, f16x16(vs + b * kKeys));
+    const __m512 d1 = _mm512_maskz_mov_ps(in1, f16x16(vs + b * kKeys + 16));
+    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(d0), _mm512_abs_ps(d1)));
+    const __m512 f = _mm512_set1_ps(mx > 0.0f ? 255.0f / mx : 0.0f);
+    dvn[2 * b] = _mm512_mul_ps(d0, f);
+    dvn[2 * b + 1] = _mm512_mul_ps(d1, f);
+    dvs[b] = mx / 255.0f;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     float* row = w.s.data() + r * kKeys;
     const int64_t n = std::min<int64_t>(w.visible[size_t(r)], kKeys);
@@ -179,24 +193,18 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, const uint16_t*
     const __m512 p1 = _mm512_maskz_mov_ps(m1, exp_nonpositive(_mm512_sub_ps(x1, mn)));
     const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
     w.alpha[size_t(r)] = alpha;
-    w.l[size_t(r)] = w.l[size_t(r)] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+    const __m512 psum = _mm512_add_ps(p0, p1);
+    w.l[size_t(r)] = w.l[size_t(r)] * alpha + _mm512_reduce_add_ps(psum);
     m = m_new;
-    for (int64_t b = 0; b < nb; ++b) {
-      // Keys past nk may have any scale bits (even NaN): masked out before the product.
-      const __m512 w0 = _mm512_maskz_mul_ps(in0, p0, f16x16(vs + b * kKeys));
-      const __m512 w1 = _mm512_maskz_mul_ps(in1, p1, f16x16(vs + b * kKeys + 16));
-      const float wmax = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
-      if (!(wmax > 0.0f)) {
-        std::memset(wq + b * kKeys, 0, size_t(kKeys));
-        wd[b] = 0.0f;
-        continue;
-      }
-      const __m512 inv = _mm512_set1_ps(255.0f / wmax), top = _mm512_set1_ps(255.0f);
-      const __m512i u0 = _mm512_cvtps_epu32(_mm512_min_ps(_mm512_mul_ps(w0, inv), top));
-      const __m512i u1 = _mm512_cvtps_epu32(_mm512_min_ps(_mm512_mul_ps(w1, inv), top));
+    const float pmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));  // > 0 unless exp underflowed (< e^-87)
+    const __m512 e0 = _mm512_mul_ps(p0, _mm512_set1_ps(pmax > 0.0f ? 1.0f / pmax : 0.0f));
+    const __m512 e1 = _mm512_mul_ps(p1, _mm512_set1_ps(pmax > 0.0f ? 1.0f / pmax : 0.0f));
+    for (int64_t b = 0; b < nb; ++b) {  // e * dvn in [0, 255]: rounded to nearest, saturated (rounding can add ulps)
+      const __m512i u0 = _mm512_cvtps_epu32(_mm512_mul_ps(e0, dvn[2 * b]));
+      const __m512i u1 = _mm512_cvtps_epu32(_mm512_mul_ps(e1, dvn[2 * b + 1]));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys), _mm512_cvtusepi32_epi8(u0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys + 16), _mm512_cvtusepi32_epi8(u1));
-      wd[b] = wmax / 255.0f;
+      wd[b] = pmax * dvs[b];
     }
   }
 }

@@ -104,8 +104,10 @@ def quantized_queries(q: torch.Tensor, scale: float) -> torch.Tensor:
 def vnni_ok(out, q, keys, values, start: int, scale: float, hd: int) -> tuple[bool, str]:
     """Whether `out` is what the VNNI kernel may give. Its scores are exact (integer dots) for the quantized queries
     (quantized_queries); what remains is the rounding of w_j = p_j * dv_j,b to uint8 per (row, block of 32 keys,
-    block of 32 dims) with step wmax/255: per output sum_j e_j v8_j / l with |e_j| <= step / 2, held to 6 sigma of it
-    (e_j uniform) per element and to 1.2 sigma in RMS (a lost or doubled key is a bias beyond that)."""
+    block of 32 dims) with step max_j p_j * max_j dv_j,b / 255 (the dv maximum over the tile's keys up to S: at least
+    the kernel's, so this sigma is never the smaller one): per output sum_j e_j v8_j / l with |e_j| <= step / 2,
+    held to 6 sigma of it (e_j uniform) per element and to 1.2 sigma in RMS (a lost or doubled key is a bias beyond
+    that)."""
     nh, T, _ = q.shape
     g = nh // keys.shape[0]
     w, want = naive(quantized_queries(q, scale), keys, values, start, 1.0)  # [nh, T, S], [nh, T, hd]
@@ -116,7 +118,7 @@ def vnni_ok(out, q, keys, values, start: int, scale: float, hd: int) -> tuple[bo
     pad = -S % 32
     wb = torch.nn.functional.pad(w, (0, pad)).reshape(nh, T, -1, 32)  # [nh, T, S'/32, 32]: probabilities (l = 1)
     dvb = torch.nn.functional.pad(dv, (0, 0, 0, pad)).reshape(nh, 1, -1, 32, dv.shape[-1])  # [nh, 1, S'/32, 32, nb]
-    step = (wb.unsqueeze(-1) * dvb).amax(3) / 255  # [nh, T, S'/32, nb]: the uint8 step per key block and dim block
+    step = wb.amax(-1).unsqueeze(-1) * dvb.amax(3) / 255  # [nh, T, S'/32, nb]: the uint8 step per key and dim block
     var_w = (step.repeat_interleave(32, 2)[:, :, :S] ** 2 / 12)  # [nh, T, S, nb]
     var = torch.einsum("htsb,hsbi->htbi", var_w, (v8 ** 2).reshape(nh, S, -1, 32)).reshape(nh, T, hd)
     sigma = var.sqrt()
