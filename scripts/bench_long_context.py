@@ -198,8 +198,8 @@ def main() -> int:
     p.add_argument("model", nargs="?", help="a GGUF file or Hugging Face folder (omit with --kernels)")
     p.add_argument("--kernels", action="store_true", help="time attention alone at Qwen3-30B-A3B's shapes")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
-    p.add_argument("--prefill", type=int, nargs="+", default=[512, 2048, 4096], help="prompt lengths")
-    p.add_argument("--decode", type=int, nargs="+", default=[128, 2048, 8192], help="decode contexts")
+    p.add_argument("--prefill", type=int, nargs="*", default=[512, 2048, 4096], help="prompt lengths")
+    p.add_argument("--decode", type=int, nargs="*", default=[128, 2048, 8192], help="decode contexts")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
