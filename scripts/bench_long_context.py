@@ -13,7 +13,9 @@ runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
 --kv-cache-types: each cache type in turn (bf16, q8_0: engine.kv_cache.KV_DTYPES) for every context, in --rounds
-interleaved rounds (one load of the model serves all of them); rows carry "kv_cache".
+interleaved rounds (one load of the model serves all of them); rows carry "kv_cache". With a real prefill, the
+context is prefilled once (into the first type's cache) and every decode starts from a copy of that K/V converted to
+its type, so the routing and the tokens are the same for every type; only the cache differs.
 Prints figures only; nothing is asserted.
 """
 
@@ -142,6 +144,16 @@ def fill_random(cache, ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.zeros(1, 1)
 
 
+def converted(src, n: int, extra: int, dtype, new_cache):
+    """A cache of `dtype` holding src's first n positions (widened to f32, then stored as `dtype`), room for `extra`."""
+    cache = new_cache(n + extra, dtype)
+    for layer in range(src.layers):
+        cache.write(layer, *src.keys_values(layer, n))
+    cache.commit(src.tokens[:n])
+    src.release_scratch()
+    return cache
+
+
 def model_split(a) -> list[dict]:
     from tessera import engine
 
@@ -159,11 +171,16 @@ def model_split(a) -> list[dict]:
     from tessera.engine.kv_cache import KV_DTYPES
 
     contexts = sorted(set(a.decode) if a.fill_random else set(a.prefill) | set(a.decode))
-    runs = [(r, n, kv) for r in range(a.rounds) for n in contexts for kv in a.kv_cache_types]  # interleaved
+    runs = [(r, n, kv) for n in contexts for r in range(a.rounds) for kv in a.kv_cache_types]  # interleaved
+    prefilled = {}  # context -> (cache of the first type, logits): the prefill every type's decode starts from
     for r, n, kv in runs:
         cache = model.new_cache(n + a.decode_steps, KV_DTYPES[kv])
         ids = torch.randint(0, vocab, (n,), generator=g)
-        if a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
+        if n in prefilled and not a.fill_random:
+            src, logits = prefilled[n]
+            cache = converted(src, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
+            row = {"context": n, "kv_cache": kv, "round": r, "filled": f"prefill, as {a.kv_cache_types[0]}"}
+        elif a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
             logits = fill_random(cache, ids, g)
             row = {"context": n, "kv_cache": kv, "round": r, "filled": "random"}
         else:
@@ -174,6 +191,9 @@ def model_split(a) -> list[dict]:
             row = {"context": n, "kv_cache": kv, "round": r, "prefill_s": total, "prefill_attention_s": split.attn,
                    "prefill_experts_s": split.experts, "prefill_dense_s": total - split.attn - split.experts,
                    "prefill_tok_s": n / total}
+            if len(a.kv_cache_types) > 1 or a.rounds > 1:  # kept to start every later decode from
+                prefilled = {n: (cache, logits)}
+                cache = converted(cache, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
         if n in a.decode:
             split.reset()
             nxt = logits.argmax(-1)
