@@ -61,6 +61,11 @@ struct DecodeStep {
   const float* sin = nullptr;  // [hd]
   uint16_t* kt = nullptr;      // [nkv, ceil(C/32), hd, 32] bf16: this layer's keys (position `start` is written)
   uint16_t* v = nullptr;       // [nkv, C, hd] bf16
+  // Or a q8_0 cache (tessera/attention_q8.h; then kt and v are null): int8 keys/values and their f16 scales.
+  int8_t* k8 = nullptr;
+  uint16_t* ks = nullptr;
+  int8_t* v8 = nullptr;
+  uint16_t* vs = nullptr;
   int64_t C = 0, start = 0;    // capacity, this token's position (start < C; checked by the caller)
   float* h = nullptr;          // [H] out: x + attention
   float* normed = nullptr;     // [H] out: post_attention_layernorm(h)
@@ -79,6 +84,10 @@ struct DecodeStackLayer {
   const DecodeExperts* experts = nullptr;  // E = plan->router.N
   uint16_t* kt = nullptr;                  // this layer's cache buffers (DecodeStep's kt, v)
   uint16_t* v = nullptr;
+  int8_t* k8 = nullptr;                    // or a q8_0 cache's (DecodeStep's k8, ks, v8, vs)
+  uint16_t* ks = nullptr;
+  int8_t* v8 = nullptr;
+  uint16_t* vs = nullptr;
   int64_t* ids = nullptr;                  // [k] out
   float* weights = nullptr;                // [k] out
   int64_t* counts = nullptr;               // [E] out: tokens routed to each expert (0 or 1 at T = 1)
