@@ -1,6 +1,7 @@
 // decode_layer_step (tessera/decode_layer.h): one decoder layer at T = 1 in one call. Portable: the heavy parts are the
-// existing ISA kernels (quant_matvec_multi, dense_matvec, attention_bf16, quant_moe_forward), each on the pool; what
-// runs here on the caller's thread (norms, RoPE, the KV append, softmax / top-k) is O(H + nh*hd + E) scalar work.
+// existing ISA kernels (quant_matvec_multi, dense_matvec, attention_bf16, quant_moe_forward or a packed backend's
+// forward), each on the pool; what runs here on the caller's thread (norms, RoPE, the KV append, softmax / top-k) is
+// O(H + nh*hd + E) scalar work.
 #include "tessera/decode_layer.h"
 
 #include <algorithm>
@@ -164,8 +165,12 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
 
   const DecodeExperts& X = *S.experts;
   std::vector<float> moe(static_cast<size_t>(H));
-  const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
-  quant_moe_forward(X.isa, a, pool);
+  if (X.packed_ops) {  // the backend's packed copy (a bf16 file's experts): its own T = 1 kernel
+    X.packed_ops->forward(X.packed, 1, P.top_k, S.ids, S.weights, S.normed, moe.data(), pool);
+  } else {
+    const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
+    quant_moe_forward(X.isa, a, pool);
+  }
   for (int64_t i = 0; i < H; ++i) S.out[i] = S.h[i] + moe[size_t(i)];
 }
 

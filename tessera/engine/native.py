@@ -283,11 +283,12 @@ def reads_blocks(requested: str, concrete: str, experts: LayerExperts) -> bool:
 class PackedLayer:
     """One layer packed for a native backend: a 64-byte-aligned blob, packed now or read from the disk cache."""
 
-    decode = None  # a decode step calls forward (engine.decode_layer runs only block layers in its own call)
-
     def __init__(self, kernel, blob: np.ndarray):
         self.kernel, self.blob = kernel, blob
         self.nbytes = int(blob.nbytes)
+        # The same blob for a decode step that runs the whole layer (and the stack every layer) in one call
+        # (engine.decode_layer): the backend's own forward, called from native code.
+        self.decode = _native.PackedMoeLayer(kernel.name, blob)
 
     def forward(self, ids, w, x, out, pool) -> None:
         self.kernel.forward(self.blob, ids, w, x, out, pool)
@@ -581,10 +582,10 @@ def decode_layer_plan(H: int, nh: int, nkv: int, hd: int, eps: float, input_norm
 def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, weights, counts, out, pool,
                       kss=None, vss=None) -> None:
     """One token through consecutive MoE layers in one call (engine.decode_layer.DecodeStack): `plans` their
-    decode_layer_plan objects, `experts` their QuantMoeLayer (ExpertBackend.decode_experts), `kts`/`vs` their cache
-    buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k], counts int64 [L, E]
-    (tokens routed to each expert) and out f32 [1, H] (the last layer's output). A q8_0 cache: `kts`/`vs` its int8
-    keys and values, `kss`/`vss` their float16 scales."""
+    decode_layer_plan objects, `experts` their QuantMoeLayer or PackedMoeLayer (ExpertBackend.decode_experts),
+    `kts`/`vs` their cache buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k],
+    counts int64 [L, E] (tokens routed to each expert) and out f32 [1, H] (the last layer's output). A q8_0 cache:
+    `kts`/`vs` its int8 keys and values, `kss`/`vss` their float16 scales."""
     _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool, kss, vss)
 
 
