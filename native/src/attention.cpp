@@ -37,7 +37,7 @@ void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv;
   pool.parallel_for(a.nh * a.T, [&](int64_t task, int) {
     const int64_t hq = task / a.T, t = task % a.T, h = hq / g, S = a.start + t + 1;  // keys [0, S)
-    const float* q = a.q + (hq * a.T + t) * a.hd;
+    const float* q = a.q + (a.q_token_major ? t * a.nh + hq : hq * a.T + t) * a.hd;
     const uint16_t* kt = a.kt + h * ((a.C + 31) / 32) * 32 * a.hd;  // [ceil(C/32), hd, 32]
     const uint16_t* v = a.v + h * a.C * a.hd;
     std::vector<double> s(size_t(S), 0.0), o(size_t(a.hd), 0.0);

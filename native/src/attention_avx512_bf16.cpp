@@ -125,7 +125,7 @@ struct Bf16Kernel {
     const __m512 scale = _mm512_set1_ps(a.scale);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t j = 0; j < g; ++j) {
-        const float* src = a.q + ((h * g + j) * a.T + t) * hd;
+        const float* src = query_row(a, h * g + j, t);
         uint16_t* dst = w.qb.data() + ((t - t0) * g + j) * hd;
         for (int64_t i = 0; i < hd; i += 32) {  // round to nearest even, once
           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + i + 16), scale),

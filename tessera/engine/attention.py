@@ -39,6 +39,28 @@ def uses_native(cache: KVCache, layer: int) -> bool:
             and native_kernel(cache.head_dim) != "Reference")
 
 
+def prepare_attend_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor,
+                          k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                          layer: int, pool=None) -> torch.Tensor:
+    """A step of engine.model.Attention after its projections, all native (where uses_native(cache, layer)): q
+    [T, nh*hd], k, v [T, nkv*hd] as projected, of the positions after the cache's committed ones -> [T, nh*hd].
+    One pass on the pool norms (RMSNorm per head) and rotates (RoPE, cos/sin [T, hd]) q in place and k, and writes
+    k, v to the cache as bf16 (`native.attention_prepare`; what rms_norm, Rope.apply and KVCache.write do, which torch
+    ran at one thread in a dozen passes over q), then the kernel reads q as it lies ([T, nh, hd]) and leaves the heads
+    merged."""
+    T, hd = q.shape[0], cache.head_dim
+    q = q.contiguous()  # [T, nh*hd] (a copy only if the projection left a strided view), normed in place
+    start, pool = cache.length, pool or dense_pool()
+    if start + T > cache.capacity:
+        raise ValueError(f"KV cache: positions [{start}, {start + T}) beyond its capacity {cache.capacity}; "
+                         "reserve first")
+    kt, vc = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16
+    native.attention_prepare(q, k, v, q_norm, k_norm, cos, sin, eps, kt, vc, start, pool)
+    out = torch.empty(T, q.shape[1])  # [T, nh*hd]
+    native.attention_bf16(q.view(T, -1, hd), kt, vc, start, hd**-0.5, out, pool, token_major=True)
+    return out
+
+
 def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.Tensor | None,
            pool=None) -> torch.Tensor:
     """q [nh, T, hd] (normed, rotated) of positions start..start+T-1, whose K/V `cache` already holds for `layer` ->

@@ -10,13 +10,33 @@
 namespace tessera {
 
 struct AttentionArgs {
-  const float* q;      // [nh, T, hd] f32, after q-norm and RoPE (not yet scaled)
+  const float* q;      // [nh, T, hd] f32 (or [T, nh, hd]: q_token_major), after q-norm and RoPE (not yet scaled)
   const uint16_t* kt;  // [nkv, ceil(C/32), hd, 32] bf16: keys in tiles of 32 positions
   const uint16_t* v;   // [nkv, C, hd] bf16
   int64_t T, nh, nkv, hd, C, start;
   float scale;         // applied to q (1/sqrt(hd) for Qwen3)
   float* out;          // [T, nh, hd] f32: query t at position start+t attends to keys [0, start+t]
+  bool q_token_major = false;  // q is [T, nh, hd], as the q projection leaves it (attention_prepare's output)
 };
+
+// The step's work between the projections and the kernel (engine.model.Attention at any T): q and k normed per head
+// (RMSNorm with q_norm / k_norm) and rotated (neox RoPE with cos/sin of each token's position); q in place, k and v
+// rounded to bf16 (nearest even) into the cache at positions [start, start + T).
+struct AttentionPrepareArgs {
+  float* q;                     // [T, nh * hd] f32, rows q_stride floats apart: normed and rotated in place
+  const float* k;               // [T, nkv * hd] f32, rows k_stride apart
+  const float* v;               // [T, nkv * hd] f32, rows v_stride apart
+  int64_t q_stride, k_stride, v_stride;
+  const float* q_norm;          // [hd]
+  const float* k_norm;          // [hd]
+  const float* cos;             // [T, hd]
+  const float* sin;             // [T, hd]
+  float eps;
+  int64_t T, nh, nkv, hd, C, start;
+  uint16_t* kt;                 // [nkv, ceil(C/32), hd, 32] bf16 key tiles
+  uint16_t* vc;                 // [nkv, C, hd] bf16 values
+};
+void attention_prepare(const AttentionPrepareArgs& a, ThreadPool& pool);
 
 // AVX512 (f32 products) where the CPU (and TESSERA_MAX_ISA) allows it and hd is a multiple of 32 up to 512, else the
 // reference. AVX512_BF16 (vdpbf16ps; q and the probabilities rounded to bf16) runs only when named: it measured no
