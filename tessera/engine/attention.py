@@ -2,8 +2,10 @@
 
 Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
 - native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
-  kernel for this head dim (f32 products; native/src/attention_avx512_bf16.cpp's vdpbf16ps kernel, which rounds q and
-  the probabilities to bf16, runs only when named: it measured no faster at decode). Flash style: query blocks x key
+  kernel for this head dim (decode: f32 products; prefill, T > 1: native/src/attention_avx512_bf16.cpp's vdpbf16ps
+  kernel where the CPU has avx512_bf16, which rounds q and the probabilities to bf16 and runs 1.8x faster; it measured
+  no faster at decode). engine.model.Attention's native step (prepare_attend_native) also norms, rotates and appends
+  in one native pass before the kernel. Flash style: query blocks x key
   blocks of 32 with an online softmax, K/V read in place as stored (never widened as a whole, no T x S score matrix),
   causal blocks above the diagonal skipped; with few query blocks (decode) the keys are split across the threads and
   the partial softmaxes merged (flash-decoding). It runs every step: decode (where reading the cache is the whole

@@ -144,3 +144,20 @@ def test_prepare_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="capacity"):
         q9, k9, v9 = projections(9, nh, nkv, hd, seed=0, strided=False)  # 9 positions in a cache of 8
         prepare_attend_native(q9, k9, v9, w, w, EPS, torch.ones(9, hd), torch.ones(9, hd), cache, 0, pool)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no native attention kernel on this CPU")
+@pytest.mark.parametrize("start,T", [(0, 1), (500, 1), (0, 2), (0, 200), (100, 33)])
+def test_default_kernel_is_the_named_one_per_phase(start, T):
+    """Decode (T = 1) runs attention_kernel's kernel, prefill (T > 1) attention_prefill_kernel's: the same bits."""
+    nh, nkv, hd = 8, 2, 128
+    g = torch.Generator().manual_seed(T)
+    cache = KVCache(1, nkv, hd, start + T)
+    cache.write(0, torch.randn(nkv, start + T, hd, generator=g), torch.randn(nkv, start + T, hd, generator=g))
+    q = torch.randn(nh, T, hd, generator=g)
+    pool = make_pool(2)
+    default, named = torch.empty(T, nh * hd), torch.empty(T, nh * hd)
+    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, default, pool)
+    kernel = native.attention_kernel(hd) if T == 1 else native.attention_prefill_kernel(hd)
+    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, named, pool, kernel=kernel)
+    assert torch.equal(default, named)
