@@ -3,7 +3,7 @@ into attention, routed experts and the rest (dense projections, norms, router, l
 
     python scripts/bench_long_context.py --kernels [--threads 2] [--prefill 512 2048 4096] [--decode 128 2048 8192]
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
-        [--fill-random] [--warmup-steps N]
+        [--fill-random] [--warmup-steps N] [--kv-cache-types bf16 q8_0] [--rounds N]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
 (tessera/engine/attention.py's path: native_ms is attend's), each native kernel this CPU runs called directly
@@ -12,6 +12,10 @@ with an explicit mask, or two matmuls for decode), plus torch SDPA with is_causa
 runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
+--kv-cache-types: each cache type in turn (bf16, q8_0: engine.kv_cache.KV_DTYPES) for every context, in --rounds
+interleaved rounds (one load of the model serves all of them); rows carry "kv_cache". With a real prefill, the
+context is prefilled once (into the first type's cache) and every decode starts from a copy of that K/V converted to
+its type, so the routing and the tokens are the same for every type; only the cache differs.
 Prints figures only; nothing is asserted.
 """
 
@@ -39,17 +43,17 @@ def best_s(fn, reps: int) -> float:
     return best
 
 
-def kernel_row(T: int, S: int) -> dict:
+def kernel_row(T: int, S: int, kv: str = "bf16") -> dict:
     """One layer's attention of T new positions at S positions in all (prefill: T = S; decode: T = 1). Decode cycles
     through enough layers (>= 128 MB of K/V) that each call reads its layer from memory, not from the last level cache,
     as a model's decode step does; the time is per layer."""
     from tessera.engine.attention import attend, decode_attention
     from tessera.engine.dense import dense_pool
-    from tessera.engine.kv_cache import KVCache, kv_bytes
+    from tessera.engine.kv_cache import KV_DTYPES, KVCache, kv_bytes
 
-    start = S - T
-    layers = -(-128_000_000 // kv_bytes(1, NKV, HD, S)) if T == 1 else 1
-    cache = KVCache(layers, NKV, HD, S)
+    start, dtype = S - T, KV_DTYPES[kv]
+    layers = -(-128_000_000 // kv_bytes(1, NKV, HD, S, dtype)) if T == 1 else 1
+    cache = KVCache(layers, NKV, HD, S, dtype=dtype)
     g = torch.Generator().manual_seed(0)
     for layer in range(layers):
         cache.write(layer, torch.randn(NKV, S, HD, generator=g), torch.randn(NKV, S, HD, generator=g))
@@ -63,7 +67,7 @@ def kernel_row(T: int, S: int) -> dict:
     native_s = per_layer(lambda layer: attend(q, cache, layer, start, mask))
     others = {}  # each native kernel this CPU runs, called directly
     out = torch.empty(T, NH * HD)  # [T, nh*hd]
-    for kernel in ("AVX512_BF16", "AVX512"):
+    for kernel in ("AVX512_BF16", "AVX512") if kv == "bf16" else ():
         try:
             others[f"native_{kernel}_ms"] = 1e3 * per_layer(lambda layer, k=kernel: native.attention_bf16(
                 q, cache.k[layer], cache.v[layer], start, HD**-0.5, out, dense_pool(), kernel=k))
@@ -76,7 +80,7 @@ def kernel_row(T: int, S: int) -> dict:
             return decode_attention(q, keys, values)
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
 
-    row = {"T": T, "S": S, "layers": layers, "native_ms": native_s * 1e3, **others,
+    row = {"T": T, "S": S, "kv_cache": kv, "layers": layers, "native_ms": native_s * 1e3, **others,
            "widen_sdpa_mask_ms": best_s(old, reps) * 1e3}
     if T > 1:
         keys, values = cache.keys_values(0, S)
@@ -85,14 +89,15 @@ def kernel_row(T: int, S: int) -> dict:
         flops = 2 * 2 * NH * HD * (T * (T + 1) / 2 + T * start)  # causal half of QK^T and PV
         row["native_gflops"] = flops / native_s / 1e9
     else:
-        row["native_kv_gb_s"] = 2 * NKV * S * HD * 2 / native_s / 1e9  # bf16 K and V read once
+        row["native_kv_gb_s"] = kv_bytes(1, NKV, HD, S, dtype) / native_s / 1e9  # K and V read once
     return row
 
 
 def kernels(a) -> list[dict]:
     rows = []
-    for T, S in [(T, T) for T in a.prefill] + [(1, S) for S in a.decode]:
-        row = kernel_row(T, S)
+    for T, S, kv in [(T, T, kv) for T in a.prefill for kv in a.kv_cache_types] + [
+            (1, S, kv) for S in a.decode for kv in a.kv_cache_types]:
+        row = kernel_row(T, S, kv)
         rows.append(row)
         print(json.dumps(row) if a.json else "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                        for k, v in row.items()), flush=True)
@@ -139,6 +144,16 @@ def fill_random(cache, ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.zeros(1, 1)
 
 
+def converted(src, n: int, extra: int, dtype, new_cache):
+    """A cache of `dtype` holding src's first n positions (widened to f32, then stored as `dtype`), room for `extra`."""
+    cache = new_cache(n + extra, dtype)
+    for layer in range(src.layers):
+        cache.write(layer, *src.keys_values(layer, n))
+    cache.commit(src.tokens[:n])
+    src.release_scratch()
+    return cache
+
+
 def model_split(a) -> list[dict]:
     from tessera import engine
 
@@ -153,21 +168,32 @@ def model_split(a) -> list[dict]:
         model.forward(torch.randint(0, vocab, (1,), generator=g), warm)
     del warm
     rows = []
+    from tessera.engine.kv_cache import KV_DTYPES
+
     contexts = sorted(set(a.decode) if a.fill_random else set(a.prefill) | set(a.decode))
-    for n in contexts:
-        cache = model.new_cache(n + a.decode_steps)
+    runs = [(r, n, kv) for n in contexts for r in range(a.rounds) for kv in a.kv_cache_types]  # interleaved
+    prefilled = {}  # context -> (cache of the first type, logits): the prefill every type's decode starts from
+    for r, n, kv in runs:
+        cache = model.new_cache(n + a.decode_steps, KV_DTYPES[kv])
         ids = torch.randint(0, vocab, (n,), generator=g)
-        if a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
+        if n in prefilled and not a.fill_random:
+            src, logits = prefilled[n]
+            cache = converted(src, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
+            row = {"context": n, "kv_cache": kv, "round": r, "filled": f"prefill, as {a.kv_cache_types[0]}"}
+        elif a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
             logits = fill_random(cache, ids, g)
-            row = {"context": n, "filled": "random"}
+            row = {"context": n, "kv_cache": kv, "round": r, "filled": "random"}
         else:
             split.reset()
             t = time.perf_counter()
             logits = model.forward(ids, cache)
             total = time.perf_counter() - t
-            row = {"context": n, "prefill_s": total, "prefill_attention_s": split.attn,
+            row = {"context": n, "kv_cache": kv, "round": r, "prefill_s": total, "prefill_attention_s": split.attn,
                    "prefill_experts_s": split.experts, "prefill_dense_s": total - split.attn - split.experts,
                    "prefill_tok_s": n / total}
+            if len(a.kv_cache_types) > 1 or a.rounds > 1:  # kept to start every later decode from
+                prefilled = {n: (cache, logits)}
+                cache = converted(cache, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
         if n in a.decode:
             split.reset()
             nxt = logits.argmax(-1)
@@ -179,6 +205,7 @@ def model_split(a) -> list[dict]:
                        decode_experts_ms=1e3 * split.experts / a.decode_steps,
                        decode_dense_ms=1e3 * (dt - split.attn - split.experts) / a.decode_steps,
                        decode_tok_s=a.decode_steps / dt)
+        del cache
         rows.append(row)
         print(json.dumps(row) if a.json else "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                        for k, v in row.items()), flush=True)
@@ -191,8 +218,8 @@ def main() -> int:
     p.add_argument("model", nargs="?", help="a GGUF file or Hugging Face folder (omit with --kernels)")
     p.add_argument("--kernels", action="store_true", help="time attention alone at Qwen3-30B-A3B's shapes")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
-    p.add_argument("--prefill", type=int, nargs="+", default=[512, 2048, 4096], help="prompt lengths")
-    p.add_argument("--decode", type=int, nargs="+", default=[128, 2048, 8192], help="decode contexts")
+    p.add_argument("--prefill", type=int, nargs="*", default=[512, 2048, 4096], help="prompt lengths")
+    p.add_argument("--decode", type=int, nargs="*", default=[128, 2048, 8192], help="decode contexts")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
@@ -200,6 +227,9 @@ def main() -> int:
                    help="decode contexts only: fill the KV cache with random K/V instead of a prefill (minutes saved "
                         "on a big model; attention reads the same bytes, but random K/V change the routing, so only "
                         "the attention time compares with a real prefill's)")
+    p.add_argument("--kv-cache-types", nargs="+", default=["bf16"], choices=("bf16", "q8_0"), metavar="TYPE",
+                   help="KV cache types to time, each in turn for every context (default bf16)")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over contexts x cache types (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     a = p.parse_args()
     if not a.kernels and not a.model:

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "tessera/attention.h"  // attention over a bf16 KV cache (attention_bindings.inc)
+#include "tessera/attention_q8.h"  // attention over a q8_0 KV cache (attention_q8_bindings.inc)
 #include "tessera/backend.h"
 #include "tessera/cpu.h"
 #include "tessera/decode_layer.h"  // one decoder layer at T = 1 (decode_layer_bindings.inc)
@@ -230,6 +231,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 
 #include "quant_bindings.inc"  // quantized GGUF kernels: bind_quant(m)
 #include "attention_bindings.inc"  // attention over a bf16 KV cache: bind_attention(m)
+#include "attention_q8_bindings.inc"  // attention over a q8_0 KV cache: bind_attention_q8(m)
 #include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
 #include "decode_layer_bindings.inc"  // one decoder layer at T = 1: bind_decode_layer(m)
 
@@ -388,6 +390,7 @@ NB_MODULE(_native, m) {
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
+  bind_attention_q8(m);  // attention over a q8_0 KV cache (attention_q8_bindings.inc)
   bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
   bind_decode_layer(m);  // DecodeLayer, QuantMoeLayer (decode_layer_bindings.inc)
 

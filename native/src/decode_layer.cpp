@@ -1,6 +1,7 @@
 // decode_layer_step (tessera/decode_layer.h): one decoder layer at T = 1 in one call. Portable: the heavy parts are the
-// existing ISA kernels (quant_matvec_multi, dense_matvec, attention_bf16, quant_moe_forward), each on the pool; what
-// runs here on the caller's thread (norms, RoPE, the KV append, softmax / top-k) is O(H + nh*hd + E) scalar work.
+// existing ISA kernels (quant_matvec_multi, dense_matvec, attention_bf16, quant_moe_forward or a packed backend's
+// forward), each on the pool; what runs here on the caller's thread (norms, RoPE, the KV append, softmax / top-k) is
+// O(H + nh*hd + E) scalar work.
 #include "tessera/decode_layer.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "tessera/attention.h"
+#include "tessera/attention_q8.h"
 #include "tessera/bf16.h"
 #include "tessera/dense.h"
 #include "tessera/quant_decode.h"
@@ -120,7 +122,8 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   }
   if (!parts.empty()) quant_matvec_multi(P.isa, xn.data(), H, parts.data(), int(parts.size()), pool);
 
-  // Per-head q/k norms and RoPE; this position's K/V into the cache (bf16, nearest even, as torch's copy rounds).
+  // Per-head q/k norms and RoPE; this position's K/V into the cache (bf16, nearest even, as torch's copy rounds; or
+  // q8_0 blocks, as engine.kv_q8.quantize_q8_0 writes them).
   for (int64_t h = 0; h < nh; ++h) {
     float* qh = q.data() + h * hd;
     rms_norm(qh, P.q_norm, hd, P.eps, qh);
@@ -131,6 +134,10 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
     float* kh = k.data() + h * hd;
     rms_norm(kh, P.k_norm, hd, P.eps, kh);
     rope(kh, S.cos, S.sin, hd);
+    if (S.k8) {
+      write_q8_position(kh, v.data() + h * hd, h, S.start, hd, S.C, S.k8, S.ks, S.v8, S.vs);
+      continue;
+    }
     uint16_t* kdst = S.kt + ((h * tiles + tile) * hd) * 32 + lane;  // [h][tile][d][lane]
     uint16_t* vdst = S.v + (h * S.C + S.start) * hd;               // [h][start][d]
     for (int64_t d = 0; d < hd; ++d) {
@@ -140,7 +147,11 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   }
 
   const float scale = float(std::pow(double(hd), -0.5));  // Python's hd**-0.5, then float as the binding takes it
-  attention_bf16(AttentionArgs{q.data(), S.kt, S.v, 1, nh, nkv, hd, S.C, S.start, scale, att.data()}, pool);
+  if (S.k8)
+    attention_q8(AttentionQ8Args{q.data(), S.k8, S.ks, S.v8, S.vs, 1, nh, nkv, hd, S.C, S.start, scale, att.data()},
+                 pool);
+  else
+    attention_bf16(AttentionArgs{q.data(), S.kt, S.v, 1, nh, nkv, hd, S.C, S.start, scale, att.data()}, pool);
   decode_matvec(P.o, P.isa, att.data(), o.data(), pool);
   for (int64_t i = 0; i < H; ++i) S.h[i] = S.x[i] + o[size_t(i)];
   rms_norm(S.h, P.post_norm, H, P.eps, S.normed);
@@ -154,8 +165,12 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
 
   const DecodeExperts& X = *S.experts;
   std::vector<float> moe(static_cast<size_t>(H));
-  const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
-  quant_moe_forward(X.isa, a, pool);
+  if (X.packed_ops) {  // the backend's packed copy (a bf16 file's experts): its own T = 1 kernel
+    X.packed_ops->forward(X.packed, 1, P.top_k, S.ids, S.weights, S.normed, moe.data(), pool);
+  } else {
+    const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
+    quant_moe_forward(X.isa, a, pool);
+  }
   for (int64_t i = 0; i < H; ++i) S.out[i] = S.h[i] + moe[size_t(i)];
 }
 
@@ -173,6 +188,10 @@ void decode_stack_step(const DecodeStackLayer* layers, int n, const float* x, co
     s.sin = sin;
     s.kt = L.kt;
     s.v = L.v;
+    s.k8 = L.k8;
+    s.ks = L.ks;
+    s.v8 = L.v8;
+    s.vs = L.vs;
     s.C = C;
     s.start = start;
     s.h = h.data();

@@ -260,7 +260,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loading {Path(path).name}…")
         self.worker.load(path, self.settings.get("model/backend"), self.settings.get("model/threads"),
                          self.settings.get("model/context_length"), self.settings.get("gpu/use"),
-                         self.settings.get("gpu/expert_cache"))
+                         self.settings.get("gpu/expert_cache"), self.settings.get("model/kv_cache_type"))
 
     def open_demo(self) -> None:
         demo = paths.demo_model()
@@ -312,7 +312,8 @@ class MainWindow(QMainWindow):
 
     def inspect_model(self, path: str) -> None:
         """Read a model's header in the worker, its RAM sized for a load with the current settings."""
-        self.worker.inspect(path, self.settings.get("model/context_length"), self.settings.get("model/backend"))
+        self.worker.inspect(path, self.settings.get("model/context_length"), self.settings.get("model/backend"),
+                            self.settings.get("model/kv_cache_type"))
 
     def on_inspected(self, summary: ModelSummary) -> None:
         fit = estimate(summary.info, ram_available(), self.backend_list.vram_free_bytes if self.backend_list else 0)
@@ -444,8 +445,8 @@ class MainWindow(QMainWindow):
             self.apply_theme()
 
     def on_setting_changed(self, key: str, value) -> None:
-        if key in ("model/backend", "model/context_length") and self.model_panel.path:
-            self.inspect_model(self.model_panel.path)  # the fit estimate follows the backend and the context
+        if key in ("model/backend", "model/context_length", "model/kv_cache_type") and self.model_panel.path:
+            self.inspect_model(self.model_panel.path)  # the fit estimate follows the backend, context and KV type
         if key == "model/backend" and self.state.loaded:
             self.statusBar().showMessage(f"Repacking experts for {value}…")
             self.worker.set_backend(str(value))

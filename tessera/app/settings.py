@@ -48,6 +48,9 @@ TABLE: tuple[Setting, ...] = (
             reload=True),
     Setting("model/context_length", 4096, "Context length", "Model", "Tokens of context (prompt + reply).",
             minimum=256, maximum=262144, reload=True),
+    Setting("model/kv_cache_type", "bf16", "KV cache type", "Model",
+            "bf16: 2 bytes a value. q8_0: int8 with a scale per 32 values (as llama.cpp's -ctk/-ctv q8_0): about half "
+            "the RAM, and faster replies at long contexts; CPU attention only.", choices=("bf16", "q8_0"), reload=True),
     Setting("model/reopen_last", True, "Reopen the last model at start", "Model",
             "Start with the model loaded last (if its file is still there); otherwise start on the demo model."),
     Setting("gpu/use", "off", "GPU use", "Model",

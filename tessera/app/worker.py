@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from tessera.engine.session import Session
 
 
+def _kv_arg(kv_cache_type: str) -> dict:
+    """The KV cache type as an EngineApi keyword, only when it is not the default (an API that predates the option,
+    such as a test's fake, keeps working for bf16)."""
+    return {} if kv_cache_type == "bf16" else {"kv_cache_type": kv_cache_type}
+
+
 class _LoadArgs(NamedTuple):
     """What a model was loaded with, to load it again the same way (EngineWorker._reload_previous)."""
 
@@ -50,6 +56,7 @@ class _LoadArgs(NamedTuple):
     context_length: int
     gpu_use: str
     gpu_experts: int
+    kv_cache_type: str = "bf16"
 
 
 CHUNK_SECONDS = 0.03  # batch streamed tokens: at most ~33 UI updates per second
@@ -60,7 +67,7 @@ class EngineApi:
     """The real engine, behind the few calls the worker makes (tests pass a fake with the same methods)."""
 
     def load(self, path: str, *, backend: str, threads: int | None, context_length: int | None, progress, cancel,
-             gpu_use: str = "off", gpu_experts: int = 0) -> Session:
+             gpu_use: str = "off", gpu_experts: int = 0, kv_cache_type: str = "bf16") -> Session:
         """The engine clamps `context_length` to the model's trained context."""
         from tessera import engine
         from tessera.engine.hybrid import PlacementSettings
@@ -73,7 +80,8 @@ class EngineApi:
         threads_before = torch.get_num_threads()  # engine.load sets torch's (process-wide) thread count
         try:
             return engine.load(path, backend=backend, threads=threads, context_length=context_length,
-                               progress=progress, cancel=cancel, placement=placement, twin=gpu_use == "twin")
+                               kv_cache_type=kv_cache_type, progress=progress, cancel=cancel, placement=placement,
+                               twin=gpu_use == "twin")
         except BaseException:
             torch.set_num_threads(threads_before)  # the model that stays loaded keeps its threads
             raise
@@ -84,13 +92,15 @@ class EngineApi:
 
         return ram_available()
 
-    def inspect(self, path: str, *, context_length: int | None = None, backend: str = "Auto") -> dict:
+    def inspect(self, path: str, *, context_length: int | None = None, backend: str = "Auto",
+                kv_cache_type: str = "bf16") -> dict:
         """ModelInfo as a dict, with the type mix and the RAM of a load with these settings (engine.model_summary:
         `type_mix`, `ram` with `total_bytes`, `ram_text`). A backend that cannot run here is sized as Auto: the load
         itself names that error."""
         from tessera.engine.model_summary import facts, sized_for_load
 
-        info = sized_for_load(path, context_length=context_length, backend=runnable_backend(backend))
+        info = sized_for_load(path, context_length=context_length, backend=runnable_backend(backend),
+                              kv_cache_type=kv_cache_type)
         return {**_as_dict(info), **facts(info)}
 
     def sampling_params(self, params: dict):
@@ -234,14 +244,15 @@ class EngineWorker(QObject):
         self._call.emit(functools.partial(method, *args))
 
     def load(self, path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
-             gpu_use: str = "off", gpu_experts: int = 0) -> None:
+             gpu_use: str = "off", gpu_experts: int = 0, kv_cache_type: str = "bf16") -> None:
         """Load a model; the loaded one stays until the new one has loaded, and stays for good if it fails or is
         cancelled (it is closed first only where both do not fit, _no_room_for_both). threads 0: one per physical
         core; context_length 0: the model's own, and a larger wish is clamped to it by the engine. gpu_use "off",
-        "cuda" or "twin" (the GPU half on the CPU), with `gpu_experts` experts per layer in the hot-expert cache."""
+        "cuda" or "twin" (the GPU half on the CPU), with `gpu_experts` experts per layer in the hot-expert cache.
+        kv_cache_type "bf16" or "q8_0" (engine.load's)."""
         self._load_cancel = threading.Event()
         self._queue(self._do_load, str(path), str(backend), int(threads), int(context_length), str(gpu_use),
-                    int(gpu_experts), self._load_cancel)
+                    int(gpu_experts), self._load_cancel, str(kv_cache_type))
 
     def cancel_load(self) -> None:
         self._load_cancel.set()
@@ -284,10 +295,10 @@ class EngineWorker(QObject):
     def unload(self) -> None:
         self._queue(self._do_unload)
 
-    def inspect(self, path: str, context_length: int = 0, backend: str = "Auto") -> None:
-        """Read the model's header; its RAM is sized for a load with this context length (0: the model's own) and
-        expert backend, as `load` would make it."""
-        self._queue(self._do_inspect, str(path), int(context_length or 0), str(backend))
+    def inspect(self, path: str, context_length: int = 0, backend: str = "Auto", kv_cache_type: str = "bf16") -> None:
+        """Read the model's header; its RAM is sized for a load with this context length (0: the model's own),
+        expert backend and KV cache type, as `load` would make it."""
+        self._queue(self._do_inspect, str(path), int(context_length or 0), str(backend), str(kv_cache_type))
 
     def make_test_model(self, out_path: str, backend: str = "Auto", threads: int = 0, context_length: int = 0,
                         gpu_use: str = "off", gpu_experts: int = 0) -> None:
@@ -336,14 +347,14 @@ class EngineWorker(QObject):
                           int(s.threads or 0), s.context_length, _as_dict(s.info))
 
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
-                 cancel: threading.Event) -> None:
+                 cancel: threading.Event, kv_cache_type: str = "bf16") -> None:
         """Load `path`; the model loaded now (or the remote server) keeps working until the new one has loaded. A
         load that fails or is cancelled, whether before the first tensor or in the middle of them, leaves it as it
         was, so nothing changes in the window but the error."""
-        args = _LoadArgs(path, backend, threads, context_length, gpu_use, gpu_experts)
+        args = _LoadArgs(path, backend, threads, context_length, gpu_use, gpu_experts, kv_cache_type)
         old = self._session
         if old is not None:
-            info = self._can_load(path, gpu_use, cancel, context_length, backend)
+            info = self._can_load(path, gpu_use, cancel, context_length, backend, kv_cache_type)
             if info is None:
                 return  # the loaded model stays (the reason went out on `failed`)
             close_first = self._no_room_for_both(info, gpu_use)
@@ -358,7 +369,8 @@ class EngineWorker(QObject):
                 raise Cancelled()
             session = self._api.load(path, backend=backend, threads=threads or None,
                                      context_length=context_length or None, progress=self._progress_cb("load"),
-                                     cancel=cancel, gpu_use=gpu_use, gpu_experts=gpu_experts)
+                                     cancel=cancel, gpu_use=gpu_use, gpu_experts=gpu_experts,
+                                     **_kv_arg(kv_cache_type))
         except Exception as exc:  # noqa: BLE001 - every failure must reach the UI, the thread must survive
             before_failure = self._state()
             error = worker_error("load", exc)
@@ -421,7 +433,8 @@ class EngineWorker(QObject):
                                            threads=previous.threads or None,
                                            context_length=previous.context_length or None,
                                            progress=self._progress_cb("load"), cancel=threading.Event(),
-                                           gpu_use=previous.gpu_use, gpu_experts=previous.gpu_experts)
+                                           gpu_use=previous.gpu_use, gpu_experts=previous.gpu_experts,
+                                           **_kv_arg(previous.kv_cache_type))
         except Exception as exc:  # noqa: BLE001 - both failures are said
             self._path, self._load_args = "", None
             again = worker_error("load", exc)
@@ -430,14 +443,15 @@ class EngineWorker(QObject):
         return dataclasses.replace(error, message=f"{error.message}; {name} was loaded again")
 
     def _can_load(self, path: str, gpu_use: str, cancel: threading.Event, context_length: int = 0,
-                  backend: str = "Auto") -> dict | None:
+                  backend: str = "Auto", kv_cache_type: str = "bf16") -> dict | None:
         """Before the loaded model is touched: can `path` load at all (its header reads, CUDA is there when asked)?
         Its header facts, with the RAM this load needs; or None, when it cannot load: then why went out on
         `failed`, and the loaded model stays."""
         try:
             if cancel.is_set():
                 raise Cancelled()
-            info = self._api.inspect(path, context_length=context_length or None, backend=backend)
+            info = self._api.inspect(path, context_length=context_length or None, backend=backend,
+                                     **_kv_arg(kv_cache_type))
             if gpu_use == "cuda":
                 reason = self._api.cuda_missing()
                 if reason:
@@ -641,9 +655,10 @@ class EngineWorker(QObject):
             self.failed.emit(worker_error("serve", exc))
         self.serving.emit(ServeState(False))
 
-    def _do_inspect(self, path: str, context_length: int, backend: str) -> None:
+    def _do_inspect(self, path: str, context_length: int, backend: str, kv_cache_type: str = "bf16") -> None:
         try:
-            info = self._api.inspect(path, context_length=context_length or None, backend=backend)
+            info = self._api.inspect(path, context_length=context_length or None, backend=backend,
+                                     **_kv_arg(kv_cache_type))
             self.inspected.emit(ModelSummary(path, info))
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("inspect", exc))

@@ -11,8 +11,13 @@ Two paths, same result (tests/engine/test_attention.py holds them to a naive ref
   the partial softmaxes merged (flash-decoding). It runs every step: decode (where reading the cache is the whole
   cost), prefill after cached positions (where torch would need an explicit [T, S] mask and compute the whole square)
   and a first prompt (where it measured faster than torch's causal SDPA at 512-4096 tokens).
+- native q8_0 (`engine.native.attention_q8`, native/src/attention_q8_avx512_vnni.cpp): a q8_0 cache (int8 K/V, f16
+  scales per 32 values) on the CPU with AVX-512 VNNI, the same flash structure with both products on int8 (q quantized
+  per 32 dims as llama.cpp does against a q8_0 cache; the probabilities times the value scales quantized to uint8 per
+  block of 32 keys), so decode reads half the bytes of the bf16 cache at memory speed.
 - torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512): K/V are widened to float32 once per
-  layer (KVCache.keys_values, O(S), small beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
+  layer (KVCache.keys_values, O(S); a q8_0 cache is dequantized there,
+  small beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
   CPU flash kernel has no T x T matrix either); decode takes two small matmuls.
 
 Letters: T new positions, S = cached + new, nh query heads, nkv key/value heads, hd head dim.
@@ -36,7 +41,15 @@ def native_kernel(head_dim: int) -> str:
     return native.attention_kernel(head_dim)
 
 
+@functools.cache
+def native_q8_kernel(head_dim: int) -> str:
+    """"AVX512_VNNI" where the native q8_0-cache kernel runs for this head dim on this CPU, else "Reference"."""
+    return native.attention_q8_kernel(head_dim)
+
+
 def uses_native(cache: KVCache, layer: int) -> bool:
+    if cache.quantized:
+        return cache.k[layer].device.type == "cpu" and native_q8_kernel(cache.head_dim) != "Reference"
     return (cache.dtype == torch.bfloat16 and cache.k[layer].device.type == "cpu"
             and native_kernel(cache.head_dim) != "Reference")
 
@@ -71,6 +84,11 @@ def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.
     engine.dense.dense_pool(), torch's count now; a model passes the one it was built with, as its Linears do, since a
     step may run with torch at one thread)."""
     nh, T, hd = q.shape
+    if uses_native(cache, layer) and cache.quantized:
+        out = torch.empty(T, nh * hd)  # [T, nh*hd]
+        native.attention_q8(q.contiguous(), cache.k[layer], cache.ks[layer], cache.v[layer], cache.vs[layer], start,
+                            hd**-0.5, out, pool or dense_pool())
+        return out
     if uses_native(cache, layer):
         out = torch.empty(T, nh * hd)  # [T, nh*hd]
         kt, v = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16, read in place

@@ -4,16 +4,17 @@ At T = 1 a layer's Python path (tessera/engine/model.py: Block) is ~60 small tor
 native mat-vecs: on the 48-layer 30B-A3B-shaped Q4_K_M file they took 26.6 ms of a 113.5 ms step (docs/BENCHMARKS.md).
 `DecodeLayerStep` runs the whole layer in `engine.native.DecodeLayer.step` (native/src/decode_layer.cpp): input RMSNorm,
 q/k/v (quantized weights in one dispatch, as engine.dense.FusedMatvec), q/k norms, RoPE, the K/V append into the bf16
-cache, the attention kernel over it, o_proj, the residual, the post-attention RMSNorm, the router with softmax / top-k,
-and, when the expert backend hands over a native description of the layer's experts (`ExpertBackend.decode_experts`),
-the routed experts and the second residual too. The mat-vec kernels are the ones engine.dense uses (bit for bit for
-quantized and 16-bit weights); the norms, RoPE, softmax and f32 mat-vecs sum in another order than torch
-(tests/engine/test_decode_layer.py holds the two paths to each other). The whole layer runs on the expert backend's
-pool when it has one (else on the dense Linears' pool): one pool whose workers stay warm across the layer's phases,
-instead of the dense pool and the experts' pool taking turns (and cores) on a 2-core machine.
+cache (or the q8_0 cache: quantized as engine.kv_q8 does, byte for byte), the attention kernel over it, o_proj, the
+residual, the post-attention RMSNorm, the router with softmax / top-k, and, when the expert backend hands over a native
+description of the layer's experts (`ExpertBackend.decode_experts`), the routed experts and the second residual too. The
+mat-vec kernels are the ones engine.dense uses (bit for bit for quantized and 16-bit weights); the norms, RoPE, softmax
+and f32 mat-vecs sum in another order than torch (tests/engine/test_decode_layer.py holds the two paths to each other).
+The whole layer runs on the expert backend's pool when it has one (else on the dense Linears' pool): one pool whose
+workers stay warm across the layer's phases, instead of the dense pool and the experts' pool taking turns (and cores) on
+a 2-core machine.
 
 It applies (`DecodeLayerStep.build` / `runs`) to a layer on the CPU whose projections and router are all read
-natively or held as f32 (no GPU copy), at T = 1, with a bf16 cache the native attention kernel reads
+natively or held as f32 (no GPU copy), at T = 1, with a bf16 or q8_0 cache the native attention kernel reads
 (engine.attention.uses_native); everything else (prefill, GPU layers, an f32 cache, a CPU without AVX-512) keeps
 the Python path.
 
@@ -86,8 +87,9 @@ class DecodeLayerStep:
         moe = experts.decode_experts(self.layer) if k else None
         out = torch.empty(1, H) if moe is not None else None  # [1, H]
         pool = experts.pool if experts.pool is not None else self._pool  # one pool for the whole layer
+        scales = dict(k_scales=cache.ks[self.layer], v_scales=cache.vs[self.layer]) if cache.quantized else {}
         self.plan.step(x.contiguous(), cos, sin, cache.k[self.layer], cache.v[self.layer], cache.length, h, normed,
-                       ids, weights, moe, out, pool)
+                       ids, weights, moe, out, pool, **scales)
         return StepOutput(h, normed, (ids, weights) if k else None, out)
 
 
@@ -128,9 +130,10 @@ class DecodeStack:
         counts = torch.empty(L, self.num_experts, dtype=torch.int64)  # [L, E]
         out = torch.empty(1, self.steps[0].H)  # [1, H]
         layers = [step.layer for step in self.steps]
+        scales = dict(kss=[cache.ks[i] for i in layers], vss=[cache.vs[i] for i in layers]) if cache.quantized else {}
         native.decode_stack_step(self.plans, self._moe(experts), x.contiguous(), cos, sin,
                                  [cache.k[i] for i in layers], [cache.v[i] for i in layers], cache.length, ids,
-                                 weights, counts, out, experts.pool)
+                                 weights, counts, out, experts.pool, **scales)
         if stats is not None:
             stats.pairs += ids.numel()
             stats.counts.update(zip(layers, counts))  # layer -> [E]

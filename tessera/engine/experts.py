@@ -62,7 +62,8 @@ class ExpertBackend(Protocol):
 
     def decode_experts(self, layer: int):
         """This layer's experts as a native object a one-token decoder-layer step runs in its own call
-        (engine.decode_layer; engine.native's QuantMoeLayer on `pool`), or None: the step calls `forward`."""
+        (engine.decode_layer; engine.native's QuantMoeLayer or PackedMoeLayer on `pool`), or None: the step calls
+        `forward`."""
         return None
 
     def take_step_stats(self) -> tuple[int, int] | None:

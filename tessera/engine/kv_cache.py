@@ -6,6 +6,9 @@ which the attention kernel streams); values as [nkv, C, hd]. `PrefixCache` is a 
 a request takes the cache sharing the longest common token prefix with its prompt, so a chat's second turn prefills
 only the new tokens.
 
+A cache of dtype torch.int8 is the q8_0 cache (`kv_cache_dtype="q8_0"`): int8 K/V with an f16 scale per 32 values,
+stored as tessera/engine/kv_q8.py describes (its own tiled layout, and the scales in `ks`, `vs`).
+
 Letters: L layers, nkv key/value heads, C capacity (positions allocated), S positions filled, T new tokens, hd head dim.
 """
 
@@ -13,9 +16,20 @@ from __future__ import annotations
 
 import torch
 
+from tessera.engine import kv_q8
+
 _CHUNK = 256  # positions added per growth step
 KEY_TILE = 32  # positions per key tile (native/include/tessera/attention.h)
-KV_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}  # what a cache can store; bf16 is the default
+# What a cache can store (the user's name -> the KVCache dtype); bf16 is the default. q8_0: int8 values, f16 scales.
+KV_DTYPES = {"bf16": torch.bfloat16, "q8_0": torch.int8, "f32": torch.float32}
+KV_DTYPE_NAMES = {dtype: name for name, dtype in KV_DTYPES.items()}
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    """The KVCache dtype of a user's KV cache type name ("bf16", "q8_0", "f32"); ValueError naming the choices."""
+    if name not in KV_DTYPES:
+        raise ValueError(f"KV cache type {name!r} is not one of {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[name]
 
 
 class KVCache:
@@ -40,11 +54,25 @@ class KVCache:
     ):
         self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
-        capacity = max(1, capacity)
-        self.k = [self._key_buffer(capacity, d) for d in self.devices]  # L x [nkv, ceil(C/32), hd, 32]
-        self.v = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
+        self.quantized = dtype == torch.int8  # q8_0
+        if self.quantized and head_dim % kv_q8.BLOCK:
+            raise ValueError(f"KV cache type q8_0 needs a head dim that is a multiple of {kv_q8.BLOCK}; this model's "
+                             f"is {head_dim} (use bf16)")
+        capacity = self._round(max(1, capacity))
+        if self.quantized:  # L x k [nkv, C/32, hd/4, 32, 4], ks [nkv, C/32, hd/32, 32], v [nkv, C/4, hd, 4], vs
+            self.k, self.ks, self.v, self.vs = (list(b) for b in zip(*(self._q8_buffers(capacity, d)
+                                                                        for d in self.devices)))
+        else:
+            self.k = [self._key_buffer(capacity, d) for d in self.devices]  # L x [nkv, ceil(C/32), hd, 32]
+            self.v = [self._buffer(capacity, d) for d in self.devices]  # L x [nkv, C, hd]
         self.tokens: list[int] = []
         self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> f32 [nkv, C, hd] x 2
+
+    def _round(self, capacity: int) -> int:
+        return -(-capacity // KEY_TILE) * KEY_TILE if self.quantized else capacity  # q8_0: whole tiles
+
+    def _q8_buffers(self, capacity: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return kv_q8.buffers(self.kv_heads, capacity, self.head_dim, device)
 
     def _buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
         return torch.empty(self.kv_heads, capacity, self.head_dim, device=device, dtype=self.dtype)  # [nkv, C, hd]
@@ -59,7 +87,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.v[0].shape[1]
+        return self.v[0].shape[1] * (4 if self.quantized else 1)
 
     @property
     def nbytes(self) -> int:
@@ -76,6 +104,14 @@ class KVCache:
             return
         new_cap = -(-positions // _CHUNK) * _CHUNK
         tiles = -(-self.length // KEY_TILE)
+        if self.quantized:
+            for i, device in enumerate(self.devices):
+                k, ks, v, vs = self._q8_buffers(new_cap, device)
+                for new, old in ((k, self.k[i]), (ks, self.ks[i]), (vs, self.vs[i])):
+                    new[:, :tiles] = old[:, :tiles]
+                v[:, : tiles * KEY_TILE // 4] = self.v[i][:, : tiles * KEY_TILE // 4]
+                self.k[i], self.ks[i], self.v[i], self.vs[i] = k, ks, v, vs
+            return
         for i, old in enumerate(self.k):
             new = self._key_buffer(new_cap, old.device)  # [nkv, C'/32, hd, 32]
             new[:, :tiles] = old[:, :tiles]
@@ -90,6 +126,9 @@ class KVCache:
         start, end = self.length, self.length + k.shape[1]
         if end > self.capacity:
             raise ValueError(f"KV cache: positions [{start}, {end}) beyond its capacity {self.capacity}; reserve first")
+        if self.quantized:
+            kv_q8.write(k, v, start, self.k[layer], self.ks[layer], self.v[layer], self.vs[layer])
+            return
         keys = self.k[layer]  # [nkv, C/32, hd, 32]
         if k.shape[1] == 1:
             keys[:, start // KEY_TILE, :, start % KEY_TILE] = k[:, 0]  # [nkv, hd]
@@ -111,6 +150,9 @@ class KVCache:
             shape = (self.kv_heads, self.capacity, self.head_dim)
             ks, vs = torch.empty(shape, device=device), torch.empty(shape, device=device)  # [nkv, C, hd] x 2
             self._scratch[device] = (ks, vs)
+        if self.quantized:
+            kv_q8.read(self.k[layer], self.ks[layer], self.v[layer], self.vs[layer], end, ks, vs)
+            return ks[:, :end], vs[:, :end]  # [nkv, S, hd] float32 views
         full, rest = divmod(end, KEY_TILE)
         tiled = ks[:, : full * KEY_TILE].view(self.kv_heads, full, KEY_TILE, self.head_dim)  # [nkv, full, 32, hd]
         tiled.copy_(self.k[layer][:, :full].transpose(2, 3))
@@ -136,6 +178,12 @@ class KVCache:
         out = KVCache(self.layers, self.kv_heads, self.head_dim, capacity, self.devices, self.dtype)
         tiles = -(-length // KEY_TILE)
         for i in range(self.layers):
+            if self.quantized:
+                out.ks[i][:, :tiles] = self.ks[i][:, :tiles]
+                out.vs[i][:, :tiles] = self.vs[i][:, :tiles]
+                out.k[i][:, :tiles] = self.k[i][:, :tiles]
+                out.v[i][:, : tiles * KEY_TILE // 4] = self.v[i][:, : tiles * KEY_TILE // 4]
+                continue
             out.k[i][:, :tiles] = self.k[i][:, :tiles]
             out.v[i][:, :length] = self.v[i][:, :length]
         out.tokens = self.tokens[:length]
@@ -143,7 +191,10 @@ class KVCache:
 
 
 def kv_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of the K and V of `positions` positions in every layer (the fit estimate and RAM estimate use this too)."""
+    """Bytes of the K and V of `positions` positions in every layer (the fit estimate and RAM estimate use this too);
+    dtype torch.int8 is the q8_0 cache (int8 values and an f16 scale per 32, positions in whole tiles of 32)."""
+    if dtype == torch.int8:
+        return 2 * layers * kv_heads * (-(-positions // KEY_TILE) * KEY_TILE) * kv_q8.nbytes_per_position(head_dim)
     return 2 * layers * kv_heads * positions * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 

@@ -62,7 +62,8 @@ class ModelInfo:
 
 
 def inspect_model(
-    model: ModelFile | str | os.PathLike[str], *, context_length: int | None = None, backend: str = "Auto"
+    model: ModelFile | str | os.PathLike[str], *, context_length: int | None = None, backend: str = "Auto",
+    kv_cache_type: str = "bf16",
 ) -> ModelInfo:
     """Header facts of an opened model (engine.weights.open_model), or of the model file or folder at a path, with
     `ram`: what loading it with expert backend `backend` and a KV cache of `context_length` (default: the model's)
@@ -89,7 +90,7 @@ def inspect_model(
     else:
         name = model.path.name
     info = _info(str(model.path), model.format, name, model.config, sizes)
-    return dataclasses.replace(info, ram=estimate_ram(info, context_length, backend))
+    return dataclasses.replace(info, ram=estimate_ram(info, context_length, backend, kv_cache_type))
 
 
 _Sizes = list[tuple[str, int, int, int, bool, bool]]
@@ -149,7 +150,7 @@ class RamEstimate:
     weights_bytes: int  # the tensors as the loader holds them (ModelInfo.loaded_bytes)
     packed_bytes: int  # the native backend's packed copy of the routed experts (0 for Torch, and for quantized
     # experts a native backend reads in place)
-    kv_bytes: int  # the bf16 KV cache at context_length, plus its float32 scratch of one layer
+    kv_bytes: int  # the KV cache (bf16 or q8_0) at context_length, plus its float32 scratch of one layer
     transient_bytes: int  # the largest temporary while loading: one layer of quantized experts widened for packing
     # (0 when they are read in place)
 
@@ -158,21 +159,22 @@ class RamEstimate:
         return self.weights_bytes + self.packed_bytes + self.kv_bytes + self.transient_bytes
 
 
-def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto") -> RamEstimate:
+def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto",
+                 kv_cache_type: str = "bf16") -> RamEstimate:
     """RAM a load of the model described by `info` takes with expert backend `backend` and a KV cache of
     `context_length` positions (default: the model's; a larger wish is clamped to it, as a load does). Weights as
     engine.weights holds them (the same held_bytes rule), the packed copy from engine.native's own packed-size function
     and its in-place rule (quantized experts that the block kernels read take no packed copy and no float32 layer; a
     file where only some layers have a type without a block kernel is sized as if every layer were widened), the KV
-    cache from engine.kv_cache's."""
+    cache (of `kv_cache_type`: "bf16" or "q8_0") from engine.kv_cache's, as the loaded model's cache reports it."""
     import torch
 
     from tessera.engine.backends import TORCH, resolve
-    from tessera.engine.kv_cache import kv_bytes
+    from tessera.engine.kv_cache import kv_bytes, kv_dtype
 
     concrete, _ = resolve(backend)
     ctx = min(context_length or info.context_length, info.context_length)  # as engine.session clamps it
-    kv = kv_bytes(info.num_hidden_layers, info.num_key_value_heads, info.head_dim, ctx)
+    kv = kv_bytes(info.num_hidden_layers, info.num_key_value_heads, info.head_dim, ctx, kv_dtype(kv_cache_type))
     kv += kv_bytes(1, info.num_key_value_heads, info.head_dim, ctx, torch.float32)  # the scratch of one layer
     moe_layers = info.num_hidden_layers - len(info.dense_layers)
     E, I, H = info.num_experts, info.moe_intermediate_size, info.hidden_size

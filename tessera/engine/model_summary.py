@@ -95,18 +95,20 @@ def facts(info: ModelInfo) -> dict:
 
 
 def sized_for_load(
-    model: ModelFile | str | os.PathLike[str], *, context_length: int | None = None, backend: str = "Auto"
+    model: ModelFile | str | os.PathLike[str], *, context_length: int | None = None, backend: str = "Auto",
+    kv_cache_type: str = "bf16",
 ) -> ModelInfo:
     """engine.model_info.inspect_model with `ram` sized for the load `engine.load(model, backend=backend,
-    context_length=context_length)` makes: the context a wish clamped to the model's trained one, as the Session does.
+    context_length=context_length, kv_cache_type=kv_cache_type)` makes: the context a wish clamped to the model's
+    trained one, as the Session does.
     An unknown or unavailable backend raises the engine's named error, as loading would."""
     from tessera.engine.model_info import estimate_ram, inspect_model
 
-    info = inspect_model(model, backend=backend)
+    info = inspect_model(model, backend=backend, kv_cache_type=kv_cache_type)
     if context_length is not None:
         ctx = min(context_length, info.context_length)
         if info.ram is None or ctx != info.ram.context_length:
-            info = dataclasses.replace(info, ram=estimate_ram(info, ctx, backend))
+            info = dataclasses.replace(info, ram=estimate_ram(info, ctx, backend, kv_cache_type))
     return info
 
 

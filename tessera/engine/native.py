@@ -137,6 +137,27 @@ def attention_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
     _native.attention_prepare(q, k, v, q_norm, k_norm, cos, sin, eps, kt, vc, start, pool)
 
 
+def attention_q8_kernel(head_dim: int) -> str:
+    """The native attention kernel over a q8_0 KV cache this CPU runs for `head_dim`: "AVX512_VNNI" (int8 products) or
+    "Reference" (scalar, double accumulation over the dequantized cache)."""
+    return str(_native.attention_q8_kernel(head_dim))
+
+
+def attention_q8(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Tensor, vs: torch.Tensor, start: int,
+                 scale: float, out: torch.Tensor, pool, *, kernel: str = "") -> None:
+    """attention_bf16's contract over a q8_0 cache (a KVCache of dtype int8's buffers of one layer, engine.kv_q8's
+    layout): k [nkv, C/32, hd/4, 32, 4] and v [nkv, C/4, hd, 4] int8, ks/vs [nkv, C/32, hd/32, 32] float16.
+    `kernel`: "AVX512_VNNI", "Reference" or "" for attention_q8_kernel(hd)'s; one this CPU cannot run raises
+    ValueError."""
+    _native.attention_q8(q, k, ks, v, vs, start, scale, out, pool, kernel)
+
+
+def quantize_q8_0(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> None:
+    """The native decode step's q8_0 block quantizer (engine.kv_q8's maths): x [n, m] f32 -> q [n, m] int8 and
+    d [n, m/32] float16, overwritten."""
+    _native.quantize_q8_0(x, q, d)
+
+
 def dense_gemm_bf16_available() -> bool:
     """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
     return bool(_native.dense_gemm_bf16_available())
@@ -279,11 +300,12 @@ def reads_blocks(requested: str, concrete: str, experts: LayerExperts) -> bool:
 class PackedLayer:
     """One layer packed for a native backend: a 64-byte-aligned blob, packed now or read from the disk cache."""
 
-    decode = None  # a decode step calls forward (engine.decode_layer runs only block layers in its own call)
-
     def __init__(self, kernel, blob: np.ndarray):
         self.kernel, self.blob = kernel, blob
         self.nbytes = int(blob.nbytes)
+        # The same blob for a decode step that runs the whole layer (and the stack every layer) in one call
+        # (engine.decode_layer): the backend's own forward, called from native code.
+        self.decode = _native.PackedMoeLayer(kernel.name, blob)
 
     def forward(self, ids, w, x, out, pool) -> None:
         self.kernel.forward(self.blob, ids, w, x, out, pool)
@@ -567,18 +589,21 @@ def decode_layer_plan(H: int, nh: int, nkv: int, hd: int, eps: float, input_norm
     engine.decode_layer): norms f32 [H], [H], [hd], [hd]; `weights` the (type, array) of q, k, v, o_proj and `router`
     that of the router (None for a dense-MLP layer), each (GGML type id, raw rows [N, row_bytes] uint8) or (-1, a
     float32/bfloat16/float16 [N, K] tensor). Its `step(x, cos, sin, kt, v, start, h, normed, ids, weights, experts,
-    out, pool)` runs the layer; it keeps every array it was given alive."""
+    out, pool, k_scales=None, v_scales=None)` runs the layer (a q8_0 cache: kt, v its int8 keys and values, and
+    their scales); it keeps every array it was given alive."""
     return _native.DecodeLayer(H, nh, nkv, hd, eps, input_norm, post_norm, q_norm, k_norm,
                                list(weights), router,
                                top_k, norm_topk, isa)
 
 
-def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, weights, counts, out, pool) -> None:
+def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, weights, counts, out, pool,
+                      kss=None, vss=None) -> None:
     """One token through consecutive MoE layers in one call (engine.decode_layer.DecodeStack): `plans` their
-    decode_layer_plan objects, `experts` their QuantMoeLayer (ExpertBackend.decode_experts), `kts`/`vs` their cache
-    buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k], counts int64 [L, E]
-    (tokens routed to each expert) and out f32 [1, H] (the last layer's output)."""
-    _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool)
+    decode_layer_plan objects, `experts` their QuantMoeLayer or PackedMoeLayer (ExpertBackend.decode_experts),
+    `kts`/`vs` their cache buffers; layer i reads layer i-1's output. Overwrites ids int64 [L, k], weights f32 [L, k],
+    counts int64 [L, E] (tokens routed to each expert) and out f32 [1, H] (the last layer's output). A q8_0 cache:
+    `kts`/`vs` its int8 keys and values, `kss`/`vss` their float16 scales."""
+    _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool, kss, vss)
 
 
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,

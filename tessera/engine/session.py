@@ -33,6 +33,7 @@ def load(
     backend: str = "Auto",
     threads: int | None = None,
     context_length: int | None = None,
+    kv_cache_type: str = "bf16",
     progress: Progress = None,
     cancel: threading.Event | None = None,
     prefix_cache_bytes: int | None = None,
@@ -43,12 +44,14 @@ def load(
 
     placement: None (everything on the CPU), a rules file, a PlacementPlan or PlacementSettings (engine.hybrid);
     twin: run the plan's GPU half on the CPU with the same code path (the CPU twin).
+    kv_cache_type: "bf16" (default) or "q8_0" (int8 K/V with an f16 scale per 32 values: engine.kv_q8; CPU layers only).
     """
     from tessera.engine.model_info import inspect_model
     from tessera.engine.tokenizer import Tokenizer
     from tessera.engine.weights import load_weights, open_model
 
     path = Path(path)
+    _check_kv_cache_type(kv_cache_type)
     if threads is not None:
         if threads < 1:
             raise TesseraError("--threads", f"must be >= 1, got {threads}")
@@ -57,20 +60,27 @@ def load(
     # the file into the page cache on a thread, in file order, while the loader and the first forward walk it
     ahead = readahead.start(part.path for part in model.gguf.files) if model.gguf is not None else None
     try:
-        info = inspect_model(model)
+        info = inspect_model(model, kv_cache_type=kv_cache_type)
         weights = load_weights(model, progress=progress, cancel=cancel)
         _check_cancel(cancel)
         tokenizer = Tokenizer.from_model(model)
         _check_cancel(cancel)
         session = Session(path, weights, tokenizer, info, backend=backend, threads=threads,
                           context_length=context_length, progress=progress, prefix_cache_bytes=prefix_cache_bytes,
-                          placement=placement, twin=twin)
+                          placement=placement, twin=twin, kv_cache_type=kv_cache_type)
     except BaseException:
         if ahead is not None:
             ahead.stop()
         raise
     session.readahead = ahead
     return session
+
+
+def _check_kv_cache_type(name: str) -> None:
+    from tessera.engine.kv_cache import KV_DTYPES
+
+    if name not in KV_DTYPES:
+        raise TesseraError("--kv-cache-type", f"{name!r} is not one of {', '.join(KV_DTYPES)}")
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -95,7 +105,14 @@ class Session:
 
     def __init__(self, path: Path, weights, tokenizer, info, *, backend: str = "Auto", threads: int | None = None,
                  context_length: int | None = None, progress: Progress = None, prefix_cache_bytes: int | None = None,
-                 placement: PlacementArg = None, twin: bool = False):
+                 placement: PlacementArg = None, twin: bool = False, kv_cache_type: str = "bf16"):
+        from tessera.engine.kv_cache import KV_DTYPES
+
+        _check_kv_cache_type(kv_cache_type)
+        if kv_cache_type == "q8_0" and weights.config.head_dim % 32:
+            raise TesseraError("--kv-cache-type", f"q8_0 needs a head dim that is a multiple of 32; this model's is "
+                                                  f"{weights.config.head_dim} (use bf16)")
+        self.kv_cache_type = kv_cache_type
         self.path, self.config, self.tokenizer, self.info, self.threads = path, weights.config, tokenizer, info, threads
         limit = self.config.max_position_embeddings
         if context_length is not None and context_length < 2:
@@ -113,7 +130,11 @@ class Session:
         self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
         if progress is not None:
             progress(ProgressEvent("prepare", 0, 1, "non-expert weights"))
-        self.model = Qwen3MoeModel(weights, parts.experts, parts.devices)
+        self.model = Qwen3MoeModel(weights, parts.experts, parts.devices, kv_dtype=KV_DTYPES[kv_cache_type])
+        gpu = sorted({str(b.device) for b in self.model.layers if b.device.type != "cpu"})
+        if kv_cache_type == "q8_0" and gpu:  # the torch path could dequantize there, but nothing has tested it
+            raise TesseraError("--kv-cache-type", f"q8_0 runs attention on the CPU only; this placement puts layers on "
+                                                  f"{', '.join(gpu)} (use bf16 there)")
         self.model.source_experts = self._layers  # engine.finite names a damaged expert tensor from these
         if progress is not None:
             progress(ProgressEvent("prepare", 1, 1, ""))

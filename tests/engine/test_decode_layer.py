@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tessera.engine import attention, native
+from tessera.engine import attention, backends, native
 from tessera.engine.experts import TorchExperts
 from tessera.engine.model import Qwen3MoeModel, RoutingStats, layer_experts
 from tessera.engine.weights import load_weights
@@ -105,12 +105,13 @@ def test_native_step_matches_the_python_path(model_file, backend):
 
 
 def test_the_whole_model_call_equals_the_per_layer_calls(model_file):
-    """Where every layer is an MoE layer with quantized experts read in place, a decode step is one native call for
-    all layers; it runs the same per-layer code in the same order, so it equals the per-layer steps bit for bit."""
+    """Where every layer is an MoE layer whose experts the backend hands over natively (quantized experts read in
+    place, or a float file's packed copy), a decode step is one native call for all layers; it runs the same per-layer
+    code in the same order, so it equals the per-layer steps bit for bit."""
     name, path = model_file
     model = _model(path, "Auto")
     cfg = model.config
-    stacked = name in ("q8_0", "q4_k_m")  # every layer MoE, experts read as blocks in place
+    stacked = "dense" not in name  # every layer MoE (Auto: blocks in place, or AVX512Int8's packed copy)
     assert (model.decode_stack is not None and model.decode_stack.runs(torch.zeros(1, cfg.hidden_size),
             model.new_cache(4), model.experts)) == stacked
     ids = torch.randint(0, cfg.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(4))
@@ -158,13 +159,12 @@ def test_a_decode_step_makes_one_native_call_per_layer_or_one_for_all(model_file
         monkeypatch.setattr(native, fn, lambda *a, fn=fn: pytest.fail(f"{fn} called from Python"))
     logits = model.forward(ids[PROMPT:], cache)
     assert torch.isfinite(logits).all()
-    if name in ("q8_0", "q4_k_m"):  # every layer MoE with quantized experts: one call for the whole model
+    if "dense" not in name:  # every layer MoE with native experts (blocks or packed): one call for the whole model
         assert stack_calls == [1] and calls == []
         return
     moe_layers = [i for i in range(model.config.num_hidden_layers) if model.config.is_moe_layer(i)]
     assert stack_calls == [] and len(calls) == model.config.num_hidden_layers
-    quantized_experts = name.startswith("q")  # block kernels in place: the experts run inside the same call
-    assert calls == [quantized_experts and i in moe_layers for i in range(len(calls))]
+    assert calls == [i in moe_layers for i in range(len(calls))]  # each MoE layer's experts inside its own call
 
 
 def test_outputs_are_overwritten_and_a_position_past_capacity_is_refused(model_file):
@@ -210,6 +210,70 @@ def test_outputs_are_overwritten_and_a_position_past_capacity_is_refused(model_f
         native.decode_stack_step(*args, capacity, ids, weights, counts, out, model.experts.pool)
     with pytest.raises(ValueError, match="counts: expected shape"):
         native.decode_stack_step(*args, 5, ids, weights, counts[:1], out, model.experts.pool)
+
+
+PACKED_BACKENDS = [b.name for b in backends.table() if b.available and b.name not in ("Auto", "Torch")]
+
+
+@pytest.fixture(scope="module")
+def bf16_file(tmp_path_factory):
+    from tessera.engine.make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("bf16") / "m.gguf", preset="tiny-kquant", fmt="gguf", dtype="bf16")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("backend", PACKED_BACKENDS)
+def test_packed_experts_inside_the_step_equal_their_forward_from_python(bf16_file, backend, threads):
+    """A float file's experts packed by `backend` run inside the native step (PackedMoeLayer: the backend's forward,
+    called from native code) and in the whole-model call; both equal the per-layer steps whose experts Python runs
+    through the same forward on the same pool, bit for bit, with the same routing and the same K/V."""
+    w = load_weights(bf16_file)
+    experts = native.make_backend(backend, layer_experts(w.config, w.tensors), threads=threads)
+    model = Qwen3MoeModel(w, experts)
+    cfg = model.config
+    assert all(type(experts.decode_experts(i)).__name__ == "PackedMoeLayer" for i in range(cfg.num_hidden_layers))
+    assert model.decode_stack.runs(torch.zeros(1, cfg.hidden_size), model.new_cache(4), experts)
+    ids = torch.randint(0, cfg.vocab_size, (PROMPT + 6,), generator=torch.Generator().manual_seed(6))
+    cache = model.new_cache(PROMPT + 6)
+    model.forward(ids[:PROMPT], cache)
+    for t in range(PROMPT, PROMPT + 6):
+        caches = [cache.copy_prefix(t) for _ in range(3)]
+        stacked, stacked_stats = _step(model, ids[t : t + 1], caches[0], native_step=True)
+        layered, layered_stats = _step(model, ids[t : t + 1], caches[1], native_step=True, stack=False)
+        real = experts.decode_experts
+        experts.decode_experts = lambda layer: None  # the step stops after the router; Python calls forward
+        model.decode_stack._experts = (None, None)  # decided again for this "backend"
+        try:
+            python, python_stats = _step(model, ids[t : t + 1], caches[2], native_step=True, stack=False)
+        finally:
+            experts.decode_experts = real
+            model.decode_stack._experts = (None, None)
+        assert torch.isfinite(python).all()
+        assert torch.equal(stacked, python) and torch.equal(layered, python)
+        for stats in (stacked_stats, layered_stats):
+            assert all(torch.equal(stats.counts[i], python_stats.counts[i]) for i in python_stats.counts)
+        tile, lane = divmod(t, 32)
+        for layer in range(cfg.num_hidden_layers):  # the filled positions (copy_prefix leaves the rest unset)
+            assert all(torch.equal(c.v[layer][:, : t + 1], caches[2].v[layer][:, : t + 1]) for c in caches[:2])
+            assert all(torch.equal(c.k[layer][:, :tile], caches[2].k[layer][:, :tile]) for c in caches[:2])
+            assert all(torch.equal(c.k[layer][:, tile, :, : lane + 1], caches[2].k[layer][:, tile, :, : lane + 1])
+                       for c in caches[:2])
+        cache = caches[2]
+
+
+def test_a_packed_layer_is_refused_by_another_backend(bf16_file):
+    w = load_weights(bf16_file)
+    experts = native.make_backend("AVX512Int8" if "AVX512Int8" in PACKED_BACKENDS else PACKED_BACKENDS[0],
+                                  layer_experts(w.config, w.tensors), threads=2)
+    blob = experts.layers[0].blob
+    other = next(name for name in PACKED_BACKENDS if name != experts.name)
+    with pytest.raises(ValueError, match="backend"):
+        native._native.PackedMoeLayer(other, blob)
+    with pytest.raises(ValueError, match="no backend named Nope"):
+        native._native.PackedMoeLayer("Nope", blob)
+    with pytest.raises(ValueError, match="too small|shorter"):
+        native._native.PackedMoeLayer(experts.name, blob[:32])
 
 
 def test_the_python_path_keeps_what_the_native_step_does_not_take(model_file):

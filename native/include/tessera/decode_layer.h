@@ -1,7 +1,8 @@
 // One decoder layer of a Qwen3-MoE model at T = 1 on the CPU, in one native call: input RMSNorm -> q/k/v mat-vecs ->
 // per-head q/k RMSNorm -> RoPE (neox halves, as HF Qwen3) -> K/V appended to the bf16 cache in its tiled layout ->
 // attention over the cache (attention_bf16) -> o_proj -> residual -> post-attention RMSNorm -> router mat-vec ->
-// softmax / top-k / renormalise -> (optionally) the routed experts on quantized blocks (quant_moe_forward) -> residual.
+// softmax / top-k / renormalise -> (optionally) the routed experts on quantized blocks (quant_moe_forward) or a backend's
+// packed copy (BackendOps::forward) -> residual.
 // It replaces ~60 small torch ops and Python calls per layer of a decode step with one call: the same arithmetic as
 // tessera/engine/model.py's Python path (the same mat-vec kernels, bit for bit, for quantized and 16-bit weights), only
 // the norms, RoPE, softmax and the f32 mat-vec sum in another order.
@@ -11,6 +12,7 @@
 #pragma once
 #include <cstdint>
 
+#include "tessera/backend.h"
 #include "tessera/pool.h"
 #include "tessera/quant.h"
 
@@ -42,11 +44,14 @@ struct DecodeLayerPlan {
   QIsa isa = QIsa::Reference;         // of the quantized mat-vecs (the one engine.dense's Linear uses: the best)
 };
 
-// The routed experts of one layer on quantized blocks (tessera/quant.h's QMoeArgs without the per-call parts).
+// The routed experts of one layer: on quantized blocks (tessera/quant.h's QMoeArgs without the per-call parts), or,
+// when `packed_ops` is set, a backend's packed blob (tessera/backend.h) run by that backend's forward.
 struct DecodeExperts {
   int64_t E = 0, I = 0;
-  QWeights gate, up, down;  // [E, I, H], [E, I, H], [E, H, I] rows
+  QWeights gate, up, down;  // [E, I, H], [E, I, H], [E, H, I] rows (blocks only)
   QIsa isa = QIsa::Reference;
+  const BackendOps* packed_ops = nullptr;  // packed only: the backend that packed `packed` (its header names it)
+  const uint8_t* packed = nullptr;         // packed only: the layer's blob, 64-byte aligned
 };
 
 // The per-step parts. x is not modified; every output is overwritten.
@@ -56,6 +61,11 @@ struct DecodeStep {
   const float* sin = nullptr;  // [hd]
   uint16_t* kt = nullptr;      // [nkv, ceil(C/32), hd, 32] bf16: this layer's keys (position `start` is written)
   uint16_t* v = nullptr;       // [nkv, C, hd] bf16
+  // Or a q8_0 cache (tessera/attention_q8.h; then kt and v are null): int8 keys/values and their f16 scales.
+  int8_t* k8 = nullptr;
+  uint16_t* ks = nullptr;
+  int8_t* v8 = nullptr;
+  uint16_t* vs = nullptr;
   int64_t C = 0, start = 0;    // capacity, this token's position (start < C; checked by the caller)
   float* h = nullptr;          // [H] out: x + attention
   float* normed = nullptr;     // [H] out: post_attention_layernorm(h)
@@ -74,6 +84,10 @@ struct DecodeStackLayer {
   const DecodeExperts* experts = nullptr;  // E = plan->router.N
   uint16_t* kt = nullptr;                  // this layer's cache buffers (DecodeStep's kt, v)
   uint16_t* v = nullptr;
+  int8_t* k8 = nullptr;                    // or a q8_0 cache's (DecodeStep's k8, ks, v8, vs)
+  uint16_t* ks = nullptr;
+  int8_t* v8 = nullptr;
+  uint16_t* vs = nullptr;
   int64_t* ids = nullptr;                  // [k] out
   float* weights = nullptr;                // [k] out
   int64_t* counts = nullptr;               // [E] out: tokens routed to each expert (0 or 1 at T = 1)

@@ -7,6 +7,8 @@ import sys
 
 from tessera.engine import backends
 
+KV_CACHE_TYPES = ("bf16", "q8_0")  # engine.kv_cache.KV_DTYPES' user choices (its f32 is for reference checks)
+
 
 def add_load_arguments(p: argparse.ArgumentParser, *, model_optional: bool = False) -> None:
     if model_optional:  # commands that can also run on a remote server (--remote URL)
@@ -21,6 +23,9 @@ def add_load_arguments(p: argparse.ArgumentParser, *, model_optional: bool = Fal
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: PyTorch's choice)")
     p.add_argument("--context-length", type=int, default=None, metavar="N",
                    help="context length in tokens (default: the model's)")
+    p.add_argument("--kv-cache-type", default="bf16", choices=KV_CACHE_TYPES, metavar="TYPE",
+                   help="KV cache storage: bf16 (default) or q8_0 (int8 with a scale per 32 values, as llama.cpp's "
+                        "-ctk/-ctv q8_0: about half the RAM, faster decode at long contexts; CPU only)")
     g = p.add_argument_group("placement (hybrid CPU/GPU)")
     g.add_argument("--placement", default=None, metavar="RULES",
                    help="placement rules file (KTransformers-style YAML; see tessera/resources/placement/); "
@@ -114,7 +119,8 @@ def load_session(args):
     from tessera import engine
 
     session = engine.load(args.model, backend=args.backend, threads=args.threads, context_length=args.context_length,
-                          placement=placement_of(args), twin=args.twin, progress=_print_load_notice)
+                          kv_cache_type=args.kv_cache_type, placement=placement_of(args), twin=args.twin,
+                          progress=_print_load_notice)
     if args.explain:
         print(session.explain(), file=sys.stderr)
     return session
