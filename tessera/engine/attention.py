@@ -54,10 +54,16 @@ def uses_native(cache: KVCache, layer: int) -> bool:
             and native_kernel(cache.head_dim) != "Reference")
 
 
+def prepares_native(cache: KVCache, layer: int) -> bool:
+    """Whether prepare_attend_native runs this layer's step: a bf16 cache the native kernel reads (a q8_0 cache is
+    written by KVCache.write and read by attend)."""
+    return not cache.quantized and uses_native(cache, layer)
+
+
 def prepare_attend_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor,
                           k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                           layer: int, pool=None) -> torch.Tensor:
-    """A step of engine.model.Attention after its projections, all native (where uses_native(cache, layer)): q
+    """A step of engine.model.Attention after its projections, all native (where prepares_native(cache, layer)): q
     [T, nh*hd], k, v [T, nkv*hd] as projected, of the positions after the cache's committed ones -> [T, nh*hd].
     One pass on the pool norms (RMSNorm per head) and rotates (RoPE, cos/sin [T, hd]) q in place and k, and writes
     k, v to the cache as bf16 (`native.attention_prepare`; what rms_norm, Rope.apply and KVCache.write do, which torch

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from tessera.engine.attention import attend, prepare_attend_native, uses_native
+from tessera.engine.attention import attend, prepare_attend_native, prepares_native
 from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
     FusedMatvec,
@@ -102,7 +102,7 @@ class Attention:
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv(x)  # [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
-        if uses_native(cache, layer):  # norms, RoPE, the append and the kernel in two native calls
+        if prepares_native(cache, layer):  # norms, RoPE, the append and the kernel in two native calls
             out = prepare_attend_native(q, k, v, self.q_norm, self.k_norm, self.eps, cos, sin, cache, layer, self.pool)
             return self.o_proj(out)  # [T, H]
         q = q.view(T, self.nh, self.hd)  # [T, nh, hd]
