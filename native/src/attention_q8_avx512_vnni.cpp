@@ -44,6 +44,7 @@ struct Q8Scratch {
   std::vector<uint8_t> wq;     // [rows, nb, 32] p * value scale as uint8
   std::vector<float> wd;       // [rows, nb] their scales
   std::vector<float> acc, m, l, alpha;
+  std::vector<float> mx, c;    // [rows] the block's largest score and exp(mx - m) (softmax_and_weights' phases)
   std::vector<int64_t> visible;
 };
 
@@ -173,42 +174,58 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, const uint16_t*
     dvn[2 * b + 1] = _mm512_mul_ps(d1, f);
     dvs[b] = mx / 255.0f;
   }
+  // In phases over the rows, each a loop whose iterations are independent, so that the out-of-order core overlaps
+  // the rows' long dependency chains (reductions, exp): one row after another measured ~150 cycles a row.
+  // (1) each row's block maximum (-inf for a row that sees none of these keys), the scores masked in place;
+  float* mx = w.mx.data();
   for (int64_t r = 0; r < rows; ++r) {
     float* row = w.s.data() + r * kKeys;
-    const int64_t n = std::min<int64_t>(w.visible[size_t(r)], kKeys);
+    const __m512i seen = _mm512_set1_epi32(int(std::min<int64_t>(w.visible[size_t(r)], kKeys)));
+    const __m512 x0 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(lanes, seen), ninf, _mm512_loadu_ps(row));
+    const __m512 x1 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), seen), ninf,
+                                           _mm512_loadu_ps(row + 16));
+    _mm512_storeu_ps(row, x0);
+    _mm512_storeu_ps(row + 16, x1);
+    mx[r] = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+  }
+  // (2) 16 rows at a time: m_new = max(m, mx), alpha = exp(m - m_new) rescales the accumulator, c = exp(mx - m_new)
+  // is the block's largest probability (every row's probabilities are c * exp(x - mx)); a row that sees no key keeps
+  // alpha 1 and gets c 0.
+  float* cs = w.c.data();
+  for (int64_t r = 0; r < rows; r += 16) {
+    const __mmask16 in = rows - r >= 16 ? __mmask16(0xffff) : __mmask16((1u << (rows - r)) - 1u);
+    const __m512 vmx = _mm512_mask_loadu_ps(ninf, in, mx + r), vm = _mm512_mask_loadu_ps(ninf, in, w.m.data() + r);
+    const __mmask16 sees = _mm512_cmp_ps_mask(vmx, ninf, _CMP_NEQ_OQ);
+    const __m512 mn = _mm512_max_ps(vm, vmx);
+    const __m512 alpha = _mm512_mask_blend_ps(sees, _mm512_set1_ps(1.0f), exp_nonpositive(_mm512_sub_ps(vm, mn)));
+    const __m512 c = _mm512_maskz_mov_ps(sees, exp_nonpositive(_mm512_sub_ps(vmx, mn)));
+    _mm512_mask_storeu_ps(w.alpha.data() + r, in, alpha);
+    _mm512_mask_storeu_ps(cs + r, in, c);
+    _mm512_mask_storeu_ps(w.m.data() + r, in, _mm512_mask_blend_ps(sees, vm, mn));
+  }
+  // (3) e = exp(x - mx) (largest exactly 1), l += c * sum(e), and the weights c * e_j * dv_j,b as uint8 e_j * dvn_b
+  // with the step c * dvs_b.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = w.s.data() + r * kKeys;
     uint8_t* wq = w.wq.data() + r * nb * kKeys;
     float* wd = w.wd.data() + r * nb;
-    if (n <= 0) {  // the row sees none of these keys: weights 0, accumulator unchanged
-      w.alpha[size_t(r)] = 1.0f;
+    const float c = cs[r];
+    if (!(c > 0.0f)) {  // sees none of these keys (or all of them weigh < e^-87 of the largest): weights 0
+      w.l[size_t(r)] *= w.alpha[size_t(r)];
       std::memset(wq, 0, size_t(nb * kKeys));
       std::fill(wd, wd + nb, 0.0f);
       continue;
     }
-    const __m512i seen = _mm512_set1_epi32(int(n));
-    const __mmask16 m0 = _mm512_cmplt_epi32_mask(lanes, seen);
-    const __mmask16 m1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), seen);
-    const __m512 x0 = _mm512_mask_blend_ps(m0, ninf, _mm512_loadu_ps(row));
-    const __m512 x1 = _mm512_mask_blend_ps(m1, ninf, _mm512_loadu_ps(row + 16));
-    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-    float& m = w.m[size_t(r)];
-    const float m_new = std::max(m, mx);
-    const __m512 mn = _mm512_set1_ps(m_new);
-    const __m512 p0 = _mm512_maskz_mov_ps(m0, exp_nonpositive(_mm512_sub_ps(x0, mn)));
-    const __m512 p1 = _mm512_maskz_mov_ps(m1, exp_nonpositive(_mm512_sub_ps(x1, mn)));
-    const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
-    w.alpha[size_t(r)] = alpha;
-    const __m512 psum = _mm512_add_ps(p0, p1);
-    w.l[size_t(r)] = w.l[size_t(r)] * alpha + _mm512_reduce_add_ps(psum);
-    m = m_new;
-    const float pmax = _mm512_reduce_max_ps(_mm512_max_ps(p0, p1));  // > 0 unless exp underflowed (< e^-87)
-    const __m512 e0 = _mm512_mul_ps(p0, _mm512_set1_ps(pmax > 0.0f ? 1.0f / pmax : 0.0f));
-    const __m512 e1 = _mm512_mul_ps(p1, _mm512_set1_ps(pmax > 0.0f ? 1.0f / pmax : 0.0f));
+    const __m512 top = _mm512_set1_ps(mx[r]);
+    const __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row), top));  // masked keys: exp(-inf) = 0
+    const __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + 16), top));
+    w.l[size_t(r)] = w.l[size_t(r)] * w.alpha[size_t(r)] + c * _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
     for (int64_t b = 0; b < nb; ++b) {  // e * dvn in [0, 255]: rounded to nearest, saturated (rounding can add ulps)
       const __m512i u0 = _mm512_cvtps_epu32(_mm512_mul_ps(e0, dvn[2 * b]));
       const __m512i u1 = _mm512_cvtps_epu32(_mm512_mul_ps(e1, dvn[2 * b + 1]));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys), _mm512_cvtusepi32_epi8(u0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys + 16), _mm512_cvtusepi32_epi8(u1));
-      wd[b] = pmax * dvs[b];
+      wd[b] = c * dvs[b];
     }
   }
 }
@@ -243,6 +260,8 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
     w.m.assign(size_t(rows), -INFINITY);
     w.l.assign(size_t(rows), 0.0f);
     w.alpha.resize(size_t(rows));
+    w.mx.resize(size_t(rows));
+    w.c.resize(size_t(rows));
     w.visible.resize(size_t(rows));
     load_queries(a, h, t0, t1, g, w);
     const int64_t kend = std::min(a.start + t1, (split + 1) * blocks_per_split * kKeys);  // causal end of the range

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "quant_kernels.h"
@@ -136,6 +137,53 @@ void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, i
 
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
+// The MoE's prefill GEMM on AVX-512 VNNI: each expert with kGemmMinTokens tokens or more in a chunk has its tokens
+// packed for the GEMM once (16 at a time, on the pool), shared by all its row groups and, when their packings agree,
+// by gate and up; a task then runs kRowGroup rows over up to kGemmBlock of its tokens, so each row is decoded once per
+// kGemmBlock tokens. Per (row, token) the arithmetic of gemm_avx512_vnni (bit-identical to it).
+struct ExpertPacking {
+  std::vector<size_t> off;  // per active expert: byte offset of its packed tokens, or kNone (row path)
+  size_t group_bytes = 0;
+  uint8_t* base = nullptr;
+  static constexpr size_t kNone = ~size_t(0);
+};
+
+// Packs, for each active expert e with is_gemm(n_e), the rows act_row(e, s) of its slots s into `buf` (type t,
+// K values): on the pool, one task per 16-token group.
+template <class IsGemm, class ActRowOf>
+void pack_experts(QType t, int64_t K, const std::vector<int64_t>& active,
+                  const std::vector<std::vector<int64_t>>& slots, IsGemm is_gemm, ActRowOf act_row,
+                  std::vector<uint8_t>& buf, ExpertPacking& p, ThreadPool& pool) {
+  p.group_bytes = quant::gemm_avx512_vnni_packed_bytes(t, K, 16);
+  p.off.assign(active.size(), ExpertPacking::kNone);
+  std::vector<std::pair<int64_t, int64_t>> groups;  // (active index, 16-token group)
+  size_t total = 0;
+  for (size_t ai = 0; ai < active.size(); ++ai) {
+    const int64_t n = int64_t(slots[size_t(active[ai])].size());
+    if (!is_gemm(n)) continue;
+    p.off[ai] = total;
+    for (int64_t g = 0; g * 16 < n; ++g) groups.emplace_back(int64_t(ai), g);
+    total += size_t((n + 15) / 16) * p.group_bytes;
+  }
+  if (buf.size() < total + 64) buf.resize(total + 64);
+  p.base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  pool.parallel_for(int64_t(groups.size()), [&](int64_t task, int) {
+    const auto [ai, g] = groups[size_t(task)];
+    const auto& sl = slots[size_t(active[size_t(ai)])];
+    ActRow xs[16];
+    const int n = int(std::min<int64_t>(16, int64_t(sl.size()) - 16 * g));
+    for (int i = 0; i < n; ++i) xs[i] = act_row(sl[size_t(16 * g + i)]);
+    quant::gemm_avx512_vnni_pack(t, K, xs, n, p.base + p.off[size_t(ai)] + size_t(g) * p.group_bytes);
+  });
+}
+
+// Per-thread result buffers of a GEMM task ([row, token]), grown on demand.
+float* task_buffer(int which, size_t n) {
+  thread_local std::vector<float> buf[2];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
+}
+
 }  // namespace
 
 int quant_gemm_min_tokens(QIsa isa, QType t) {
@@ -192,10 +240,30 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
   const bool wide_g = qtype_info(a.gate.type).wide, wide_u = qtype_info(a.up.type).wide,
              wide_d = qtype_info(a.down.type).wide;
+  // Prefill on AVX-512 VNNI: experts with kGemmMinTokens tokens or more take the packed GEMM (ExpertPacking), and
+  // SiLU is the vector one; decode (T = 1) keeps the mat-vec and the scalar SiLU.
+  const bool prefill_vnni = isa == QIsa::AVX512VNNI && a.T > 1;
+  auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= quant::kGemmMinTokens; };
+  const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
   Tiles tiles_g(pool.size(), H), tiles_u(pool.size(), H), tiles_d(pool.size(), I);
   Acts xa, ha;
   std::vector<float> act, y;
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // per expert: slots (t * k + j, t local to the chunk)
+  thread_local std::vector<uint8_t> buf_g, buf_u, buf_d;  // packed tokens (grown on demand, kept for the next call)
+  ExpertPacking pk_g, pk_u, pk_d;
+
+  // g [R, nt] and u [R, nt] of slots sl[s0 ..] -> act[slot, i0 + r] = silu(g) * u.
+  auto store_act = [&](float* g, const float* u, int R, int nt, const std::vector<int64_t>& sl, int64_t s0,
+                       int64_t i0) {
+    if (prefill_vnni) {
+      quant::silu_mul_avx512(g, u, int64_t(R) * nt);
+      for (int s = 0; s < nt; ++s)  // token-major: each slot's R outputs are contiguous
+        for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = g[r * nt + s];
+      return;
+    }
+    for (int s = 0; s < nt; ++s)
+      for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = silu(g[r * nt + s]) * u[r * nt + s];
+  };
 
   for (int64_t c0 = 0; c0 < a.T; c0 += kMoeChunk) {
     const int64_t T = std::min(kMoeChunk, a.T - c0);
@@ -210,46 +278,64 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
     xa.resize(T, H);
     pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
+    if (prefill_vnni) {
+      auto x_row = [&](int64_t slot) { return xa.row(slot / k); };
+      pack_experts(a.gate.type, H, active, slots, is_gemm, x_row, buf_g, pk_g, pool);
+      if (!share_gu) pack_experts(a.up.type, H, active, slots, is_gemm, x_row, buf_u, pk_u, pool);
+    }
+    const ExpertPacking& pu = share_gu ? pk_g : pk_u;
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
     act.resize(size_t(T * k * I));
+    auto block_of = [&](int64_t e) {  // tokens per task
+      return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
+    };
     auto tasks_of = [&](int64_t rows, int64_t e) {
-      return ((rows + kRowGroup - 1) / kRowGroup) * ((int64_t(slots[size_t(e)].size()) + kTokenBlock - 1) / kTokenBlock);
+      const int64_t tb = block_of(e);
+      return ((rows + kRowGroup - 1) / kRowGroup) * ((int64_t(slots[size_t(e)].size()) + tb - 1) / tb);
     };
     std::vector<int64_t> start(active.size() + 1, 0);
     for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(I, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
       const int64_t e = active[ai], local = task - start[ai], n_rg = (I + kRowGroup - 1) / kRowGroup;
-      const int64_t rg = local % n_rg, tb = local / n_rg;
+      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
       const auto& sl = slots[size_t(e)];
-      const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (block_path(kr, a.gate.type, s1 - s0) && block_path(kr, a.up.type, s1 - s0)) {  // one path for both
+      const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
+      const int nt = int(s1 - s0);
+      const int64_t i0 = rg * kRowGroup;
+      const int R = int(std::min(I, i0 + kRowGroup) - i0);
+      if (prefill_vnni && pk_g.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
+        float* g = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
+        float* u = task_buffer(1, size_t(kRowGroup * kGemmBlock));
+        quant::gemm_avx512_vnni_packed(a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H,
+                                       pk_g.base + pk_g.off[ai] + size_t(s0 / 16) * pk_g.group_bytes, nt, g);
+        quant::gemm_avx512_vnni_packed(a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H,
+                                       pu.base + pu.off[ai] + size_t(s0 / 16) * pu.group_bytes, nt, u);
+        store_act(g, u, R, nt, sl, s0, i0);
+        return;
+      }
+      if (block_path(kr, a.gate.type, nt) && block_path(kr, a.up.type, nt)) {  // one path for both
         ActRow xs[kTokenBlock];
         float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
-        const int nt = int(s1 - s0);
-        const int64_t i0 = rg * kRowGroup;
-        const int R = int(std::min(I, i0 + kRowGroup) - i0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
         dot_block(kr, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H, xs, nt, g);
         dot_block(kr, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H, xs, nt, u);
-        for (int64_t s = s0; s < s1; ++s)  // token-major: each slot's R outputs are contiguous
-          for (int r = 0; r < R; ++r)
-            act[size_t(sl[size_t(s)] * I + i0 + r)] = silu(g[r * nt + (s - s0)]) * u[r * nt + (s - s0)];
+        store_act(g, u, R, nt, sl, s0, i0);
         return;
       }
       Tile &tg = tiles_g[ith], &tu = tiles_u[ith];
       float g[kTileRows], u[kTileRows];
-      for (int64_t i0 = rg * kRowGroup; i0 < std::min(I, (rg + 1) * kRowGroup); i0 += kTileRows) {
-        const int R = int(std::min<int64_t>(kTileRows, I - i0));
-        tg.unpack(kr, a.gate, e * I + i0, R, H);
-        tu.unpack(kr, a.up, e * I + i0, R, H);
+      for (int64_t r0 = i0; r0 < i0 + R; r0 += kTileRows) {
+        const int Rt = int(std::min<int64_t>(kTileRows, I - r0));
+        tg.unpack(kr, a.gate, e * I + r0, Rt, H);
+        tu.unpack(kr, a.up, e * I + r0, Rt, H);
         for (int64_t s = s0; s < s1; ++s) {
           const ActRow xr = xa.row(sl[size_t(s)] / k);
-          tg.dot(kr, R, H, xr, wide_g, g);
-          tu.dot(kr, R, H, xr, wide_u, u);
-          float* dst = act.data() + sl[size_t(s)] * I + i0;
-          for (int r = 0; r < R; ++r) dst[r] = silu(g[r]) * u[r];
+          tg.dot(kr, Rt, H, xr, wide_g, g);
+          tu.dot(kr, Rt, H, xr, wide_u, u);
+          float* dst = act.data() + sl[size_t(s)] * I + r0;
+          for (int r = 0; r < Rt; ++r) dst[r] = silu(g[r]) * u[r];
         }
       }
     });
@@ -262,6 +348,9 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     pool.parallel_for(int64_t(used.size()), [&](int64_t n, int) {
       ha.quantize(kr, used[size_t(n)], act.data() + used[size_t(n)] * I);
     });
+    if (prefill_vnni)
+      pack_experts(a.down.type, I, active, slots, is_gemm, [&](int64_t slot) { return ha.row(slot); }, buf_d, pk_d,
+                   pool);
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
     y.resize(size_t(T * k * H));
@@ -269,15 +358,23 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
       const int64_t e = active[ai], local = task - start[ai], n_rg = (H + kRowGroup - 1) / kRowGroup;
-      const int64_t rg = local % n_rg, tb = local / n_rg;
+      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
       const auto& sl = slots[size_t(e)];
-      const int64_t s0 = tb * kTokenBlock, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + kTokenBlock);
-      if (block_path(kr, a.down.type, s1 - s0)) {
+      const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
+      const int nt = int(s1 - s0);
+      const int64_t h0 = rg * kRowGroup;
+      const int R = int(std::min(H, h0 + kRowGroup) - h0);
+      if (prefill_vnni && pk_d.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
+        float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
+        quant::gemm_avx512_vnni_packed(a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R,
+                                       I, pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
+        for (int s = 0; s < nt; ++s)
+          for (int r = 0; r < R; ++r) y[size_t(sl[size_t(s0 + s)] * H + h0 + r)] = res[r * nt + s];
+        return;
+      }
+      if (block_path(kr, a.down.type, nt)) {
         ActRow xs[kTokenBlock];
         float res[kRowGroup * kTokenBlock];  // [row, token]
-        const int nt = int(s1 - s0);
-        const int64_t h0 = rg * kRowGroup;
-        const int R = int(std::min(H, h0 + kRowGroup) - h0);
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
         dot_block(kr, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I, xs, nt, res);
         for (int64_t s = s0; s < s1; ++s)
@@ -286,13 +383,13 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       }
       Tile& td = tiles_d[ith];
       float res[kTileRows];
-      for (int64_t h0 = rg * kRowGroup; h0 < std::min(H, (rg + 1) * kRowGroup); h0 += kTileRows) {
-        const int R = int(std::min<int64_t>(kTileRows, H - h0));
-        td.unpack(kr, a.down, e * H + h0, R, I);
+      for (int64_t r0 = h0; r0 < h0 + R; r0 += kTileRows) {
+        const int Rt = int(std::min<int64_t>(kTileRows, H - r0));
+        td.unpack(kr, a.down, e * H + r0, Rt, I);
         for (int64_t s = s0; s < s1; ++s) {
-          td.dot(kr, R, I, ha.row(sl[size_t(s)]), wide_d, res);
-          float* dst = y.data() + sl[size_t(s)] * H + h0;
-          for (int r = 0; r < R; ++r) dst[r] = res[r];
+          td.dot(kr, Rt, I, ha.row(sl[size_t(s)]), wide_d, res);
+          float* dst = y.data() + sl[size_t(s)] * H + r0;
+          for (int r = 0; r < Rt; ++r) dst[r] = res[r];
         }
       }
     });

@@ -397,6 +397,35 @@ size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt) {
   return size_t((nt + kLanes - 1) / kLanes) * TokenLayout(padded_k256(K), t == QType::Q6_K ? 16 : 32).group();
 }
 
+bool gemm_avx512_vnni_same_packing(QType a, QType b) {
+  return (a == QType::Q6_K) == (b == QType::Q6_K) && offset_of(a) == offset_of(b);  // same G, same z or sb term
+}
+
+void silu_mul_avx512(float* g, const float* u, int64_t n) {
+  // exp(x) = 2^m * p(r), x = m ln2 + r, |r| <= ln2/2 (Cephes expf's split of ln2 and its polynomial). vscalefps
+  // saturates: x -> +inf gives inf (silu -> -0), x -> -inf gives 0 (silu -> g); NaN stays NaN.
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), c1 = _mm512_set1_ps(0.693359375f),
+               c2 = _mm512_set1_ps(-2.12194440e-4f), one = _mm512_set1_ps(1.0f);
+  const __m512 p0 = _mm512_set1_ps(1.9875691500e-4f), p1 = _mm512_set1_ps(1.3981999507e-3f),
+               p2 = _mm512_set1_ps(8.3334519073e-3f), p3 = _mm512_set1_ps(4.1665795894e-2f),
+               p4 = _mm512_set1_ps(1.6666665459e-1f), p5 = _mm512_set1_ps(5.0000001201e-1f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
+    const __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), gv);  // exp(-g)
+    const __m512 e2 = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fnmadd_ps(e2, c2, _mm512_fnmadd_ps(e2, c1, x));
+    __m512 p = _mm512_fmadd_ps(p0, r, p1);
+    p = _mm512_fmadd_ps(p, r, p2);
+    p = _mm512_fmadd_ps(p, r, p3);
+    p = _mm512_fmadd_ps(p, r, p4);
+    p = _mm512_fmadd_ps(p, r, p5);
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, one));  // 1 + r + r^2 P(r)
+    const __m512 ex = _mm512_scalef_ps(p, e2);
+    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, ex)), uv));
+  }
+}
+
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
   if (t == QType::Q6_K)
     pack_g<16>(t, K, xs, nt, dst);

@@ -65,6 +65,11 @@ size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt);
 uint8_t* gemm_scratch(size_t bytes);
 
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
+// Whether two types' packings are the same bytes for the same tokens (one packing serves both).
+bool gemm_avx512_vnni_same_packing(QType a, QType b);
+// g[i] = silu(g[i]) * u[i] for i < n, 16 at a time (exp by a degree-6 polynomial on [-ln2/2, ln2/2], relative error
+// ~2e-7; not the scalar std::exp's rounding): the MoE's prefill (T > 1) on AVX-512 VNNI.
+void silu_mul_avx512(float* g, const float* u, int64_t n);
 void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                              int nt, float* out);
 

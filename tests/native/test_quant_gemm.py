@@ -192,3 +192,52 @@ def test_avx2_gemm_knob_selects_the_row_path():
     row, gemm = outs["65"][1], outs[""][1]
     assert np.isfinite(row).all() and not np.array_equal(row.view(np.uint32), gemm.view(np.uint32))
     assert nmse(row, gemm) < 1e-10  # both the exact integer dots, f32 rounded in another order
+
+
+def _moe_case(mix, T, rng, scale=1.0):
+    gt, ut, dt = MIXES[mix]
+    H, I = 256, 512
+    raw = (random_blocks(gt, I, H, rng, lead=(E,)), random_blocks(ut, I, H, rng, lead=(E,)),
+           random_blocks(dt, H, I, rng, lead=(E,)))
+    x = (rng.standard_normal((T, H)) * scale).astype(np.float32)
+    p = np.array([0.45, 0.25, 0.12, 0.08, 0.05, 0.03, 0.02])  # skewed: expert 0's tokens reach the GEMM from T ~ 9
+    ids = np.stack([rng.choice(E, k, replace=False, p=p) for _ in range(T)]).astype(np.int64)  # [T, k]
+    ids[rng.random((T, k)) < 0.1] = -1
+    weights = rng.random((T, k)).astype(np.float32)
+    return raw, ids, weights, x
+
+
+def _moe(mix, raw, ids, weights, x, pool, isa):
+    gt, ut, dt = MIXES[mix]
+    out = np.full(x.shape, np.nan, np.float32)
+    N.quant_moe_forward(gt, raw[0], ut, raw[1], dt, raw[2], ids, weights, x, out, pool, isa)
+    return out
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "reference"])
+def test_moe_every_token_count_against_reference_and_across_threads(pool, isa, mix):
+    """The prefill paths of quant_moe_forward (AVX-512 VNNI: each expert's tokens packed once for the GEMM, shared by
+    gate and up when their packings agree, the row path below kGemmMinTokens, the vector SiLU) at every token count
+    that changes which experts take which path, against Reference; the same bits on 1, 2 and 3 threads."""
+    rng = np.random.default_rng(77 + sorted(MIXES).index(mix))
+    raw, ids, weights, x = _moe_case(mix, 513, rng)
+    for T in T_ALL:
+        args = raw, ids[:T], weights[:T], x[:T]
+        out = _moe(mix, *args, _pool(2), isa)
+        assert np.isfinite(out).all(), f"T={T}: not every output written"
+        assert nmse(out, _moe(mix, *args, pool, "reference")) < 1e-7, f"T={T}"
+        for threads in (1, 3):
+            other = _moe(mix, *args, _pool(threads), isa)
+            assert np.array_equal(out.view(np.uint32), other.view(np.uint32)), f"T={T}: {threads} vs 2 threads"
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "reference"])
+def test_moe_silu_at_large_gate_values(pool, isa):
+    """Inputs 300x larger: gate values of several hundred either sign, where exp(-g) overflows f32 (silu -> -0) or
+    vanishes (silu -> g); the vector SiLU must saturate like the scalar one, finite and close to Reference."""
+    rng = np.random.default_rng(8)
+    raw, ids, weights, x = _moe_case("q4_k_m", 100, rng, scale=300.0)
+    out = _moe("q4_k_m", raw, ids, weights, x, pool, isa)
+    assert np.isfinite(out).all()
+    assert nmse(out, _moe("q4_k_m", raw, ids, weights, x, pool, "reference")) < 1e-7
