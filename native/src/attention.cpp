@@ -33,11 +33,15 @@ bool avx512_bf16_ok(int64_t hd) {
 
 const char* attention_kernel_name(int64_t hd) { return avx512_ok(hd) ? "AVX512" : "Reference"; }
 
+const char* attention_prefill_kernel_name(int64_t hd) {
+  return avx512_bf16_ok(hd) ? "AVX512_BF16" : attention_kernel_name(hd);
+}
+
 void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv;
   pool.parallel_for(a.nh * a.T, [&](int64_t task, int) {
     const int64_t hq = task / a.T, t = task % a.T, h = hq / g, S = a.start + t + 1;  // keys [0, S)
-    const float* q = a.q + (hq * a.T + t) * a.hd;
+    const float* q = a.q + (a.q_token_major ? t * a.nh + hq : hq * a.T + t) * a.hd;
     const uint16_t* kt = a.kt + h * ((a.C + 31) / 32) * 32 * a.hd;  // [ceil(C/32), hd, 32]
     const uint16_t* v = a.v + h * a.C * a.hd;
     std::vector<double> s(size_t(S), 0.0), o(size_t(a.hd), 0.0);
@@ -59,10 +63,14 @@ void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
   });
 }
 
-// The exact f32 kernel by default: on Zen 4 the vdpbf16ps one, which rounds q and the probabilities to bf16, measured
-// no faster at decode (both ~0.9-1.0 ms a layer at 8k) and 4-8 % faster at long prefill, not worth its rounding.
+// Decode (T = 1) runs the exact f32 kernel: on Zen 4 the vdpbf16ps one, which rounds q and the probabilities to bf16,
+// measured no faster there reading the cache from memory (both ~0.9-1.0 ms a layer at 8k). Prefill (T > 1) is compute
+// bound and runs the vdpbf16ps kernel where the CPU has it: 1.75-1.8x the f32 kernel's speed on Zen 4 at 512-4096
+// tokens (docs/BENCHMARKS.md, "Attention prefill"), with errors of the size the bf16 cache already adds (as llama.cpp's
+// f16 cache and f16 flash attention do).
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
-  if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
+  if (a.T > 1 && avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);
+  else if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
   else attention_bf16_reference(a, pool);
 }
 

@@ -126,7 +126,7 @@ struct F32Kernel {
     w.q.resize(size_t((t1 - t0) * g * hd));
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t j = 0; j < g; ++j) {
-        const float* src = a.q + ((h * g + j) * a.T + t) * hd;
+        const float* src = query_row(a, h * g + j, t);
         float* dst = w.q.data() + ((t - t0) * g + j) * hd;
         for (int64_t i = 0; i < hd; ++i) dst[i] = src[i] * a.scale;
       }

@@ -49,18 +49,43 @@ inline __m512bh bcast_pair(const uint16_t* pair) {  // the two bf16 at pair[0..2
 // each 8. Lane i of the low result holds element kUnpackLow[i], of the high one kUnpackLow[i] + 4.
 alignas(64) constexpr int32_t kUnpackLow[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
 
+// The key pairs of tile rows d, d + 1 (unpack order; keys >= nk as 0).
+inline void key_pairs(const uint16_t* tile, int64_t d, __mmask32 keys, __m512bh& pl, __m512bh& ph) {
+  const __m512i k0 = _mm512_maskz_loadu_epi16(keys, tile + d * kKeys);
+  const __m512i k1 = _mm512_maskz_loadu_epi16(keys, tile + (d + 1) * kKeys);
+  pl = (__m512bh)_mm512_unpacklo_epi16(k0, k1);
+  ph = (__m512bh)_mm512_unpackhi_epi16(k0, k1);
+}
+
+// A query block of several row groups unpacks each key tile once into kp ([hd/2][64]: row pair d/2's two vectors) and
+// every group reads the pairs from there (PACKED), instead of each group unpacking the tile again; one group (decode)
+// unpacks as it goes.
+void pack_keys(const uint16_t* tile, int64_t hd, int nk, uint16_t* kp) {
+  const __mmask32 keys = nk >= kKeys ? __mmask32(0xffffffffu) : __mmask32((1u << nk) - 1u);
+  for (int64_t d = 0; d < hd; d += 2) {
+    __m512bh pl, ph;
+    key_pairs(tile, d, keys, pl, ph);
+    _mm512_storeu_si512(kp + d * kKeys, (__m512i)pl);
+    _mm512_storeu_si512(kp + d * kKeys + 32, (__m512i)ph);
+  }
+}
+
 // s[r][0..32) = Q[r] . K[key] for RB bf16 query rows and the nk (<= 32) keys of one tile ([hd][32] bf16), in unpack
 // order (s[r][i] is key kUnpackLow[i], s[r][16 + i] key kUnpackLow[i] + 4); keys >= nk are read as 0.
 // pf: a K tile to bring into the cache meanwhile (two lines a step), or null.
-template <int RB>
+template <int RB, bool PACKED>
 void block_scores(const uint16_t* Q, int64_t hd, const uint16_t* tile, int nk, float* s, const char* pf) {
   __m512 lo[RB], hi[RB];
   for (int r = 0; r < RB; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
   const __mmask32 keys = nk >= kKeys ? __mmask32(0xffffffffu) : __mmask32((1u << nk) - 1u);
   for (int64_t d = 0; d < hd; d += 2) {
-    const __m512i k0 = _mm512_maskz_loadu_epi16(keys, tile + d * kKeys);
-    const __m512i k1 = _mm512_maskz_loadu_epi16(keys, tile + (d + 1) * kKeys);
-    const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(k0, k1), ph = (__m512bh)_mm512_unpackhi_epi16(k0, k1);
+    __m512bh pl, ph;
+    if constexpr (PACKED) {  // tile is pack_keys' kp
+      pl = (__m512bh)_mm512_loadu_si512(tile + d * kKeys);
+      ph = (__m512bh)_mm512_loadu_si512(tile + d * kKeys + 32);
+    } else {
+      key_pairs(tile, d, keys, pl, ph);
+    }
     if (pf) {
       _mm_prefetch(pf + d * 64, _MM_HINT_T1);
       _mm_prefetch(pf + d * 64 + 64, _MM_HINT_T1);
@@ -83,7 +108,15 @@ constexpr int pair_key(int q) { return 8 * ((q % 8) / 2) + 2 * (q % 2) + 4 * (q 
 // acc[r][one chunk of 32 dims] = alpha[r] * acc + sum_j p[r][j] * V[j] over the nk keys of the block; p [RB][16] bf16
 // pairs (zero beyond the row's visible keys) as round_probs stores them, acc in unpack order.
 // pf: 32 lines of V rows to bring into the cache meanwhile (two a step), or null.
-template <int RB>
+// The value pairs of rows j, j + 1 in one chunk of 32 dims (unpack order; row j + 1 >= nk as 0).
+inline void value_pairs(const uint16_t* v, int64_t hd, int j, int nk, __m512bh& pl, __m512bh& ph) {
+  const __m512i v0 = _mm512_loadu_si512(v + j * hd);
+  const __m512i v1 = j + 1 < nk ? _mm512_loadu_si512(v + (j + 1) * hd) : _mm512_setzero_si512();
+  pl = (__m512bh)_mm512_unpacklo_epi16(v0, v1);
+  ph = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+}
+
+template <int RB, bool PACKED>
 void block_values(const uint16_t* p, const uint16_t* v, int64_t hd, int nk, const float* alpha, float* acc,
                   const char* pf) {
   __m512 lo[RB], hi[RB];
@@ -95,9 +128,13 @@ void block_values(const uint16_t* p, const uint16_t* v, int64_t hd, int nk, cons
   for (int q = 0; q < kKeys / 2; ++q) {
     const int j = pair_key(q);
     if (j >= nk) continue;  // a key past nk may hold anything (even NaN): never read
-    const __m512i v0 = _mm512_loadu_si512(v + j * hd);
-    const __m512i v1 = j + 1 < nk ? _mm512_loadu_si512(v + (j + 1) * hd) : _mm512_setzero_si512();
-    const __m512bh pl = (__m512bh)_mm512_unpacklo_epi16(v0, v1), ph = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+    __m512bh pl, ph;
+    if constexpr (PACKED) {  // v is pack_values' vp + 2 * (the chunk's first dim)
+      pl = (__m512bh)_mm512_loadu_si512(v + q * 2 * hd);
+      ph = (__m512bh)_mm512_loadu_si512(v + q * 2 * hd + 32);
+    } else {
+      value_pairs(v, hd, j, nk, pl, ph);
+    }
     if (pf) {
       _mm_prefetch(pf + q * 128, _MM_HINT_T1);
       _mm_prefetch(pf + q * 128 + 64, _MM_HINT_T1);
@@ -114,6 +151,21 @@ void block_values(const uint16_t* p, const uint16_t* v, int64_t hd, int nk, cons
   }
 }
 
+// As pack_keys, for the values: vp [16 pairs][hd/32 chunks][64], pair q (keys pair_key(q), +1) of chunk c at
+// vp + q * 2 * hd + 2 * c; pairs past nk are left unwritten (never read).
+void pack_values(const uint16_t* v, int64_t hd, int nk, uint16_t* vp) {
+  for (int q = 0; q < kKeys / 2; ++q) {
+    const int j = pair_key(q);
+    if (j >= nk) continue;
+    for (int64_t c = 0; c < hd; c += 32) {
+      __m512bh pl, ph;
+      value_pairs(v + c, hd, j, nk, pl, ph);
+      _mm512_storeu_si512(vp + q * 2 * hd + 2 * c, (__m512i)pl);
+      _mm512_storeu_si512(vp + q * 2 * hd + 2 * c + 32, (__m512i)ph);
+    }
+  }
+}
+
 // The bf16 block products for attention_flash.inc.
 struct Bf16Kernel {
   static __m512i key_lanes(int half) {  // scores in unpack order
@@ -125,7 +177,7 @@ struct Bf16Kernel {
     const __m512 scale = _mm512_set1_ps(a.scale);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t j = 0; j < g; ++j) {
-        const float* src = a.q + ((h * g + j) * a.T + t) * hd;
+        const float* src = query_row(a, h * g + j, t);
         uint16_t* dst = w.qb.data() + ((t - t0) * g + j) * hd;
         for (int64_t i = 0; i < hd; i += 32) {  // round to nearest even, once
           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + i + 16), scale),
@@ -138,8 +190,16 @@ struct Bf16Kernel {
     const uint16_t* Q = w.qb.data();
     float* s = w.s.data();
     const char* pf = w.prefetch_k;  // by the first group of rows only
+    if (rows <= 8) {
+      for_row_groups<8>(rows, [&](auto R, int64_t r) {
+        block_scores<R, false>(Q + r * hd, hd, tile, nk, s + r * kKeys, pf);
+      });
+      return;
+    }
+    w.kp.resize(size_t(hd * kKeys));
+    pack_keys(tile, hd, nk, w.kp.data());
     for_row_groups<8>(rows, [&](auto R, int64_t r) {
-      block_scores<R>(Q + r * hd, hd, tile, nk, s + r * kKeys, r == 0 ? pf : nullptr);
+      block_scores<R, true>(Q + r * hd, hd, w.kp.data(), nk, s + r * kKeys, r == 0 ? pf : nullptr);
     });
   }
   // p rounded to bf16 (kept in w.pb for the value products: 16 pairs of consecutive keys, pair_key's order); p0, p1
@@ -154,10 +214,19 @@ struct Bf16Kernel {
     const uint16_t* p = w.pb.data();
     const float* al = w.alpha.data();
     float* acc = w.acc.data();
+    const bool packed = rows > 8;  // several row groups: the block's value pairs made once (pack_values)
+    if (packed) {
+      w.vp.resize(size_t(hd * kKeys));
+      pack_values(v, hd, nk, w.vp.data());
+    }
     for (int64_t c = 0; c < hd; c += 32) {
       const char* pf = w.prefetch_v ? w.prefetch_v + c * 64 : nullptr;  // lines [c, c + 32) of the 2 * hd, once
       for_row_groups<8>(rows, [&](auto R, int64_t r) {
-        block_values<R>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, r == 0 ? pf : nullptr);
+        if (packed)
+          block_values<R, true>(p + r * kKeys, w.vp.data() + 2 * c, hd, nk, al + r, acc + r * hd + c,
+                                r == 0 ? pf : nullptr);
+        else
+          block_values<R, false>(p + r * kKeys, v + c, hd, nk, al + r, acc + r * hd + c, r == 0 ? pf : nullptr);
       });
     }
   }

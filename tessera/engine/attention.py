@@ -2,8 +2,10 @@
 
 Two paths, same result (tests/engine/test_attention.py holds them to a naive reference):
 - native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
-  kernel for this head dim (f32 products; native/src/attention_avx512_bf16.cpp's vdpbf16ps kernel, which rounds q and
-  the probabilities to bf16, runs only when named: it measured no faster at decode). Flash style: query blocks x key
+  kernel for this head dim (decode: f32 products; prefill, T > 1: native/src/attention_avx512_bf16.cpp's vdpbf16ps
+  kernel where the CPU has avx512_bf16, which rounds q and the probabilities to bf16 and runs 1.8x faster; it measured
+  no faster at decode). engine.model.Attention's native step (prepare_attend_native) also norms, rotates and appends
+  in one native pass before the kernel. Flash style: query blocks x key
   blocks of 32 with an online softmax, K/V read in place as stored (never widened as a whole, no T x S score matrix),
   causal blocks above the diagonal skipped; with few query blocks (decode) the keys are split across the threads and
   the partial softmaxes merged (flash-decoding). It runs every step: decode (where reading the cache is the whole
@@ -50,6 +52,34 @@ def uses_native(cache: KVCache, layer: int) -> bool:
         return cache.k[layer].device.type == "cpu" and native_q8_kernel(cache.head_dim) != "Reference"
     return (cache.dtype == torch.bfloat16 and cache.k[layer].device.type == "cpu"
             and native_kernel(cache.head_dim) != "Reference")
+
+
+def prepares_native(cache: KVCache, layer: int) -> bool:
+    """Whether prepare_attend_native runs this layer's step: a bf16 cache the native kernel reads (a q8_0 cache is
+    written by KVCache.write and read by attend)."""
+    return not cache.quantized and uses_native(cache, layer)
+
+
+def prepare_attend_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor,
+                          k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                          layer: int, pool=None) -> torch.Tensor:
+    """A step of engine.model.Attention after its projections, all native (where prepares_native(cache, layer)): q
+    [T, nh*hd], k, v [T, nkv*hd] as projected, of the positions after the cache's committed ones -> [T, nh*hd].
+    One pass on the pool norms (RMSNorm per head) and rotates (RoPE, cos/sin [T, hd]) q in place and k, and writes
+    k, v to the cache as bf16 (`native.attention_prepare`; what rms_norm, Rope.apply and KVCache.write do, which torch
+    ran at one thread in a dozen passes over q), then the kernel reads q as it lies ([T, nh, hd]) and leaves the heads
+    merged."""
+    T, hd = q.shape[0], cache.head_dim
+    q = q.contiguous()  # [T, nh*hd] (a copy only if the projection left a strided view), normed in place
+    start, pool = cache.length, pool or dense_pool()
+    if start + T > cache.capacity:
+        raise ValueError(f"KV cache: positions [{start}, {start + T}) beyond its capacity {cache.capacity}; "
+                         "reserve first")
+    kt, vc = cache.k[layer], cache.v[layer]  # [nkv, ceil(C/32), hd, 32], [nkv, C, hd] bf16
+    native.attention_prepare(q, k, v, q_norm, k_norm, cos, sin, eps, kt, vc, start, pool)
+    out = torch.empty(T, q.shape[1])  # [T, nh*hd]
+    native.attention_bf16(q.view(T, -1, hd), kt, vc, start, hd**-0.5, out, pool, token_major=True)
+    return out
 
 
 def attend(q: torch.Tensor, cache: KVCache, layer: int, start: int, mask: torch.Tensor | None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from tessera.engine.attention import attend
+from tessera.engine.attention import attend, prepare_attend_native, prepares_native
 from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
     FusedMatvec,
@@ -102,6 +102,9 @@ class Attention:
     def __call__(self, layer: int, x: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv(x)  # [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
+        if prepares_native(cache, layer):  # norms, RoPE, the append and the kernel in two native calls
+            out = prepare_attend_native(q, k, v, self.q_norm, self.k_norm, self.eps, cos, sin, cache, layer, self.pool)
+            return self.o_proj(out)  # [T, H]
         q = q.view(T, self.nh, self.hd)  # [T, nh, hd]
         k = k.view(T, self.nkv, self.hd)  # [T, nkv, hd]
         v = v.view(T, self.nkv, self.hd)  # [T, nkv, hd]

@@ -113,7 +113,7 @@ def sized_for_load(
 
 
 def paper_info(cfg: ModelConfig, name: str, dtype: str, *, context_length: int | None = None,
-               backend: str = "Auto") -> ModelInfo:
+               backend: str = "Auto", kv_cache_type: str = "bf16") -> ModelInfo:
     """The ModelInfo a GGUF of config `cfg` written with `--dtype dtype` (bf16, q8_0, q4_k_m, ...: the per-tensor mix
     engine.quant_mix gives make-model and convert) would have, with `ram` from the same estimate_ram a real file gets:
     what a published model needs, on paper, before anything is downloaded."""
@@ -136,4 +136,4 @@ def paper_info(cfg: ModelConfig, name: str, dtype: str, *, context_length: int |
         sizes.append((qtype.name, n, stored, held, t.stacked, t.kind == gguf.MODEL_TENSOR.TOKEN_EMBD))
     info = _info(f"{name} ({dtype}, on paper)", "gguf", name, cfg, sizes)
     ctx = min(context_length or info.context_length, info.context_length)
-    return dataclasses.replace(info, ram=estimate_ram(info, ctx, backend))
+    return dataclasses.replace(info, ram=estimate_ram(info, ctx, backend, kv_cache_type))

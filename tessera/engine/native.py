@@ -105,19 +105,36 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
 
 
 def attention_kernel(head_dim: int) -> str:
-    """The native causal attention kernel this CPU runs for `head_dim`: "AVX512" (f32 products) or "Reference" (scalar,
-    double accumulation). "AVX512_BF16" (vdpbf16ps: q and the probabilities rounded to bf16) runs only when named."""
+    """The native causal attention kernel this CPU runs for `head_dim` at decode (T = 1): "AVX512" (f32 products) or
+    "Reference" (scalar, double accumulation)."""
     return str(_native.attention_kernel(head_dim))
 
 
+def attention_prefill_kernel(head_dim: int) -> str:
+    """The one it runs at prefill (T > 1): "AVX512_BF16" (vdpbf16ps: q and the probabilities rounded to bf16, 1.8x the
+    f32 kernel's speed on Zen 4) where the CPU has avx512_bf16, else attention_kernel(head_dim)'s."""
+    return str(_native.attention_prefill_kernel(head_dim))
+
+
 def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: int, scale: float, out: torch.Tensor,
-                   pool, *, kernel: str = "") -> None:
+                   pool, *, kernel: str = "", token_major: bool = False) -> None:
     """out[T, nh*hd] = causal softmax(q k^T * scale) v, query t (position start+t) seeing positions [0, start+t].
-    q [nh, T, hd] f32; kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read
-    in place.
+    q [nh, T, hd] f32 ([T, nh, hd] with token_major: as the q projection and attention_prepare leave it);
+    kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read in place.
     `kernel` names one to run ("AVX512_BF16", "AVX512", "Reference": the scalar double-accumulation twin); "" runs
     attention_kernel(hd)'s. One this CPU cannot run raises ValueError."""
-    _native.attention_bf16(q, kt, v, start, scale, out, pool, kernel)
+    _native.attention_bf16(q, kt, v, start, scale, out, pool, kernel, token_major)
+
+
+def attention_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, eps: float, kt: torch.Tensor, vc: torch.Tensor,
+                      start: int, pool) -> None:
+    """engine.model.Attention's work between its projections and the kernel, one pass on the pool: q [T, nh*hd] f32
+    normed per head (RMSNorm, q_norm [hd]) and rotated (RoPE, cos/sin [T, hd]) in place; k [T, nkv*hd] the same with
+    k_norm, and v [T, nkv*hd], rounded to bf16 (nearest even) into the cache buffers kt [nkv, ceil(C/32), hd, 32] and
+    vc [nkv, C, hd] at positions [start, start+T). q, k, v may be column slices (rows contiguous). A bad argument
+    raises ValueError/TypeError naming it."""
+    _native.attention_prepare(q, k, v, q_norm, k_norm, cos, sin, eps, kt, vc, start, pool)
 
 
 def attention_q8_kernel(head_dim: int) -> str:

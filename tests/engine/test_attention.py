@@ -148,7 +148,12 @@ def test_torch_path_equals_naive_and_native(start, T):
     assert torch.allclose(attend(q, f32, 0, start, mask).double(), want, atol=1e-5)
     if native_kernel(hd) != "Reference":
         assert uses_native(cache, 0)
-        assert torch.allclose(attend(q, cache, 0, start, mask).double(), want, atol=1e-5)
+        got = attend(q, cache, 0, start, mask)
+        if T > 1 and native.attention_prefill_kernel(hd) == "AVX512_BF16":  # prefill's default where the CPU has it
+            ok, why = bf16_products_ok(got, q, keys, values, start, hd**-0.5)
+            assert ok, why
+        else:
+            assert torch.allclose(got.double(), want, atol=1e-5)
 
 
 def test_key_tiles_round_trip_through_growth_and_copies():

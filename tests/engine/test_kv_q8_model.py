@@ -188,3 +188,23 @@ def test_every_loading_command_offers_the_flag(capsys, command):
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "--kv-cache-type" in capsys.readouterr().out
+
+
+def test_check_sizes_the_q8_0_cache(model_file):
+    """tessera-cli check --model/--preset --kv-cache-type: the hardware report's fit sizes the cache the load makes."""
+    from tessera.engine.hardware.verdict import model_load, preset_load
+
+    name, path = model_file
+    kv = {t: model_load(str(path), context_length=512, backend="Torch", kv_cache_type=t)["ram"]["kv_bytes"]
+          for t in ("bf16", "q8_0")}
+    assert kv["q8_0"] < kv["bf16"]
+    paper = {t: preset_load("qwen3-30b-a3b", "q4_k_m", context_length=8192, backend="Auto", kv_cache_type=t)
+             for t in ("bf16", "q8_0")}
+    assert paper["bf16"]["ram"]["kv_bytes"] - paper["q8_0"]["ram"]["kv_bytes"] == 2 * 48 * 4 * 8192 * (256 - 136)
+
+
+def test_the_flag_is_refused_with_a_remote_server(capsys):
+    from tessera.engine.cli import main
+
+    code = main(["generate", "--remote", "http://127.0.0.1:9", "--prompt", "hi", "--kv-cache-type", "q8_0"])
+    assert code == 2 and "--kv-cache-type" in capsys.readouterr().err

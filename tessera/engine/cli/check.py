@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=int, default=MODEL_CONTEXT, metavar="N",
                    help=f"with --model: size the KV cache for N tokens (default {MODEL_CONTEXT}, the app's default "
                         "setting; clamped to the model's own, as a load does)")
+    p.add_argument("--kv-cache-type", default="bf16", choices=("bf16", "q8_0"), metavar="TYPE",
+                   help="with --model or --preset: size a KV cache of this type (bf16, the default, or q8_0: int8 "
+                        "with a scale per 32 values, as generate/chat/serve's --kv-cache-type)")
     p.add_argument("--backend", default="Auto", choices=names, metavar="NAME",
                    help=f"with --model: size the load for this expert backend ({', '.join(names)}; default Auto), "
                         "its packed copy of the experts included")
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = hardware.probe(seconds=seconds, threads=args.threads, model=args.model, preset=args.preset,
                             gpu=not args.no_gpu, context_length=args.context_length, backend=args.backend,
-                            preset_dtype=args.dtype,
+                            preset_dtype=args.dtype, kv_cache_type=args.kv_cache_type,
                             progress=progress)
     if tty:
         print("\r" + " " * 100 + "\r", end="", file=sys.stderr)

@@ -37,7 +37,8 @@ def check_remote_arguments(args) -> None:
     local = [flag for flag, on in (("--placement", args.placement), ("--device", args.device),
                                    ("--gpu-experts", args.gpu_experts), ("--twin", args.twin),
                                    ("--threads", args.threads), ("--context-length", args.context_length),
-                                   ("--backend", args.backend != "Auto")) if on]
+                                   ("--backend", args.backend != "Auto"),
+                                   ("--kv-cache-type", args.kv_cache_type != "bf16")) if on]
     if local:
         raise UsageError(local[0], "sets up a local model; the remote server has its own settings")
     if args.timeout <= 0:

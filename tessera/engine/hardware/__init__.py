@@ -41,20 +41,21 @@ MODEL_CONTEXT = 4096  # tokens of KV cache a model's RAM is sized for: the app's
 
 def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model: str | None = None,
           preset: str | None = None, gpu: bool = True, context_length: int = MODEL_CONTEXT, backend: str = "Auto",
-          preset_dtype: str = "bf16",
+          preset_dtype: str = "bf16", kv_cache_type: str = "bf16",
           progress: Callable[[ProgressEvent], None] | None = None,
           cancel: threading.Event | None = None) -> dict:
     """Run every probe and return the report. `threads` defaults to the physical cores this process may use. A model
     file's RAM is sized for a load with expert backend `backend` and `context_length` tokens of context, as the app
     sizes it with the same settings; a preset's is sized on paper for the GGUF `--dtype preset_dtype` would write
-    (default bf16, the published checkpoint's type)."""
+    (default bf16, the published checkpoint's type). Both size a KV cache of `kv_cache_type` (bf16 or q8_0)."""
     # Resolve the model first: a bad path, preset or backend is an error before any seconds are spent measuring.
     shape = model_shape(model, preset) if (model or preset) else None
     load = None
     if model:
-        load = model_load(model, context_length=context_length, backend=backend)
+        load = model_load(model, context_length=context_length, backend=backend, kv_cache_type=kv_cache_type)
     elif preset:
-        load = preset_load(preset, preset_dtype, context_length=context_length, backend=backend)
+        load = preset_load(preset, preset_dtype, context_length=context_length, backend=backend,
+                           kv_cache_type=kv_cache_type)
     total = 2 + 2 * SLICES_PER_RUN + 1  # cpu, two bandwidth runs, gpu, verdict
     done = 0
 

@@ -53,23 +53,26 @@ def model_shape(model: str | None, preset_name: str | None) -> tuple[ModelConfig
     return opened.config, info.name, stored if stored in BYTES_PER_WEIGHT else "bf16"
 
 
-def model_load(model: str, *, context_length: int, backend: str) -> dict:
+def model_load(model: str, *, context_length: int, backend: str, kv_cache_type: str = "bf16") -> dict:
     """The type mix and the RAM a load of the model file or folder at `model` takes with expert backend `backend` and a
     KV cache of `context_length` tokens: engine.model_summary's facts (the estimate the model panel and the app's fit
     check show, from the loader's own engine.model_info.estimate_ram), with the experts' stored type and the stored
     bytes one token reads (ModelInfo's)."""
     from tessera.engine.model_summary import sized_for_load
 
-    return _load_facts(sized_for_load(model, context_length=context_length, backend=backend))
+    return _load_facts(sized_for_load(model, context_length=context_length, backend=backend,
+                                      kv_cache_type=kv_cache_type))
 
 
-def preset_load(preset_name: str, dtype: str, *, context_length: int, backend: str) -> dict:
+def preset_load(preset_name: str, dtype: str, *, context_length: int, backend: str,
+                kv_cache_type: str = "bf16") -> dict:
     """model_load for a published model, on paper: the GGUF make-model / convert would write from it with `--dtype
     dtype` (engine.model_summary.paper_info), sized by the same estimate."""
     from tessera.engine.model_summary import paper_info
 
     cfg = preset(preset_name)
-    return _load_facts(paper_info(cfg, cfg.source, dtype, context_length=context_length, backend=backend))
+    return _load_facts(paper_info(cfg, cfg.source, dtype, context_length=context_length, backend=backend,
+                                  kv_cache_type=kv_cache_type))
 
 
 def _load_facts(info) -> dict:
