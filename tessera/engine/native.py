@@ -158,6 +158,13 @@ def quantize_q8_0(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> None:
     _native.quantize_q8_0(x, q, d)
 
 
+def dense_matvec_multi(ws: list[torch.Tensor], x: torch.Tensor, outs: list[torch.Tensor], pool) -> None:
+    """One token through several bf16/f16 weights that share x (a layer's q/k/v) in one pool dispatch:
+    outs[i][1, N_i] = x[1, K] @ ws[i][N_i, K].T, bit-identical to `dense_matvec` on each (the same row sums). CPU
+    tensors, C-contiguous; wrong dtypes/shapes or counts raise TypeError/ValueError naming the argument."""
+    _native.dense_matvec_multi(ws, x, outs, pool)
+
+
 def dense_gemm_bf16_available() -> bool:
     """Whether `dense_gemm_bf16` runs on this CPU (avx512_bf16, and TESSERA_MAX_ISA allows AVX-512)."""
     return bool(_native.dense_gemm_bf16_available())
