@@ -590,6 +590,15 @@ def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
                                pool, isa)
 
 
+def quant_matmul_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
+    """T tokens through several quantized weights that share them (a layer's q/k/v projections at prefill):
+    outs[i][T, N_i] = x[T, K] @ W_i[N_i, K].T for ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized
+    once (and packed for the GEMM once per packing) and every row group in one pool dispatch; equal to quant_matmul
+    per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
+    _native.quant_matmul_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
+                               pool, isa)
+
+
 def decode_layer_plan(H: int, nh: int, nkv: int, hd: int, eps: float, input_norm, post_norm, q_norm, k_norm,
                       weights, router, top_k: int, norm_topk: bool, isa: str = "auto"):
     """A decoder layer's fixed parts for one-token steps in one native call (native/src/decode_layer.cpp; used by
