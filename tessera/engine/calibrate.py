@@ -209,10 +209,13 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     if any(kn.workload == "quant_prefill" for kn in todo) and (H % 256 or I % 256):
         say(f"{QUANT_CHUNK.name}: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
         todo = [kn for kn in todo if kn.workload != "quant_prefill"]
+    shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
     if any(kn.workload == "quant_prefill" for kn in todo):
-        work["quant_prefill"], nq = synthetic_quant_prefill(E, H, I, k, QUANT_PREFILL_T, experts.pool,
-                                                            native.quant_isa_for_backend(concrete))
-        say(f"quantized prefill: {QUANT_PREFILL_T} tokens on {nq} of {E} random {QUANT_TYPE} experts")
+        isa = native.quant_isa_for_backend(concrete)
+        work["quant_prefill"], shape["quant_experts_timed"] = synthetic_quant_prefill(E, H, I, k, QUANT_PREFILL_T,
+                                                                                      experts.pool, isa)
+        say(f"quantized prefill: {QUANT_PREFILL_T} tokens on {shape['quant_experts_timed']} of {E} random "
+            f"{QUANT_TYPE} experts")
     for kn in knobs_for(concrete, on_load=on_load):
         if tuned.KNOBS[kn.name] in env:
             say(f"{kn.name}: not measured, {tuned.KNOBS[kn.name]} is set in the environment (it wins)")
@@ -234,4 +237,4 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     return {"tessera_tuning": tuned.RECORD_VERSION, "cpu": tuned.cpu_model(), "build": tuned.build_id(),
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "seconds": round(time.perf_counter() - t_start, 2), "backend": concrete, "threads": experts.threads,
-            "shape": {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}, "knobs": knobs}
+            "shape": shape, "knobs": knobs}

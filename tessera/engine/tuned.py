@@ -11,7 +11,8 @@ leaves out the slow ones: calibrate.Knob.on_load) keeps the kernels' default. Th
 tessera/engine/calibrate.py.
 
 Record: {"tessera_tuning": 1, "cpu", "build", "measured_at" (UTC, ISO 8601), "seconds", "backend", "threads",
-         "shape": {E, H, I, k}, "knobs": {NAME: {"value", "default", "workload", "median_ms": {candidate: ms}}}}
+         "shape": {E, H, I, k, experts_timed[, quant_experts_timed]},
+         "knobs": {NAME: {"value", "default", "workload", "median_ms": {candidate: ms}}}}
 """
 
 from __future__ import annotations

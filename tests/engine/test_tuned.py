@@ -181,7 +181,7 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
     env.update(TESSERA_SPIN_US="50", TESSERA_PF="0")
     rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                     check=True).stdout)
-    assert list(rec["knobs"]) == ["quant_moe_chunk_tokens"]
+    assert list(rec["knobs"]) == ["quant_moe_chunk_tokens"] and rec["shape"]["quant_experts_timed"] == 16
     k = rec["knobs"]["quant_moe_chunk_tokens"]
     assert k["value"] in calibrate.QUANT_CHUNK.candidates and k["workload"] == "quant_prefill"
     assert set(k["median_ms"]) == {str(c) for c in calibrate.QUANT_CHUNK.candidates}

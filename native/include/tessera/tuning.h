@@ -67,9 +67,10 @@ struct Tuning {
 // - moe_body.inc's reduce phase splits H in chunks of 256: its work is k*H adds per token against 3*k*H*I FLOPs in
 //   the projections (~0.1 % at I = 768), and decode (T <= 4) runs it without the pool: no chunk size measurably
 //   matters.
-// - Threads per phase: every phase uses all of the pool's threads; on the 2-core development machine decode on 1
-//   thread measured slower than on 2 (docs/BENCHMARKS.md "Self-tuning, second pass"), so no per-phase count exists to
-//   tune there; the pool's size is the --threads setting.
+// - Threads per phase: every phase uses all of the pool's threads (the pool's size is the --threads setting). On the
+//   2-core development machine no phase ran faster on 1 thread than on 2 (scripts/bench_phase_threads.py; decode,
+//   bf16 and Q4_K prefill; docs/BENCHMARKS.md "Self-tuning, second pass"), so there is nothing to tune per phase
+//   there; a many-core CPU whose decode saturates the bandwidth below its core count is where it would be measured.
 
 
 // Read on first call (thread-safe), then the same object for the life of the process.
