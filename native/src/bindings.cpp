@@ -340,6 +340,7 @@ NB_MODULE(_native, m) {
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
     d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
+    d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;
@@ -362,8 +363,12 @@ NB_MODULE(_native, m) {
       if (value < 1) throw nb::value_error("amx_tile_min_rows: must be >= 1");
       return t.amx_tile_min_rows.exchange(value);
     }
+    if (name == "quant_moe_chunk_tokens") {
+      if (value < 1) throw nb::value_error("quant_moe_chunk_tokens: must be >= 1");
+      return t.quant_moe_chunk_tokens.exchange(value);
+    }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
-                           " (prefetch_bytes, spin_us, amx_tile_min_rows)").c_str());
+                           " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");

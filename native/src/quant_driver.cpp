@@ -25,7 +25,6 @@ using quant::padded_k;
 using quant::padded_s16;
 
 using quant::kRowGroup;  // rows per task: 8 tiles
-constexpr int64_t kMoeChunk = 256;  // tokens per MoE pass (bounds the per-slot scratch)
 
 const Kernels& kernels_for(QIsa isa) {
   switch (isa) {
@@ -303,8 +302,10 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = silu(g[r * nt + s]) * u[r * nt + s];
   };
 
-  for (int64_t c0 = 0; c0 < a.T; c0 += kMoeChunk) {
-    const int64_t T = std::min(kMoeChunk, a.T - c0);
+  // Tokens per pass: a runtime knob (tessera/tuning.h quant_moe_chunk_tokens, default 256, measured by the calibration).
+  const int64_t chunk = std::max<int64_t>(1, tuning().quant_moe_chunk_tokens.load(std::memory_order_relaxed));
+  for (int64_t c0 = 0; c0 < a.T; c0 += chunk) {
+    const int64_t T = std::min(chunk, a.T - c0);
     const int64_t* ids = a.ids + c0 * k;
     const float* x = a.x + c0 * H;
     for (auto& s : slots) s.clear();
