@@ -1,4 +1,5 @@
-"""Read a model file into the page cache ahead of use, on a background thread, so a cold load streams from disk.
+"""Read a model file into the page cache ahead of use, on a background thread, so a cold load streams from disk, and
+map its pages into the process's memory map, so decode does not fault on them.
 
 GGUF tensors are views of a memory map (engine.gguf_reader). Touched for the first time, each page of a map costs a
 page fault and a small read (the kernel reads ~128 kB around it), so a cold load that walks the file (the block-scale
@@ -6,6 +7,15 @@ check, then the first forward pass) reads it at a fraction of the disk's speed: 
 where llama.cpp, which prefetches its map, reads 1.6 GB/s. `start(paths)` asks the kernel for the files, in order, a
 chunk at a time (`posix_fadvise(WILLNEED)`: the kernel queues the reads and returns; the call waits only while the
 device's queue is full), so the pages are in memory, or on their way, when the loader gets to them.
+
+A page in the page cache is still not in the process's page tables: the first read of it through the map faults
+(a minor fault, ~1 us for up to 16 pages), and decode reads a routed expert's blocks for the first time whenever the
+router picks it, so a file's experts read at 3.6-17 GB/s for many tokens where the same kernel reads 25-30 GB/s from
+memory already mapped (docs/BENCHMARKS.md, BF16 decode step profile). Given the maps (`start(paths, maps)`), the
+thread also asks the kernel to map every page, a chunk at a time, `POPULATE_LAG` chunks behind its read-ahead advice
+so the disk's queue stays full: `madvise(MADV_POPULATE_READ)` (Linux >= 5.14; llama.cpp maps with MAP_POPULATE). It
+maps page-cache pages read-only, copying nothing (the map is copy-on-write, and nothing writes to it), so memory stays
+the file's. On a kernel without it (EINVAL) or any other error, the thread only reads ahead: the speed-up is absent.
 
 The thread runs at nice 19: with the file already cached its work is a page-cache lookup per page (~0.5 s of CPU for
 18.6 GB), which on a 2-core machine would otherwise slow the first forward pass. Only when the files fit in the
@@ -16,41 +26,74 @@ system) only cost the speed-up.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 CHUNK = 64 << 20  # bytes asked for at a time: a stop request is seen within one chunk
+POPULATE_LAG = 4  # chunks: the map is populated this far behind the read-ahead advice (the reads already queued)
+MADV_POPULATE_READ = 22  # include/uapi/asm-generic/mman-common.h; Python's mmap module has no name for it before 3.13
 
 
 class ReadAhead:
-    """A running read-ahead; `stop()` ends it after the current chunk (a closed model stops its read-ahead)."""
+    """A running read-ahead; `stop()` ends it after the current chunk (a closed model stops its read-ahead).
 
-    def __init__(self, paths: list[str]):
+    `populated`: bytes of the maps whose pages the kernel has mapped so far; `populate_error`: why populating stopped
+    (an errno name such as EINVAL on a kernel without MADV_POPULATE_READ), None while it works."""
+
+    def __init__(self, paths: list[str], maps: Sequence[np.ndarray | None]):
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(paths,), name="tessera-readahead", daemon=True)
+        self.populated = 0
+        self.populate_error: str | None = None
+        # the thread holds the maps: a model closed meanwhile cannot unmap them under a madvise
+        self._thread = threading.Thread(target=self._run, args=(paths, list(maps)), name="tessera-readahead",
+                                        daemon=True)
         self._thread.start()
 
-    def _run(self, paths: list[str]) -> None:
+    def _run(self, paths: list[str], maps: list[np.ndarray | None]) -> None:
         try:  # this thread only (Linux): its page-cache lookups of a warm file must not take a core from the load
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
-        for path in paths:
+        for path, mapped in zip(paths, maps, strict=True):
+            offsets = range(0)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
                 continue
             try:
                 size = os.fstat(fd).st_size
-                for off in range(0, size, CHUNK):
+                offsets = range(0, size, CHUNK)
+                for i, off in enumerate(offsets):
                     if self._stop.is_set():
                         return
                     os.posix_fadvise(fd, off, min(CHUNK, size - off), os.POSIX_FADV_WILLNEED)
+                    if i >= POPULATE_LAG:
+                        self._populate(mapped, offsets[i - POPULATE_LAG])
             except OSError:
                 pass
             finally:
                 os.close(fd)
+            for off in offsets[max(0, len(offsets) - POPULATE_LAG):]:  # the chunks the advice loop left behind
+                if self._stop.is_set():
+                    return
+                self._populate(mapped, off)
+
+    def _populate(self, mapped: np.ndarray | None, off: int) -> None:
+        """Map the pages of `mapped[off : off + CHUNK]` (waits for those still being read from disk)."""
+        if mapped is None or self.populate_error is not None or off >= mapped.nbytes:
+            return
+        n = min(CHUNK, mapped.nbytes - off)
+        err = madvise(mapped.ctypes.data + off, n, MADV_POPULATE_READ)
+        if err:
+            self.populate_error = errno.errorcode.get(err, str(err))
+        else:
+            self.populated += n
 
     def stop(self) -> None:
         self._stop.set()
@@ -61,10 +104,14 @@ class ReadAhead:
         return not self._thread.is_alive()
 
 
-def start(paths: Iterable[str | os.PathLike[str]]) -> ReadAhead | None:
-    """Read `paths` ahead in order; None when this system has no posix_fadvise or they do not fit in the memory
+def start(paths: Iterable[str | os.PathLike[str]], maps: Sequence[np.ndarray | None] | None = None) -> ReadAhead | None:
+    """Read `paths` ahead in order, and map the pages of `maps` (one per path: the whole file's memory map, from offset
+    0, or None) into this process; None when this system has no posix_fadvise or they do not fit in the memory
     available now."""
     paths = [os.fspath(p) for p in paths]
+    maps = [None] * len(paths) if maps is None else list(maps)
+    if len(maps) != len(paths):
+        raise ValueError(f"readahead.start: {len(paths)} paths but {len(maps)} maps")
     if not paths or not hasattr(os, "posix_fadvise"):
         return None
     try:
@@ -73,7 +120,34 @@ def start(paths: Iterable[str | os.PathLike[str]]) -> ReadAhead | None:
         return None
     if total > _available_memory():
         return None
-    return ReadAhead(paths)
+    return ReadAhead(paths, maps)
+
+
+def madvise(address: int, length: int, advice: int) -> int:
+    """libc madvise(2) on a page-aligned address; 0, or the errno (ENOSYS where this system's libc has none).
+    ctypes releases the GIL for the call, so a populate that waits for the disk holds nobody up."""
+    fn = _libc_madvise()
+    if fn is None:
+        return errno.ENOSYS
+    if fn(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EINVAL
+
+
+_madvise_fn: list = []  # [the libc function or None], looked up once
+
+
+def _libc_madvise():
+    if not _madvise_fn:
+        fn = None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            fn = libc.madvise
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _madvise_fn.append(fn)
+    return _madvise_fn[0]
 
 
 def _available_memory() -> int:

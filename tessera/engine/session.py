@@ -57,8 +57,11 @@ def load(
             raise TesseraError("--threads", f"must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     model = open_model(path)  # every header read once, here
-    # the file into the page cache on a thread, in file order, while the loader and the first forward walk it
-    ahead = readahead.start(part.path for part in model.gguf.files) if model.gguf is not None else None
+    # the file into the page cache on a thread, in file order, while the loader and the first forward walk it, and its
+    # pages into the map the weights are views of (decode then reads the experts without faulting)
+    ahead = None
+    if model.gguf is not None:
+        ahead = readahead.start([part.path for part in model.gguf.files], [part.mapping for part in model.gguf.files])
     try:
         info = inspect_model(model, kv_cache_type=kv_cache_type)
         weights = load_weights(model, progress=progress, cancel=cancel)

@@ -64,8 +64,8 @@ def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch
     started = []
     real = readahead.start
 
-    def spy(paths):
-        ahead = real(paths)
+    def spy(paths, maps=None):
+        ahead = real(paths, maps)
         started.append(ahead)
         return ahead
 
@@ -84,3 +84,123 @@ def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch
         assert s.readahead is started[0]
         s.close()
     assert started and started[0] is not None and started[0]._stop.is_set() and started[0].join(10)
+
+
+# ---- the map's pages populated (MADV_POPULATE_READ) ----------------------------------------------------------------
+
+def _mapping_rss(mapped) -> int:
+    """Bytes of `mapped`'s pages in this process's page tables: the Rss of its mapping in /proc/self/smaps."""
+    start = mapped.ctypes.data
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= start < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the map is not in /proc/self/smaps")
+
+
+def _populate_supported() -> bool:
+    import mmap
+
+    m = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        import ctypes
+
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        ok = readahead.madvise(address, mmap.PAGESIZE, readahead.MADV_POPULATE_READ) == 0
+        return ok
+    finally:
+        import gc
+
+        gc.collect()
+        try:
+            m.close()
+        except BufferError:
+            pass
+
+
+def _mapped_file(tmp_path, nbytes: int):
+    import numpy as np
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(os.urandom(nbytes))
+    return f, np.memmap(f, dtype=np.uint8, mode="c")  # as gguf_reader maps a model
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_the_map_s_pages_are_mapped_into_the_process(tmp_path, monkeypatch):
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(readahead, "CHUNK", 1 << 20)  # 6 chunks, more than POPULATE_LAG: both populate loops run
+    nbytes = 6 * (1 << 20) + 12345
+    f, mapped = _mapped_file(tmp_path, nbytes)
+    before = _mapping_rss(mapped)
+    assert before < nbytes // 2  # nothing read through the map yet (fault-around maps 64 kB at most per touch)
+    ahead = readahead.start([f], [mapped])
+    assert ahead is not None and ahead.join(10)
+    assert ahead.populate_error is None and ahead.populated == nbytes
+    assert _mapping_rss(mapped) >= nbytes - 4096  # every page mapped (the last one partly the file's)
+    assert int(mapped[nbytes - 1]) == f.read_bytes()[-1]  # and reads the file's bytes, not a copy's
+
+
+def test_an_unsupported_madvise_only_costs_the_populate(tmp_path, monkeypatch):
+    import errno
+
+    calls = []
+    monkeypatch.setattr(readahead, "CHUNK", 4096)
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: (calls.append(advice), errno.EINVAL)[1])
+    asked = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (asked.append(off), real(fd, off, n, advice)))
+    f, mapped = _mapped_file(tmp_path, 10 * 4096)
+    ahead = readahead.start([f], [mapped])
+    assert ahead is not None and ahead.join(10)
+    assert calls == [readahead.MADV_POPULATE_READ]  # tried once, then not again
+    assert ahead.populate_error == "EINVAL" and ahead.populated == 0
+    assert asked == [i * 4096 for i in range(10)]  # the read-ahead itself went on to the end
+
+
+def test_stop_ends_the_populate_within_a_chunk(tmp_path, monkeypatch):
+    import threading
+
+    gate, populated = threading.Event(), []
+
+    def slow(address, n, advice):
+        populated.append(n)
+        gate.wait(5)
+        return 0
+
+    monkeypatch.setattr(readahead, "CHUNK", 4096)
+    monkeypatch.setattr(readahead, "madvise", slow)
+    f, mapped = _mapped_file(tmp_path, 40 * 4096)
+    ahead = readahead.start([f], [mapped])
+    while not populated:  # the thread is inside its first populate
+        threading.Event().wait(0.01)
+    ahead.stop()
+    gate.set()
+    assert ahead.join(10) and len(populated) == 1
+
+
+def test_maps_and_paths_must_pair(tmp_path):
+    f = tmp_path / "m"
+    f.write_bytes(b"x" * 10)
+    with pytest.raises(ValueError, match="1 paths but 2 maps"):
+        readahead.start([f], [None, None])
+
+
+def test_a_loaded_model_s_map_is_populated(tiny_gguf_model):
+    from tessera import engine
+
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    s = engine.load(tiny_gguf_model, backend="Torch")
+    try:
+        assert s.readahead is not None and s.readahead.join(30)
+        assert s.readahead.populate_error is None
+        assert s.readahead.populated == os.path.getsize(tiny_gguf_model)
+    finally:
+        s.close()
