@@ -123,10 +123,43 @@ def start(paths: Iterable[str | os.PathLike[str]], maps: Sequence[np.ndarray | N
     return ReadAhead(paths, maps)
 
 
+def resident(maps: Sequence[np.ndarray | None]) -> bool:
+    """True when every page of `maps` is in the page cache now (mincore(2)); False when any is not, or on error."""
+    fn = _libc("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+    if fn is None:
+        return False
+    page = os.sysconf("SC_PAGE_SIZE")
+    for mapped in maps:
+        if mapped is None:
+            continue
+        vec = np.zeros((mapped.nbytes + page - 1) // page, np.uint8)  # one byte a page: 4.5 MB for an 18.6 GB file
+        if fn(ctypes.c_void_p(mapped.ctypes.data), ctypes.c_size_t(mapped.nbytes), vec.ctypes.data_as(ctypes.c_void_p)):
+            return False
+        if not np.all(vec & 1):
+            return False
+    return True
+
+
+def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None = None) -> str | None:
+    """Map every page of `maps` now, on this thread, a chunk at a time (a set `cancel` stops it between chunks); None,
+    or why it stopped (an errno name). For files already in the page cache (`resident`): CPU work only, ~0.07 s a GB
+    here, against several times that spent in page faults when decode first touches the pages."""
+    for mapped in maps:
+        if mapped is None:
+            continue
+        for off in range(0, mapped.nbytes, CHUNK):
+            if cancel is not None and cancel.is_set():
+                return None
+            err = madvise(mapped.ctypes.data + off, min(CHUNK, mapped.nbytes - off), MADV_POPULATE_READ)
+            if err:
+                return errno.errorcode.get(err, str(err))
+    return None
+
+
 def madvise(address: int, length: int, advice: int) -> int:
     """libc madvise(2) on a page-aligned address; 0, or the errno (ENOSYS where this system's libc has none).
     ctypes releases the GIL for the call, so a populate that waits for the disk holds nobody up."""
-    fn = _libc_madvise()
+    fn = _libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
     if fn is None:
         return errno.ENOSYS
     if fn(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)) == 0:
@@ -134,20 +167,19 @@ def madvise(address: int, length: int, advice: int) -> int:
     return ctypes.get_errno() or errno.EINVAL
 
 
-_madvise_fn: list = []  # [the libc function or None], looked up once
+_libc_fns: dict[str, object] = {}  # name -> the libc function, or None where this libc has none; looked up once
 
 
-def _libc_madvise():
-    if not _madvise_fn:
+def _libc(name: str, argtypes: list):
+    if name not in _libc_fns:
         fn = None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            fn = libc.madvise
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
         except (OSError, AttributeError):
             fn = None
-        _madvise_fn.append(fn)
-    return _madvise_fn[0]
+        _libc_fns[name] = fn
+    return _libc_fns[name]
 
 
 def _available_memory() -> int:

@@ -59,6 +59,7 @@ def test_stop_ends_it_within_a_chunk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch, fails):
+    monkeypatch.setattr(readahead, "resident", lambda maps: False)  # a cold file: the thread reads it
     from tessera import engine
 
     started = []
@@ -192,15 +193,58 @@ def test_maps_and_paths_must_pair(tmp_path):
         readahead.start([f], [None, None])
 
 
-def test_a_loaded_model_s_map_is_populated(tiny_gguf_model):
+def test_resident_says_whether_every_page_is_in_the_page_cache(tmp_path):
+    f, mapped = _mapped_file(tmp_path, 64 * 4096)  # just written: in the page cache
+    assert readahead.resident([mapped, None])
+    with open(f, "rb") as fh:  # clean pages can be dropped: fsync'd, then DONTNEED
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert not readahead.resident([mapped])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_populate_maps_every_page_on_this_thread_and_stops_when_asked(tmp_path, monkeypatch):
+    import threading
+
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(readahead, "CHUNK", 1 << 20)
+    nbytes = 3 * (1 << 20) + 100
+    _, mapped = _mapped_file(tmp_path, nbytes)
+    stop = threading.Event()
+    stop.set()
+    assert readahead.populate([mapped], stop) is None and _mapping_rss(mapped) < nbytes // 2  # stopped before any
+    assert readahead.populate([None, mapped]) is None
+    assert _mapping_rss(mapped) >= nbytes - 4096
+
+
+def test_populate_says_why_it_stopped(tmp_path, monkeypatch):
+    import errno
+
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: errno.EINVAL)
+    _, mapped = _mapped_file(tmp_path, 4096)
+    assert readahead.populate([mapped]) == "EINVAL"
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_loaded_model_s_map_is_populated(tiny_gguf_model, monkeypatch, cached):
+    """A file in the page cache is populated by load itself; a cold one by the read-ahead thread."""
     from tessera import engine
 
     if not _populate_supported():
         pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(readahead, "resident", lambda maps: cached)
+    done = []
+    real = readahead.populate
+    monkeypatch.setattr(readahead, "populate", lambda maps, cancel=None: done.append(
+        (real(maps, cancel), [_mapping_rss(m) for m in maps])))
     s = engine.load(tiny_gguf_model, backend="Torch")
     try:
-        assert s.readahead is not None and s.readahead.join(30)
-        assert s.readahead.populate_error is None
-        assert s.readahead.populated == os.path.getsize(tiny_gguf_model)
+        size = os.path.getsize(tiny_gguf_model)
+        if cached:
+            assert s.readahead is None and done and done[0][0] is None and done[0][1][0] >= size - 4096
+        else:
+            assert not done and s.readahead is not None and s.readahead.join(30)
+            assert s.readahead.populate_error is None and s.readahead.populated == size
     finally:
         s.close()
