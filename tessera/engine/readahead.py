@@ -1,5 +1,5 @@
-"""Read a model file into the page cache ahead of use, on a background thread, so a cold load streams from disk, and
-map its pages into the process's memory map, so decode does not fault on them.
+"""Read a model file into the page cache ahead of use, on a background thread, so a cold load streams from disk; map
+a cached file's pages into the process's memory map at load, so decode does not fault on them.
 
 GGUF tensors are views of a memory map (engine.gguf_reader). Touched for the first time, each page of a map costs a
 page fault and a small read (the kernel reads ~128 kB around it), so a cold load that walks the file (the block-scale
@@ -8,20 +8,21 @@ where llama.cpp, which prefetches its map, reads 1.6 GB/s. `start(paths)` asks t
 chunk at a time (`posix_fadvise(WILLNEED)`: the kernel queues the reads and returns; the call waits only while the
 device's queue is full), so the pages are in memory, or on their way, when the loader gets to them.
 
-A page in the page cache is still not in the process's page tables: the first read of it through the map faults
-(a minor fault, ~1 us for up to 16 pages), and decode reads a routed expert's blocks for the first time whenever the
-router picks it, so a file's experts read at 3.6-17 GB/s for many tokens where the same kernel reads 25-30 GB/s from
-memory already mapped (docs/BENCHMARKS.md, BF16 decode step profile). Given the maps (`start(paths, maps)`), the
-thread also asks the kernel to map every page, a chunk at a time, `POPULATE_LAG` chunks behind its read-ahead advice
-so the disk's queue stays full: `madvise(MADV_POPULATE_READ)` (Linux >= 5.14; llama.cpp maps with MAP_POPULATE). It
-maps page-cache pages read-only, copying nothing (the map is copy-on-write, and nothing writes to it), so memory stays
-the file's. On a kernel without it (EINVAL) or any other error, the thread only reads ahead: the speed-up is absent.
-
 The thread runs at nice 19: with the file already cached its work is a page-cache lookup per page (~0.5 s of CPU for
 18.6 GB), which on a 2-core machine would otherwise slow the first forward pass. Only when the files fit in the
 memory available now: reading ahead more than that would push out the pages read first,
 the ones the loader needs first. Pages already cached cost a lookup each. Errors (a file gone, no fadvise on this
 system) only cost the speed-up.
+
+A page in the page cache is still not in the process's page tables: the first read of it through the map faults, and
+decode reads a routed expert's blocks for the first time whenever the router first picks it. On the 48-layer Q4_K_M
+file (18.55 GB, all cached, Zen 4, 2 threads) a first read of the whole map ran at 5.4 GB/s, a second at 26-30;
+`populate(maps)` (`madvise(MADV_POPULATE_READ)`, Linux >= 5.14; llama.cpp maps with MAP_POPULATE) maps them all in
+1.3 s on one thread, after which the first read runs at 30 GB/s. It maps page-cache pages read-only, copying nothing
+(the map is copy-on-write and nothing writes to it), so memory stays the file's. engine.session runs it in load when
+`resident_fraction(maps)` says the file is (nearly) all cached; on the nice-19 thread, overlapping the first forward
+and decode, it slowed decode on 2 cores (docs/BENCHMARKS.md), so a cold file is only read ahead. On a kernel without
+it (EINVAL) the speed-up is absent.
 """
 
 from __future__ import annotations
@@ -35,65 +36,41 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-CHUNK = 64 << 20  # bytes asked for at a time: a stop request is seen within one chunk
-POPULATE_LAG = 4  # chunks: the map is populated this far behind the read-ahead advice (the reads already queued)
+CHUNK = 64 << 20  # bytes asked for (or populated) at a time: a stop request is seen within one chunk
+# a file at least this much in the page cache is populated at load (the rest read from disk then, ~1 s for 10 % of
+# 18.6 GB); below it the read-ahead thread reads it and first touches map it
+POPULATE_WHEN_CACHED = 0.9
 MADV_POPULATE_READ = 22  # include/uapi/asm-generic/mman-common.h; Python's mmap module has no name for it before 3.13
 
 
 class ReadAhead:
-    """A running read-ahead; `stop()` ends it after the current chunk (a closed model stops its read-ahead).
+    """A running read-ahead; `stop()` ends it after the current chunk (a closed model stops its read-ahead)."""
 
-    `populated`: bytes of the maps whose pages the kernel has mapped so far; `populate_error`: why populating stopped
-    (an errno name such as EINVAL on a kernel without MADV_POPULATE_READ), None while it works."""
-
-    def __init__(self, paths: list[str], maps: Sequence[np.ndarray | None]):
+    def __init__(self, paths: list[str]):
         self._stop = threading.Event()
-        self.populated = 0
-        self.populate_error: str | None = None
-        # the thread holds the maps: a model closed meanwhile cannot unmap them under a madvise
-        self._thread = threading.Thread(target=self._run, args=(paths, list(maps)), name="tessera-readahead",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(paths,), name="tessera-readahead", daemon=True)
         self._thread.start()
 
-    def _run(self, paths: list[str], maps: list[np.ndarray | None]) -> None:
+    def _run(self, paths: list[str]) -> None:
         try:  # this thread only (Linux): its page-cache lookups of a warm file must not take a core from the load
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
-        for path, mapped in zip(paths, maps, strict=True):
-            offsets = range(0)
+        for path in paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
                 continue
             try:
                 size = os.fstat(fd).st_size
-                offsets = range(0, size, CHUNK)
-                for i, off in enumerate(offsets):
+                for off in range(0, size, CHUNK):
                     if self._stop.is_set():
                         return
                     os.posix_fadvise(fd, off, min(CHUNK, size - off), os.POSIX_FADV_WILLNEED)
-                    if i >= POPULATE_LAG:
-                        self._populate(mapped, offsets[i - POPULATE_LAG])
             except OSError:
                 pass
             finally:
                 os.close(fd)
-            for off in offsets[max(0, len(offsets) - POPULATE_LAG):]:  # the chunks the advice loop left behind
-                if self._stop.is_set():
-                    return
-                self._populate(mapped, off)
-
-    def _populate(self, mapped: np.ndarray | None, off: int) -> None:
-        """Map the pages of `mapped[off : off + CHUNK]` (waits for those still being read from disk)."""
-        if mapped is None or self.populate_error is not None or off >= mapped.nbytes:
-            return
-        n = min(CHUNK, mapped.nbytes - off)
-        err = madvise(mapped.ctypes.data + off, n, MADV_POPULATE_READ)
-        if err:
-            self.populate_error = errno.errorcode.get(err, str(err))
-        else:
-            self.populated += n
 
     def stop(self) -> None:
         self._stop.set()
@@ -104,14 +81,10 @@ class ReadAhead:
         return not self._thread.is_alive()
 
 
-def start(paths: Iterable[str | os.PathLike[str]], maps: Sequence[np.ndarray | None] | None = None) -> ReadAhead | None:
-    """Read `paths` ahead in order, and map the pages of `maps` (one per path: the whole file's memory map, from offset
-    0, or None) into this process; None when this system has no posix_fadvise or they do not fit in the memory
+def start(paths: Iterable[str | os.PathLike[str]]) -> ReadAhead | None:
+    """Read `paths` ahead in order; None when this system has no posix_fadvise or they do not fit in the memory
     available now."""
     paths = [os.fspath(p) for p in paths]
-    maps = [None] * len(paths) if maps is None else list(maps)
-    if len(maps) != len(paths):
-        raise ValueError(f"readahead.start: {len(paths)} paths but {len(maps)} maps")
     if not paths or not hasattr(os, "posix_fadvise"):
         return None
     try:
@@ -120,30 +93,27 @@ def start(paths: Iterable[str | os.PathLike[str]], maps: Sequence[np.ndarray | N
         return None
     if total > _available_memory():
         return None
-    return ReadAhead(paths, maps)
+    return ReadAhead(paths)
 
 
-def resident(maps: Sequence[np.ndarray | None]) -> bool:
-    """True when every page of `maps` is in the page cache now (mincore(2)); False when any is not, or on error."""
+def resident_fraction(maps: Sequence[np.ndarray | None]) -> float:
+    """The share of `maps`' pages in the page cache now (mincore(2)); 0.0 on error."""
     fn = _libc("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
-    if fn is None:
-        return False
-    page = os.sysconf("SC_PAGE_SIZE")
+    page, cached, total = os.sysconf("SC_PAGE_SIZE"), 0, 0
     for mapped in maps:
-        if mapped is None:
+        if mapped is None or fn is None:
             continue
         vec = np.zeros((mapped.nbytes + page - 1) // page, np.uint8)  # one byte a page: 4.5 MB for an 18.6 GB file
         if fn(ctypes.c_void_p(mapped.ctypes.data), ctypes.c_size_t(mapped.nbytes), vec.ctypes.data_as(ctypes.c_void_p)):
-            return False
-        if not np.all(vec & 1):
-            return False
-    return True
+            return 0.0
+        cached, total = cached + int(np.count_nonzero(vec & 1)), total + len(vec)
+    return cached / total if total else 0.0
 
 
 def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None = None) -> str | None:
     """Map every page of `maps` now, on this thread, a chunk at a time (a set `cancel` stops it between chunks); None,
-    or why it stopped (an errno name). For files already in the page cache (`resident`): CPU work only, ~0.07 s a GB
-    here, against several times that spent in page faults when decode first touches the pages."""
+    or why it stopped (an errno name). For pages already in the page cache CPU work only (0.07 s a GB here); a page not
+    cached is read from disk first."""
     for mapped in maps:
         if mapped is None:
             continue
@@ -180,6 +150,7 @@ def _libc(name: str, argtypes: list):
             fn = None
         _libc_fns[name] = fn
     return _libc_fns[name]
+
 
 
 def _available_memory() -> int:

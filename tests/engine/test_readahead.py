@@ -59,14 +59,14 @@ def test_stop_ends_it_within_a_chunk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch, fails):
-    monkeypatch.setattr(readahead, "resident", lambda maps: False)  # a cold file: the thread reads it
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: 0.0)  # a cold file: the thread reads it
     from tessera import engine
 
     started = []
     real = readahead.start
 
-    def spy(paths, maps=None):
-        ahead = real(paths, maps)
+    def spy(paths):
+        ahead = real(paths)
         started.append(ahead)
         return ahead
 
@@ -132,74 +132,14 @@ def _mapped_file(tmp_path, nbytes: int):
     return f, np.memmap(f, dtype=np.uint8, mode="c")  # as gguf_reader maps a model
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_the_map_s_pages_are_mapped_into_the_process(tmp_path, monkeypatch):
-    if not _populate_supported():
-        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
-    monkeypatch.setattr(readahead, "CHUNK", 1 << 20)  # 6 chunks, more than POPULATE_LAG: both populate loops run
-    nbytes = 6 * (1 << 20) + 12345
-    f, mapped = _mapped_file(tmp_path, nbytes)
-    before = _mapping_rss(mapped)
-    assert before < nbytes // 2  # nothing read through the map yet (fault-around maps 64 kB at most per touch)
-    ahead = readahead.start([f], [mapped])
-    assert ahead is not None and ahead.join(10)
-    assert ahead.populate_error is None and ahead.populated == nbytes
-    assert _mapping_rss(mapped) >= nbytes - 4096  # every page mapped (the last one partly the file's)
-    assert int(mapped[nbytes - 1]) == f.read_bytes()[-1]  # and reads the file's bytes, not a copy's
-
-
-def test_an_unsupported_madvise_only_costs_the_populate(tmp_path, monkeypatch):
-    import errno
-
-    calls = []
-    monkeypatch.setattr(readahead, "CHUNK", 4096)
-    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: (calls.append(advice), errno.EINVAL)[1])
-    asked = []
-    real = os.posix_fadvise
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (asked.append(off), real(fd, off, n, advice)))
-    f, mapped = _mapped_file(tmp_path, 10 * 4096)
-    ahead = readahead.start([f], [mapped])
-    assert ahead is not None and ahead.join(10)
-    assert calls == [readahead.MADV_POPULATE_READ]  # tried once, then not again
-    assert ahead.populate_error == "EINVAL" and ahead.populated == 0
-    assert asked == [i * 4096 for i in range(10)]  # the read-ahead itself went on to the end
-
-
-def test_stop_ends_the_populate_within_a_chunk(tmp_path, monkeypatch):
-    import threading
-
-    gate, populated = threading.Event(), []
-
-    def slow(address, n, advice):
-        populated.append(n)
-        gate.wait(5)
-        return 0
-
-    monkeypatch.setattr(readahead, "CHUNK", 4096)
-    monkeypatch.setattr(readahead, "madvise", slow)
-    f, mapped = _mapped_file(tmp_path, 40 * 4096)
-    ahead = readahead.start([f], [mapped])
-    while not populated:  # the thread is inside its first populate
-        threading.Event().wait(0.01)
-    ahead.stop()
-    gate.set()
-    assert ahead.join(10) and len(populated) == 1
-
-
-def test_maps_and_paths_must_pair(tmp_path):
-    f = tmp_path / "m"
-    f.write_bytes(b"x" * 10)
-    with pytest.raises(ValueError, match="1 paths but 2 maps"):
-        readahead.start([f], [None, None])
-
-
-def test_resident_says_whether_every_page_is_in_the_page_cache(tmp_path):
+def test_resident_fraction_is_the_share_of_pages_in_the_page_cache(tmp_path):
     f, mapped = _mapped_file(tmp_path, 64 * 4096)  # just written: in the page cache
-    assert readahead.resident([mapped, None])
-    with open(f, "rb") as fh:  # clean pages can be dropped: fsync'd, then DONTNEED
-        os.fsync(fh.fileno())
+    assert readahead.resident_fraction([mapped, None]) == 1.0
+    with open(f, "rb") as fh:  # clean pages can be dropped: fsync'd, then DONTNEED (the whole file: the page cache
+        os.fsync(fh.fileno())  # drops a large folio whole or not at all)
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    assert not readahead.resident([mapped])
+    assert readahead.resident_fraction([mapped]) < 0.5
+    assert readahead.resident_fraction([None]) == 0.0
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
@@ -226,25 +166,23 @@ def test_populate_says_why_it_stopped(tmp_path, monkeypatch):
     assert readahead.populate([mapped]) == "EINVAL"
 
 
-@pytest.mark.parametrize("cached", [True, False])
-def test_a_loaded_model_s_map_is_populated(tiny_gguf_model, monkeypatch, cached):
-    """A file in the page cache is populated by load itself; a cold one by the read-ahead thread."""
+@pytest.mark.parametrize("cached", [1.0, 0.5])
+def test_a_cached_model_s_map_is_populated_at_load_a_cold_one_read_ahead(tiny_gguf_model, monkeypatch, cached):
     from tessera import engine
 
     if not _populate_supported():
         pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
-    monkeypatch.setattr(readahead, "resident", lambda maps: cached)
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: cached)
     done = []
     real = readahead.populate
     monkeypatch.setattr(readahead, "populate", lambda maps, cancel=None: done.append(
         (real(maps, cancel), [_mapping_rss(m) for m in maps])))
     s = engine.load(tiny_gguf_model, backend="Torch")
     try:
-        size = os.path.getsize(tiny_gguf_model)
-        if cached:
-            assert s.readahead is None and done and done[0][0] is None and done[0][1][0] >= size - 4096
+        if cached == 1.0:
+            assert s.readahead is None and done == [(None, [done[0][1][0]])]
+            assert done[0][1][0] >= os.path.getsize(tiny_gguf_model) - 4096  # every page of the map mapped
         else:
             assert not done and s.readahead is not None and s.readahead.join(30)
-            assert s.readahead.populate_error is None and s.readahead.populated == size
     finally:
         s.close()
