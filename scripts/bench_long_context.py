@@ -11,7 +11,9 @@ into attention, routed experts and the rest (dense projections, norms, router, l
 with an explicit mask, or two matmuls for decode), plus torch SDPA with is_causal (its CPU flash kernel). Best of a few
 runs.
 MODEL: real prefill of N random tokens (one forward, as a prompt), then decode steps at that context; attention =
-engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest.
+engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest. A decode
+step that runs as one native call (engine.decode_layer: quantized or packed experts, a native attention kernel) has no
+Python call to time: its rows give decode_ms alone and say so (decode_split).
 --kv-cache-types: each cache type in turn (bf16, q8_0: engine.kv_cache.KV_DTYPES) for every context, in --rounds
 interleaved rounds (one load of the model serves all of them); rows carry "kv_cache". With a real prefill, the
 context is prefilled once (into the first type's cache) and every decode starts from a copy of that K/V converted to
@@ -201,10 +203,13 @@ def model_split(a) -> list[dict]:
             for _ in range(a.decode_steps):
                 nxt = model.forward(nxt.reshape(1), cache).argmax(-1)
             dt = time.perf_counter() - t
-            row.update(decode_ms=1e3 * dt / a.decode_steps, decode_attention_ms=1e3 * split.attn / a.decode_steps,
-                       decode_experts_ms=1e3 * split.experts / a.decode_steps,
-                       decode_dense_ms=1e3 * (dt - split.attn - split.experts) / a.decode_steps,
-                       decode_tok_s=a.decode_steps / dt)
+            row.update(decode_ms=1e3 * dt / a.decode_steps, decode_tok_s=a.decode_steps / dt)
+            if split.attn or split.experts:  # the Python decode path: attend and the experts are called per layer
+                row.update(decode_attention_ms=1e3 * split.attn / a.decode_steps,
+                           decode_experts_ms=1e3 * split.experts / a.decode_steps,
+                           decode_dense_ms=1e3 * (dt - split.attn - split.experts) / a.decode_steps)
+            else:  # one native call ran each step (engine.decode_layer): no Python call to time; --kernels times
+                row.update(decode_split="one native call a step: not split (see --kernels for attention alone)")
         del cache
         rows.append(row)
         print(json.dumps(row) if a.json else "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

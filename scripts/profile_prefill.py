@@ -6,7 +6,8 @@ the rest, in seconds and shares of the prefill.
 Loads MODEL as `tessera-cli bench` does (default backend), warms up on 8 tokens, then prefills --prompt-tokens random
 tokens once, timing (exclusive of each other, wall clock):
 - experts: the expert backend's forward (engine.model.MoE minus its router);
-- dense: every engine.dense.Linear call (q/k/v/o projections, routers, lm_head; quantized files: quant_matmul);
+- dense: every engine.dense.Linear and FusedLinears call (q/k/v/o projections, routers, lm_head; quantized files:
+  quant_matmul, q/k/v in one quant_matmul_multi);
 - attention: engine.model.Attention minus its projections (q/k norms, RoPE, KV-cache append, SDPA);
 - other: the rest of the prefill (embedding, layer norms, residuals, sampling, Python).
 Prints figures only.
@@ -52,6 +53,7 @@ def main() -> None:
     a = p.parse_args()
 
     dense.Linear.__call__ = _timed("dense", dense.Linear.__call__)
+    dense.FusedLinears.__call__ = _timed("dense", dense.FusedLinears.__call__)
     model.MoE.__call__ = _timed("experts", model.MoE.__call__)
     model.Attention.__call__ = _timed("attention", model.Attention.__call__)
 

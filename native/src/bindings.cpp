@@ -340,6 +340,7 @@ NB_MODULE(_native, m) {
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
     d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
+    d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;
@@ -362,8 +363,12 @@ NB_MODULE(_native, m) {
       if (value < 1) throw nb::value_error("amx_tile_min_rows: must be >= 1");
       return t.amx_tile_min_rows.exchange(value);
     }
+    if (name == "quant_moe_chunk_tokens") {
+      if (value < 1) throw nb::value_error("quant_moe_chunk_tokens: must be >= 1");
+      return t.quant_moe_chunk_tokens.exchange(value);
+    }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
-                           " (prefetch_bytes, spin_us, amx_tile_min_rows)").c_str());
+                           " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");
@@ -376,6 +381,25 @@ NB_MODULE(_native, m) {
     if (reference) dense_matvec_reference(a, pool); else dense_matvec(a, pool);
   }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("reference") = false,
      "out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly, f32 accumulation (reference: scalar, double).");
+  m.def("dense_matvec_multi", [](const std::vector<AnyArray>& ws, const AnyArray& x, const std::vector<AnyArray>& outs,
+                                 ThreadPool& pool) {
+    if (ws.empty()) throw nb::value_error("ws: needs at least one weight");
+    if (ws.size() != outs.size())
+      throw nb::value_error(("outs: one per weight: got " + std::to_string(outs.size()) + " outputs for " +
+                             std::to_string(ws.size()) + " weights").c_str());
+    std::vector<DenseMatvecPart> parts;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      DenseArgs a = check_dense(ws[i], x, outs[i]);
+      if (a.T != 1) throw nb::value_error("x: dense_matvec_multi takes one token, x [1, K]");
+      parts.push_back({a.type, a.w, a.N, a.out});
+    }
+    const int64_t K = int64_t(x.shape(1));
+    const float* xp = static_cast<const float*>(x.data());
+    nb::gil_scoped_release nogil;
+    dense_matvec_multi(parts.data(), int(parts.size()), xp, K, pool);
+  }, nb::arg("ws"), nb::arg("x"), nb::arg("outs"), nb::arg("pool"),
+     "One token through several bf16/f16 matrices in one dispatch: outs[i][1, N_i] = x[1, K] . ws[i][N_i, K]^T, "
+     "bit-identical to dense_matvec on each.");
   m.def("dense_gemm_bf16_available", []() { return dense_gemm_bf16_available(); },
         "Whether dense_gemm_bf16 runs here: the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512.");
   m.def("dense_gemm_bf16", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {

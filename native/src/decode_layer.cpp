@@ -109,18 +109,23 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   std::vector<float> xn(nH), q(nq), k(nk), v(nk), att(nq), o(nH);
   rms_norm(S.x, P.input_norm, H, P.eps, xn.data());
 
-  // q/k/v: the quantized ones in one dispatch with x quantized once (engine.dense.FusedMatvec), the others one by one.
+  // q/k/v: the quantized ones in one dispatch with x quantized once (engine.dense.FusedMatvec), the 16-bit ones in
+  // one dispatch too (dense_matvec_multi: bit-identical to one call each), f32 ones one by one.
   const DecodeWeight* qkv[3] = {&P.q, &P.k, &P.v};
   float* outs[3] = {q.data(), k.data(), v.data()};
   std::vector<QMatvecPart> parts;
+  std::vector<DenseMatvecPart> parts16;
   for (int i = 0; i < 3; ++i) {
     const DecodeWeight& w = *qkv[i];
     if (w.kind == DecodeWeight::Kind::Quant)
       parts.push_back({w.qtype, static_cast<const uint8_t*>(w.w), w.row_bytes, w.N, outs[i]});
-    else
+    else if (w.kind == DecodeWeight::Kind::F32)
       decode_matvec(w, P.isa, xn.data(), outs[i], pool);
+    else
+      parts16.push_back({dense_type(w.kind), static_cast<const uint16_t*>(w.w), w.N, outs[i]});
   }
   if (!parts.empty()) quant_matvec_multi(P.isa, xn.data(), H, parts.data(), int(parts.size()), pool);
+  if (!parts16.empty()) dense_matvec_multi(parts16.data(), int(parts16.size()), xn.data(), H, pool);
 
   // Per-head q/k norms and RoPE; this position's K/V into the cache (bf16, nearest even, as torch's copy rounds; or
   // q8_0 blocks, as engine.kv_q8.quantize_q8_0 writes them).

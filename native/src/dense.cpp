@@ -58,6 +58,17 @@ void dense_matvec(const DenseArgs& a, ThreadPool& pool) {
   }
 }
 
+void dense_matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
+  switch (pick()) {
+    case DenseKernel::AVX512: dense_isa::matvec_multi_avx512(parts, n, x, K, pool); break;
+    case DenseKernel::AVX2: dense_isa::matvec_multi_avx2(parts, n, x, K, pool); break;
+    default:  // the Reference level: one exact call per part
+      for (int i = 0; i < n; ++i)
+        dense_matvec_reference(DenseArgs{parts[i].type, parts[i].w, parts[i].N, K, 1, x, parts[i].out}, pool);
+      break;
+  }
+}
+
 bool dense_gemm_bf16_available() {
   static const bool ok = [] {
     const CpuFeatures& c = cpu_features();

@@ -42,6 +42,9 @@ struct V256 {
 }  // namespace
 
 void dense_isa::matvec_avx2(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V256, 4, 2>(a, pool); }
+void dense_isa::matvec_multi_avx2(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
+  dense_body::matvec_multi<V256>(parts, n, x, K, pool);
+}
 
 }  // namespace tessera
 

@@ -37,6 +37,9 @@ struct V512 {
 }  // namespace
 
 void dense_isa::matvec_avx512(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V512, 4, 4>(a, pool); }
+void dense_isa::matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
+  dense_body::matvec_multi<V512>(parts, n, x, K, pool);
+}
 
 }  // namespace tessera
 

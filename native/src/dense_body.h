@@ -164,6 +164,42 @@ void matvec(const DenseArgs& a, ThreadPool& pool) {
   });
 }
 
+// T = 1 over several matrices with one x and one K (dense.h: dense_matvec_multi): the rows of all parts as one range
+// [0, sum N), split over the pool in contiguous ranges, each row by row_dot as matvec runs it at T = 1.
+template <class V>
+void matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
+  constexpr int B = 2 * V::W;
+  const int64_t Kp = (K + B - 1) / B * B;
+  bool any_bf16 = false, any_f16 = false;
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) {
+    (parts[i].type == WeightType::BF16 ? any_bf16 : any_f16) = true;
+    rows += parts[i].N;
+  }
+  std::vector<float> xb, xf;  // x prepared for bf16 rows (deinterleaved per block) and for f16 rows (as is)
+  if (any_bf16) xb = prepare_x(DenseArgs{WeightType::BF16, nullptr, 0, K, 1, x, nullptr}, B, Kp);
+  if (any_f16) xf = prepare_x(DenseArgs{WeightType::F16, nullptr, 0, K, 1, x, nullptr}, B, Kp);
+  auto run = [&](int64_t r0, int64_t r1) {  // global rows [r0, r1)
+    int64_t base = 0;
+    for (int i = 0; i < n && base < r1; base += parts[i].N, ++i) {
+      const DenseMatvecPart& p = parts[i];
+      const int64_t a = std::max<int64_t>(r0, base) - base, b = std::min<int64_t>(r1, base + p.N) - base;
+      if (p.type == WeightType::BF16)
+        for (int64_t row = a; row < b; ++row) p.out[row] = row_dot<V, true>(p.w + row * K, K, xb.data());
+      else
+        for (int64_t row = a; row < b; ++row) p.out[row] = row_dot<V, false>(p.w + row * K, K, xf.data());
+    }
+  };
+  if (pool.size() == 1 || rows * K * 2 < (int64_t(256) << 10)) {
+    run(0, rows);
+    return;
+  }
+  pool.run([&](int ith, int nth) {
+    const int64_t per = (rows + nth - 1) / nth;
+    run(std::min<int64_t>(rows, ith * per), std::min<int64_t>(rows, (ith + 1) * per));
+  });
+}
+
 }  // namespace dense_body
 }  // namespace
 }  // namespace tessera

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "quant_kernels.h"
+#include "tessera/quant_decode.h"
 #include "tessera/tuning.h"
 
 namespace tessera {
@@ -24,7 +25,6 @@ using quant::padded_k;
 using quant::padded_s16;
 
 using quant::kRowGroup;  // rows per task: 8 tiles
-constexpr int64_t kMoeChunk = 256;  // tokens per MoE pass (bounds the per-slot scratch)
 
 const Kernels& kernels_for(QIsa isa) {
   switch (isa) {
@@ -58,36 +58,60 @@ struct Acts {
   }
 };
 
-// quant_matmul's prefill on AVX-512 VNNI (T >= kGemmMinTokens): the tokens are packed for the GEMM once (16 at a
-// time, on the pool) and shared by every row group, and a task runs its kRowGroup rows over up to kGemmBlock tokens,
-// so each row is decoded once per kGemmBlock tokens (the per-task path packed its tokens again for every row group
-// and decoded each row once per kTokenBlock). Per (row, token) the same arithmetic as gemm_avx512_vnni.
+// quant_matmul's prefill on AVX-512 VNNI (T >= kGemmMinTokens), for one weight or several that multiply the same x
+// [T, K] (quant_matmul_multi: a layer's q/k/v projections): x is quantized once, its tokens are packed for the GEMM
+// once per distinct packing (16 at a time, on the pool; Q4_K and Q6_K weights need two) and shared by every row group
+// of every part, and a task runs its kRowGroup rows over up to kGemmBlock tokens, so each row is decoded once per
+// kGemmBlock tokens; all parts' tasks go to one parallel_for. Per (row, token) the same arithmetic as
+// gemm_avx512_vnni whatever the other parts are: bit-identical to one call per part.
 constexpr int64_t kGemmBlock = 256;
 
-void matmul_gemm_avx512(const Kernels& kr, const QMatmulArgs& a, ThreadPool& pool) {
+void matmul_gemm_avx512(const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
+                        int n_parts, ThreadPool& pool) {
   Acts acts;
-  acts.resize(a.T, a.K);
-  pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
-  const int64_t n_groups = (a.T + 15) / 16;
-  const size_t group_bytes = quant::gemm_avx512_vnni_packed_bytes(a.type, a.K, 16);
-  std::vector<uint8_t> buf(size_t(n_groups) * group_bytes + 64);  // 64-byte aligned below
+  acts.resize(T, K);
+  pool.parallel_for(T, [&](int64_t t, int) { acts.quantize(kr, t, x + t * K); });
+  std::vector<QType> packings;  // one representative type per distinct packing
+  std::vector<size_t> packing_of(static_cast<size_t>(n_parts));
+  for (int p = 0; p < n_parts; ++p) {
+    size_t j = 0;
+    while (j < packings.size() && !quant::gemm_avx512_vnni_same_packing(packings[j], parts[p].type)) ++j;
+    if (j == packings.size()) packings.push_back(parts[p].type);
+    packing_of[size_t(p)] = j;
+  }
+  const int64_t n_groups = (T + 15) / 16;
+  std::vector<size_t> group_bytes(packings.size()), start_of(packings.size() + 1, 0);
+  for (size_t j = 0; j < packings.size(); ++j) {
+    group_bytes[j] = quant::gemm_avx512_vnni_packed_bytes(packings[j], K, 16);
+    start_of[j + 1] = start_of[j] + size_t(n_groups) * group_bytes[j];
+  }
+  std::vector<uint8_t> buf(start_of.back() + 64);  // 64-byte aligned below
   uint8_t* packed = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-  pool.parallel_for(n_groups, [&](int64_t g, int) {
+  pool.parallel_for(int64_t(packings.size()) * n_groups, [&](int64_t task, int) {
+    const size_t j = size_t(task / n_groups);
+    const int64_t g = task % n_groups;
     ActRow xs[16];
-    const int n = int(std::min<int64_t>(16, a.T - 16 * g));
+    const int n = int(std::min<int64_t>(16, T - 16 * g));
     for (int i = 0; i < n; ++i) xs[i] = acts.row(16 * g + i);
-    quant::gemm_avx512_vnni_pack(a.type, a.K, xs, n, packed + size_t(g) * group_bytes);
+    quant::gemm_avx512_vnni_pack(packings[j], K, xs, n, packed + start_of[j] + size_t(g) * group_bytes[j]);
   });
-  const int64_t n_rg = (a.N + kRowGroup - 1) / kRowGroup, n_tb = (a.T + kGemmBlock - 1) / kGemmBlock;
-  pool.parallel_for(n_rg * n_tb, [&](int64_t task, int) {
-    const int64_t rg = task % n_rg, tb = task / n_rg;
-    const int64_t t0 = tb * kGemmBlock, t1 = std::min(a.T, t0 + kGemmBlock);
-    const int nt = int(t1 - t0), R = int(std::min(a.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
+  const int64_t n_tb = (T + kGemmBlock - 1) / kGemmBlock;
+  std::vector<int64_t> first(size_t(n_parts) + 1, 0);  // first task of each part
+  for (int p = 0; p < n_parts; ++p)
+    first[size_t(p) + 1] = first[size_t(p)] + (parts[p].N + kRowGroup - 1) / kRowGroup * n_tb;
+  pool.parallel_for(first.back(), [&](int64_t task, int) {
+    const size_t pi = size_t(std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1);
+    const QMatvecPart& P = parts[pi];
+    const size_t j = packing_of[pi];
+    const int64_t n_rg = (P.N + kRowGroup - 1) / kRowGroup, local = task - first[pi];
+    const int64_t rg = local % n_rg, tb = local / n_rg;
+    const int64_t t0 = tb * kGemmBlock, t1 = std::min(T, t0 + kGemmBlock);
+    const int nt = int(t1 - t0), R = int(std::min(P.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
     std::vector<float> res(size_t(kRowGroup * kGemmBlock));  // [row, token]
-    quant::gemm_avx512_vnni_packed(a.type, a.w + rg * kRowGroup * a.row_bytes, a.row_bytes, R, a.K,
-                                   packed + size_t(t0 / 16) * group_bytes, nt, res.data());
+    quant::gemm_avx512_vnni_packed(P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
+                                   packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res.data());
     for (int64_t t = t0; t < t1; ++t)
-      for (int r = 0; r < R; ++r) a.out[t * a.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
+      for (int r = 0; r < R; ++r) P.out[t * P.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
   });
 }
 
@@ -200,7 +224,10 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
-  if (isa == QIsa::AVX512VNNI && a.T >= quant::kGemmMinTokens) return matmul_gemm_avx512(kr, a, pool);
+  if (isa == QIsa::AVX512VNNI && a.T >= quant::kGemmMinTokens) {
+    const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
+    return matmul_gemm_avx512(kr, a.x, a.T, a.K, &part, 1, pool);
+  }
   const bool wide = qtype_info(a.type).wide;
   Acts acts;
   acts.resize(a.T, a.K);
@@ -235,6 +262,16 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   });
 }
 
+void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
+                        ThreadPool& pool) {
+  if (T <= 0 || n_parts <= 0) return;
+  if (isa == QIsa::AVX512VNNI && T >= quant::kGemmMinTokens)
+    return matmul_gemm_avx512(kernels_for(isa), x, T, K, parts, n_parts, pool);
+  if (T == 1) return quant_matvec_multi(isa, x, K, parts, n_parts, pool);  // quant_matmul at T = 1, bit for bit
+  for (int p = 0; p < n_parts; ++p)  // the row paths: one call per weight
+    quant_matmul(isa, {parts[p].type, parts[p].w, parts[p].row_bytes, parts[p].N, K, T, x, parts[p].out}, pool);
+}
+
 void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
   const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
@@ -265,8 +302,10 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = silu(g[r * nt + s]) * u[r * nt + s];
   };
 
-  for (int64_t c0 = 0; c0 < a.T; c0 += kMoeChunk) {
-    const int64_t T = std::min(kMoeChunk, a.T - c0);
+  // Tokens per pass: a runtime knob (tessera/tuning.h quant_moe_chunk_tokens, default 256, measured by the calibration).
+  const int64_t chunk = std::max<int64_t>(1, tuning().quant_moe_chunk_tokens.load(std::memory_order_relaxed));
+  for (int64_t c0 = 0; c0 < a.T; c0 += chunk) {
+    const int64_t T = std::min(chunk, a.T - c0);
     const int64_t* ids = a.ids + c0 * k;
     const float* x = a.x + c0 * H;
     for (auto& s : slots) s.clear();

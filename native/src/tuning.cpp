@@ -39,6 +39,12 @@ void read_environment(Tuning& t) {
   t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
   if (t.profile) t.from_environment += "TESSERA_PROFILE\n";
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(1, std::atoll(v));
+  if (const char* v = env("TESSERA_QUANT_MOE_CHUNK_T")) {
+    char* end = nullptr;
+    long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n < 1) t.invalid += std::string("TESSERA_QUANT_MOE_CHUNK_T=") + v + "\n";
+    else t.quant_moe_chunk_tokens = n;
+  }
   read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
   read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
   read_count(t, "TESSERA_AVX2_GEMM_MIN_T", t.avx2_gemm_min_tokens);

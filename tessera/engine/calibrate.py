@@ -4,11 +4,17 @@ hurts them all alike, and the best median wins; a knob keeps its default unless 
 (MARGIN). The result is a record for tessera/engine/tuned.py.
 
 What is tuned, and on which work (only knobs the chosen backend reads are measured):
-  spin_us            pool workers' spin after a job before they sleep: decode steps (T=1), every native backend
-  prefetch_bytes     how far ahead the AVX512/AVX2 bf16 kernels prefetch weight panels: decode steps
-  amx_tile_min_rows  experts with at least this many rows use AMX tiles: prefill of PREFILL_T tokens, AMX backends
+  spin_us                 pool workers' spin after a job before they sleep: decode steps (T=1), every native backend
+  prefetch_bytes          how far ahead the AVX512/AVX2 bf16 kernels prefetch weight panels: decode steps
+  amx_tile_min_rows       experts with at least this many rows use AMX tiles: prefill of PREFILL_T tokens, AMX backends
+  quant_moe_chunk_tokens  tokens per pass of the quantized (GGUF blocks) MoE: a QUANT_PREFILL_T-token prefill call on
+                          random Q4_K blocks, every backend with a SIMD quantized ISA (AVX512*, AMX*, AVX2). Only
+                          `tessera-cli tune` measures it (a prefill call takes ~0.1 s here; the first load's
+                          calibration stays ~2 s): until then the default (256) is used.
 The synthetic layer has the real H, I and k and only as many experts as fit in LAYER_BYTES (weights still far larger
-than the caches, so decode streams them from memory as a real layer does).
+than the caches, so decode streams them from memory as a real layer does). The quantized prefill routes over all E
+experts as the random-weight files do (per-expert logit offsets N(0, 2) plus per-token N(0, 1), top-k) and drops the
+slots of experts the synthetic layer lacks, so each expert present gets the tokens it would get in the real layer.
 
 Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
 """
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 MARGIN = 0.02  # a candidate replaces the default only when its median is at least 2 % lower
 LAYER_BYTES = 160e6  # bf16 weights of the synthetic layer, at most (and at least k experts)
 PREFILL_T = 64
+QUANT_PREFILL_T = 512  # = generate.PREFILL_CHUNK: the longest call the engine makes
+QUANT_TYPE = "Q4_K"  # the quantized synthetic layer's type (the common GGUF experts' type)
 
 
 @dataclass(frozen=True)
@@ -30,22 +38,28 @@ class Knob:
     name: str
     default: int  # the value the kernels use without a record (tessera/tuning.h)
     candidates: tuple[int, ...]
-    workload: str  # "decode" or "prefill"
+    workload: str  # "decode", "prefill" (bf16 layer) or "quant_prefill" (Q4_K blocks)
+    on_load: bool = True  # measured by the first load's short calibration too (else by `tessera-cli tune` only)
 
 
 SPIN = Knob("spin_us", 50, (0, 10, 50, 200), "decode")
 PREFETCH = Knob("prefetch_bytes", -1, (-1, 0, 2048, 4096, 16384), "decode")  # -1: kKC * 64 = 8192 bytes
 AMX_TILE_ROWS = Knob("amx_tile_min_rows", 16, (1, 2, 4, 8, 16, 32), "prefill")
+# Values above QUANT_PREFILL_T act as QUANT_PREFILL_T on the engine's calls: not candidates.
+QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 256, (64, 128, 256, 512), "quant_prefill", on_load=False)
 
 
-def knobs_for(backend: str) -> list[Knob]:
-    """The knobs `backend`'s kernels read (moe_body.inc's prefetch: AVX512 and AVX2; tiles: AMX*)."""
+def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
+    """The knobs `backend`'s kernels read (moe_body.inc's prefetch: AVX512 and AVX2; tiles: AMX*; the quantized MoE's
+    chunk: every backend whose quantized ISA is SIMD), and with `on_load` only those the first load measures."""
     out = [SPIN]
     if backend in ("AVX512", "AVX2"):
         out.append(PREFETCH)
     if backend.startswith("AMX") and not backend.endswith("-emulated"):
         out.append(AMX_TILE_ROWS)
-    return out
+    if backend.startswith(("AVX512", "AVX2", "AMX")):
+        out.append(QUANT_CHUNK)
+    return [kn for kn in out if kn.on_load or not on_load]
 
 
 def pick(knob: Knob, measure: Callable[[int], float], rounds: int) -> tuple[int, dict[int, float]]:
@@ -110,11 +124,53 @@ def synthetic_layer(E: int, H: int, I: int, k: int, seed: int = 0):
     return LayerExperts(gate_proj=weights(n, I, H), up_proj=weights(n, I, H), down_proj=weights(n, H, I)), n
 
 
+def random_q4k(rows: int, K: int, lead: int, gen):
+    """[lead, rows, row_bytes] uint8 of random Q4_K blocks (144 bytes per 256 values): random codes and sub-scales,
+    d and dmin of 2^-9 (finite, weights of order 0.01-0.1): timing only, the values mean nothing."""
+    import torch
+
+    from tessera.engine import native
+
+    nb = K // 256
+    raw = torch.randint(0, 256, (lead, rows, nb, 144), dtype=torch.uint8, generator=gen)
+    scale = torch.tensor([2.0**-9, 2.0**-9], dtype=torch.float16).view(torch.uint8)  # d, dmin: bytes 0-3
+    raw[..., 0:4] = scale
+    assert nb * 144 == native.quant_row_bytes(QUANT_TYPE, K)
+    return raw.reshape(lead, rows, nb * 144)
+
+
+def synthetic_quant_prefill(E: int, H: int, I: int, k: int, T: int, pool, isa: str, seed: int = 2):
+    """(run, n): `run()` is one quant_moe_forward of T tokens on a random Q4_K layer of the real H, I with n of the E
+    experts (as many as LAYER_BYTES holds, at least k), routed as described at the top of this file."""
+    import torch
+
+    from tessera.engine import native
+
+    per_expert = 2 * I * native.quant_row_bytes(QUANT_TYPE, H) + H * native.quant_row_bytes(QUANT_TYPE, I)
+    n = int(max(k, min(E, LAYER_BYTES // per_expert)))
+    gen = torch.Generator().manual_seed(seed)
+    gate, up, down = random_q4k(I, H, n, gen), random_q4k(I, H, n, gen), random_q4k(H, I, n, gen)
+    logits = 2 * torch.randn(1, E, generator=gen) + torch.randn(T, E, generator=gen)  # [T, E]
+    top, ids = torch.topk(logits, k, dim=1)  # [T, k]
+    weights = torch.softmax(top, -1).float().contiguous()  # [T, k]
+    perm = torch.randperm(E, generator=gen)  # which n of the E experts the layer holds: a random sample
+    ids = perm[ids]
+    ids = torch.where(ids < n, ids, torch.full_like(ids, -1)).contiguous()  # [T, k], -1: an expert not held
+    x = torch.randn(T, H, generator=gen)  # [T, H]
+    out = torch.empty(T, H)  # [T, H]
+
+    def run() -> None:
+        native.quant_moe_forward(QUANT_TYPE, gate, QUANT_TYPE, up, QUANT_TYPE, down, ids, weights, x, out, pool, isa)
+
+    return run, n
+
+
 def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None, seconds: float = 3.0,
-        rounds: int = 5, progress: Callable[[str], None] | None = None,
+        rounds: int = 5, on_load: bool = False, progress: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter) -> dict:
     """Calibrates the knobs `backend` reads ("Auto" resolved) on a synthetic layer of shape E, H, I, k within about
-    `seconds` of timing (packing the layer comes on top), and returns the record engine.tuned.save stores."""
+    `seconds` of timing (packing the layer comes on top), and returns the record engine.tuned.save stores. `on_load`:
+    only the knobs the first load measures (Knob.on_load); the others are left out of the record (defaults)."""
     import datetime
 
     import torch
@@ -149,9 +205,19 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
 
     work = {"decode": decode, "prefill": prefill}
     env = set(native.tuning()["from_environment"])
-    todo = [kn for kn in knobs_for(concrete) if tuned.KNOBS[kn.name] not in env]
-    for kn in knobs_for(concrete):
-        if kn not in todo:
+    todo = [kn for kn in knobs_for(concrete, on_load=on_load) if tuned.KNOBS[kn.name] not in env]
+    if any(kn.workload == "quant_prefill" for kn in todo) and (H % 256 or I % 256):
+        say(f"{QUANT_CHUNK.name}: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
+        todo = [kn for kn in todo if kn.workload != "quant_prefill"]
+    shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
+    if any(kn.workload == "quant_prefill" for kn in todo):
+        isa = native.quant_isa_for_backend(concrete)
+        work["quant_prefill"], shape["quant_experts_timed"] = synthetic_quant_prefill(E, H, I, k, QUANT_PREFILL_T,
+                                                                                      experts.pool, isa)
+        say(f"quantized prefill: {QUANT_PREFILL_T} tokens on {shape['quant_experts_timed']} of {E} random "
+            f"{QUANT_TYPE} experts")
+    for kn in knobs_for(concrete, on_load=on_load):
+        if tuned.KNOBS[kn.name] in env:
             say(f"{kn.name}: not measured, {tuned.KNOBS[kn.name]} is set in the environment (it wins)")
     if not todo:
         raise TesseraError("tune", "every knob this backend reads is set in the environment; nothing to measure")
@@ -160,8 +226,9 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     for knob in todo:
         fn = work[knob.workload]
         fn()
-        once = max(timed_steps(fn, 3, clock), 1e-6)
-        steps = max(3, int(per_knob / (rounds * len(knob.candidates) * once)))
+        least = 1 if knob.workload == "quant_prefill" else 3  # a quantized prefill call is long enough to time alone
+        once = max(timed_steps(fn, least, clock), 1e-6)
+        steps = max(least, int(per_knob / (rounds * len(knob.candidates) * once)))
         say(f"{knob.name}: {len(knob.candidates)} values x {rounds} rounds x {steps} {knob.workload} steps")
         best, medians = measure_knob(knob, fn, steps, rounds, clock)
         knobs[knob.name] = {"value": int(best), "default": knob.default, "workload": knob.workload,
@@ -170,4 +237,4 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     return {"tessera_tuning": tuned.RECORD_VERSION, "cpu": tuned.cpu_model(), "build": tuned.build_id(),
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "seconds": round(time.perf_counter() - t_start, 2), "backend": concrete, "threads": experts.threads,
-            "shape": {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}, "knobs": knobs}
+            "shape": shape, "knobs": knobs}

@@ -3,7 +3,7 @@
 At T = 1 a layer's Python path (tessera/engine/model.py: Block) is ~60 small torch ops and Python calls around its few
 native mat-vecs: on the 48-layer 30B-A3B-shaped Q4_K_M file they took 26.6 ms of a 113.5 ms step (docs/BENCHMARKS.md).
 `DecodeLayerStep` runs the whole layer in `engine.native.DecodeLayer.step` (native/src/decode_layer.cpp): input RMSNorm,
-q/k/v (quantized weights in one dispatch, as engine.dense.FusedMatvec), q/k norms, RoPE, the K/V append into the bf16
+q/k/v (quantized weights in one dispatch, as engine.dense.FusedLinears), q/k norms, RoPE, the K/V append into the bf16
 cache (or the q8_0 cache: quantized as engine.kv_q8 does, byte for byte), the attention kernel over it, o_proj, the
 residual, the post-attention RMSNorm, the router with softmax / top-k, and, when the expert backend hands over a native
 description of the layer's experts (`ExpertBackend.decode_experts`), the routed experts and the second residual too. The

@@ -175,11 +175,14 @@ class Linear:
         return f"Linear({self.name}, {self.out_features}x{self.in_features} {kind}, {self.path})"
 
 
-class FusedMatvec:
-    """The one-token step of several Linears that multiply the same x (a layer's q/k/v projections): when every one
-    is a quantized weight on the dense pool (path native-quant), `engine.native.quant_matvec_multi` runs them in one
-    pool dispatch with x quantized once, bit-identical to calling each Linear; otherwise (`fused` False) each Linear
-    runs as usual. Saves a decode step two pool wake-ups, two activation quantizations and two Python calls a layer."""
+class FusedLinears:
+    """Several Linears that multiply the same x (a layer's q/k/v projections): when every one is a quantized weight on
+    the dense pool (path native-quant), one native call runs them all with x quantized once: at one token (decode)
+    `engine.native.quant_matvec_multi`, at 2..QUANT_NATIVE_MAX_TOKENS tokens (prefill)
+    `engine.native.quant_matmul_multi` (x also packed for the GEMM once per packing, all row groups in one pool
+    dispatch); both bit-identical to calling each Linear. Otherwise (`fused` False, or a longer call) each Linear runs
+    as usual. Saves a step two pool dispatches, two activation quantizations (and packings) and two Python calls a
+    layer."""
 
     def __init__(self, linears: Iterable[Linear]):
         self.linears = list(linears)
@@ -192,11 +195,13 @@ class FusedMatvec:
             self._ws = [lin.weight.raw for lin in self.linears]
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:  # x [T, K] f32 -> one [T, N_i] f32 per Linear
-        if not self.fused or x.shape[0] != 1:
+        T = x.shape[0]
+        if not self.fused or not 0 < T <= QUANT_NATIVE_MAX_TOKENS:
             return [lin(x) for lin in self.linears]
-        x = x.to(torch.float32).contiguous()  # [1, K]
-        outs = [torch.empty(1, lin.out_features, dtype=torch.float32) for lin in self.linears]  # [1, N_i]
-        native.quant_matvec_multi(x, self._qtypes, self._ws, outs, self.linears[0]._pool)
+        x = x.to(torch.float32).contiguous()  # [T, K]
+        outs = [torch.empty(T, lin.out_features, dtype=torch.float32) for lin in self.linears]  # [T, N_i]
+        call = native.quant_matvec_multi if T == 1 else native.quant_matmul_multi
+        call(x, self._qtypes, self._ws, outs, self.linears[0]._pool)
         return outs
 
 

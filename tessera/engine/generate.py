@@ -19,7 +19,10 @@ from tessera.engine.kv_cache import KVCache
 from tessera.engine.model import Qwen3MoeModel, RoutingStats
 from tessera.engine.sampling import SamplingParams, make_generator, sample
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill forward step (bounds attention memory; cancellation point)
+# Prompt tokens per prefill forward step (bounds attention memory; cancellation point). Not a per-CPU knob: it is also
+# the longest call the MoE kernels see, and their own per-CPU split of it (tessera/tuning.h quant_moe_chunk_tokens) is
+# what the calibration measures (engine/calibrate.py QUANT_PREFILL_T).
+PREFILL_CHUNK = 512
 
 
 class StopStrings:

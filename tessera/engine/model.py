@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tessera.engine.attention import attend, prepare_attend_native, prepares_native
 from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
-    FusedMatvec,
+    FusedLinears,
     Linear,
     dense_pool,
     embedding_rows,
@@ -95,7 +95,7 @@ class Attention:
         proj = {n: Linear(p[f"{n}.weight"], device, f"{prefix}{n}.weight") for n in names}
         self.q_proj, self.k_proj = proj["q_proj"], proj["k_proj"]  # [nh*hd, H], [nkv*hd, H]
         self.v_proj, self.o_proj = proj["v_proj"], proj["o_proj"]  # [nkv*hd, H], [H, nh*hd]
-        self.qkv = FusedMatvec([self.q_proj, self.k_proj, self.v_proj])  # decode: one native call for the three
+        self.qkv = FusedLinears([self.q_proj, self.k_proj, self.v_proj])  # one native call for the three
         self.q_norm, self.k_norm = _f32(p["q_norm.weight"], device), _f32(p["k_norm.weight"], device)  # [hd], [hd]
         self.pool = dense_pool() if torch.device(device).type == "cpu" else None  # the native attention's threads
 

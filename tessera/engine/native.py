@@ -43,8 +43,9 @@ def physical_cores() -> int:
 
 
 def set_tuning_knob(name: str, value: int) -> int:
-    """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows; engine.tuned and
-    engine.calibrate) and returns its previous value; an unknown name is a ValueError naming it."""
+    """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
+    quant_moe_chunk_tokens; engine.tuned and engine.calibrate) and returns its previous value; an unknown name is a
+    ValueError naming it."""
     return int(_native.set_tuning_knob(name, int(value)))
 
 
@@ -156,6 +157,13 @@ def quantize_q8_0(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor) -> None:
     """The native decode step's q8_0 block quantizer (engine.kv_q8's maths): x [n, m] f32 -> q [n, m] int8 and
     d [n, m/32] float16, overwritten."""
     _native.quantize_q8_0(x, q, d)
+
+
+def dense_matvec_multi(ws: list[torch.Tensor], x: torch.Tensor, outs: list[torch.Tensor], pool) -> None:
+    """One token through several bf16/f16 weights that share x (a layer's q/k/v) in one pool dispatch:
+    outs[i][1, N_i] = x[1, K] @ ws[i][N_i, K].T, bit-identical to `dense_matvec` on each (the same row sums). CPU
+    tensors, C-contiguous; wrong dtypes/shapes or counts raise TypeError/ValueError naming the argument."""
+    _native.dense_matvec_multi(ws, x, outs, pool)
 
 
 def dense_gemm_bf16_available() -> bool:
@@ -580,6 +588,15 @@ def quant_matvec_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
     ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized once and every row group in one pool dispatch;
     equal to quant_matmul per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
     _native.quant_matvec_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
+                               pool, isa)
+
+
+def quant_matmul_multi(x, qtypes, ws, outs, pool, isa: str = "auto") -> None:
+    """T tokens through several quantized weights that share them (a layer's q/k/v projections at prefill):
+    outs[i][T, N_i] = x[T, K] @ W_i[N_i, K].T for ws[i] [N_i, row_bytes] uint8 of GGML type qtypes[i], x quantized
+    once (and packed for the GEMM once per packing) and every row group in one pool dispatch; equal to quant_matmul
+    per weight, bit for bit (x and outs float32 C-contiguous, outs overwritten)."""
+    _native.quant_matmul_multi(x, [_qtype_id(t, f"qtypes[{i}]") for i, t in enumerate(qtypes)], list(ws), list(outs),
                                pool, isa)
 
 

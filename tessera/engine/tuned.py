@@ -5,11 +5,14 @@ A record is one JSON file in the tuning folder (TESSERA_TUNE_DIR, else <user cac
 CPU model string and the build of the native module, and holding both again, so a record is only ever applied to the
 CPU and the kernels it was measured with. A record that cannot be read, is of another version, or names another CPU
 or build is ignored with a message naming the file and the problem; the kernels' defaults are used until a calibration
-has run. Knobs set by the environment (TESSERA_PF, TESSERA_SPIN_US, TESSERA_AMX_TILE_MIN_ROWS) always win over a
-record. The measuring itself is tessera/engine/calibrate.py.
+has run. Knobs set by the environment (TESSERA_PF, TESSERA_SPIN_US, TESSERA_AMX_TILE_MIN_ROWS,
+TESSERA_QUANT_MOE_CHUNK_T) always win over a record. A knob the record does not hold (the first load's short calibration
+leaves out the slow ones: calibrate.Knob.on_load) keeps the kernels' default. The measuring itself is
+tessera/engine/calibrate.py.
 
 Record: {"tessera_tuning": 1, "cpu", "build", "measured_at" (UTC, ISO 8601), "seconds", "backend", "threads",
-         "shape": {E, H, I, k}, "knobs": {NAME: {"value", "default", "workload", "median_ms": {candidate: ms}}}}
+         "shape": {E, H, I, k, experts_timed[, quant_experts_timed]},
+         "knobs": {NAME: {"value", "default", "workload", "median_ms": {candidate: ms}}}}
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ _DIR_ENV = "TESSERA_TUNE_DIR"
 ON_LOAD_ENV = "TESSERA_TUNE_ON_LOAD"  # "0": a load never calibrates (tests set it; `tessera-cli tune` still runs)
 ON_LOAD_SECONDS = 2.0  # timing budget of the first load's calibration (tessera-cli tune: --seconds, default 3)
 # Runtime knobs a record may set (engine.native.set_tuning_knob) and the variable that overrides each.
-KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS"}
+KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS",
+         "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T"}
 
 
 def default_dir() -> Path:
@@ -181,14 +185,14 @@ def current(record: dict | None) -> dict:
 
 def status(folder: str | os.PathLike | None = None) -> dict:
     """What `check` and the hardware wizard show: {cpu, build, path, measured_at, backend, seconds, message, knobs}
-    (knobs as `current` gives them, with the stored record's values where the environment does not set them; nothing
-    is applied or measured here)."""
+    (knobs as `current` gives them, with the stored record's values where the environment does not set them, and then
+    "median_ms": {candidate: ms}, the timings behind the value; nothing is applied or measured here)."""
     record, message = load(folder)
     path = record_path(folder)
     knobs = current(None)
     for name, k in (record or {}).get("knobs", {}).items():
-        if knobs[name]["source"] != "environment":
-            knobs[name] = {"value": int(k["value"]), "source": "measured"}
+        if knobs[name]["source"] != "environment":  # the value, and the medians that chose it
+            knobs[name] = {"value": int(k["value"]), "source": "measured", "median_ms": k.get("median_ms", {})}
     return {"cpu": cpu_model(), "build": build_id(), "path": str(path), "stored": record is not None,
             "measured_at": (record or {}).get("measured_at"), "backend": (record or {}).get("backend"),
             "seconds": (record or {}).get("seconds"), "message": message or ("" if record else
@@ -205,8 +209,14 @@ def describe(st: dict) -> list[str]:
     else:
         lines.append(st["message"])
     for name, k in st["knobs"].items():
-        lines.append(f"{name} = {k['value']} ({k['source']})")
+        lines.append(f"{name} = {k['value']} ({k['source']}{measured_text(k)})")
     return lines
+
+
+def measured_text(knob: dict) -> str:
+    """"; medians 0: 1.1 ms, 50: 1.2 ms, ..." for a measured knob of status() (each candidate's median), else ""."""
+    medians = knob.get("median_ms") or {}
+    return ("; medians " + ", ".join(f"{c}: {ms:g} ms" for c, ms in medians.items())) if medians else ""
 
 
 def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None,
@@ -232,7 +242,8 @@ def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: i
     if record is None and wanted and backend != "Torch":
         say((message + "; " if message else "") + f"calibrating the kernels for this CPU (~{ON_LOAD_SECONDS:g} s, "
             f"once; {ON_LOAD_ENV}=0 skips it)")
-        record = cal.run(backend, E, H, I, k, threads=threads, seconds=ON_LOAD_SECONDS, rounds=3, progress=say)
+        record = cal.run(backend, E, H, I, k, threads=threads, seconds=ON_LOAD_SECONDS, rounds=3, on_load=True,
+                         progress=say)
         try:
             save(record, folder)
             message = f"kernels calibrated in {record['seconds']:.1f} s and stored"

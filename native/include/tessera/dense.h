@@ -27,6 +27,18 @@ void dense_matvec(const DenseArgs& a, ThreadPool& pool);
 // The scalar twin with double accumulation (tests, the Reference level).
 void dense_matvec_reference(const DenseArgs& a, ThreadPool& pool);
 
+// One token through several matrices that multiply the same x (a layer's q/k/v projections) in one pool dispatch:
+// parts[i].out[n] = sum_k parts[i].w[n, k] x[k]. The rows of all parts are split over the pool's participants as one
+// range, so the short k/v matrices add no dispatch of their own; each row is summed exactly as dense_matvec sums it at
+// T = 1 (bit-identical to one dense_matvec call per part). Preconditions: n >= 1, K > 0, every part's N > 0.
+struct DenseMatvecPart {
+  WeightType type;    // BF16 or F16
+  const uint16_t* w;  // [N, K] row-major
+  int64_t N;
+  float* out;         // [N], overwritten
+};
+void dense_matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
+
 // Prefill GEMM on bf16 weights (dense_gemm_avx512_bf16.cpp): x is rounded once to bf16 (nearest even) and multiplied
 // with vdpbf16ps (exact products, f32 sums, bf16 denormals flushed); each weight is read once per call whatever T is.
 // Available when the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512; callers check, then pass a.type == BF16.
@@ -36,6 +48,8 @@ void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool);
 namespace dense_isa {
 void matvec_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_avx512.cpp (AVX-512F)
 void matvec_avx2(const DenseArgs& a, ThreadPool& pool);    // dense_avx2.cpp (AVX2 + FMA + F16C)
+void matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
+void matvec_multi_avx2(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
 void gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_gemm_avx512_bf16.cpp (AVX512-BF16)
 }  // namespace dense_isa
 

@@ -1,6 +1,7 @@
-// Decode-step mat-vecs on quantized GGUF rows (one token): several weights that multiply the same activation row
-// (a layer's q/k/v projections) in one pool dispatch, the row quantized once. Same arithmetic as quant_matmul at T = 1,
-// bit for bit (the same row groups and kernels), so a caller may use either.
+// Several quantized GGUF weights that multiply the same activations (a layer's q/k/v projections) in one pool
+// dispatch, the activations quantized once: quant_matvec_multi for one token (decode), quant_matmul_multi for T tokens
+// (prefill). Same arithmetic as one quant_matmul per weight, bit for bit (the same row groups and kernels), so a caller
+// may use either.
 #pragma once
 #include <cstdint>
 
@@ -9,7 +10,8 @@
 
 namespace tessera {
 
-// One weight of a fused mat-vec: out[N] = W[N, K] . x, W as its quantized rows (row_bytes apart).
+// One weight of a fused mat-vec: out[N] = W[N, K] . x, W as its quantized rows (row_bytes apart); of a fused mat-mul:
+// out[T, N] = x[T, K] . W^T.
 struct QMatvecPart {
   QType type;
   const uint8_t* w;
@@ -20,5 +22,11 @@ struct QMatvecPart {
 
 // x [K] f32; every part's K is this K. One activation quantization, one parallel_for over all parts' row groups.
 void quant_matvec_multi(QIsa isa, const float* x, int64_t K, const QMatvecPart* parts, int n_parts, ThreadPool& pool);
+
+// x [T, K] f32 (row-major); every part's K is this K, its out [T, N]. On AVX-512 VNNI from quant::kGemmMinTokens
+// tokens: one quantization, the tokens packed once per distinct GEMM packing, one parallel_for over all parts' row
+// groups (quant_driver.cpp); at T = 1 quant_matvec_multi; otherwise one quant_matmul per part.
+void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
+                        ThreadPool& pool);
 
 }  // namespace tessera

@@ -36,10 +36,42 @@ struct Tuning {
   std::string invalid;
   // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.
   std::string from_environment;
-  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. The only knob tests change while
-  // the process runs (set_amx_tile_min_rows), hence atomic.
+  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. Atomic: a stored calibration sets
+  // it, and tests switch it while the process runs (set_amx_tile_min_rows).
   std::atomic<int64_t> amx_tile_min_rows{16};
+  // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
+  // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
+  // cost of scratch ~ T * k * I floats. Atomic: the calibration times candidates in one process (`tessera-cli tune`,
+  // calibrate.py QUANT_CHUNK; docs/BENCHMARKS.md "Self-tuning, second pass"). The engine's calls hold at most
+  // generate.PREFILL_CHUNK (512) tokens, so values above 512 act as 512 there.
+  std::atomic<int64_t> quant_moe_chunk_tokens{256};
 };
+
+// Constants the kernels keep fixed, and why none of them is a per-CPU knob (issue 16 item 3: no constant claims to
+// be tuned unless a measurement stands behind it):
+// - dense_native_max_tokens / dense_quant_max_tokens (above) and quant_kernels.h avx2_gemm_min_tokens: measured
+//   crossovers (docs/BENCHMARKS.md "Dense layers in bf16", the quantized dense threshold, "AVX2 quantized prefill
+//   GEMM"); the env overrides them for a CPU where they measure otherwise. Read once, not calibrated per load: the
+//   dense thresholds showed no measurable gain either way from T = 128 on, i.e. no CPU-dependent optimum to find.
+// - moe_panels.h kBf16MinTokens (16): a numerics boundary, not a speed one: below it activations stay f32 so decode
+//   matches Reference's greedy output on every CPU; a per-CPU value would make results depend on the machine.
+// - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kMaxTokensPerPass (512): bound scratch memory only; the
+//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes.
+// - Register blockings and tile shapes (kMRC, kNBC, kMR, kLanes, AMX tile shapes): fixed by the ISA's register file
+//   and tile palette, not by the CPU model.
+// - Cache blockings (moe_body.inc kKC 128 pairs, quant_driver.cpp kGemmBlock 256 tokens / kRowGroup, dense GEMM kKc,
+//   attention_flash.inc kKeys / kRowsPerTask): compile-time loop bounds sized for a 32-48 KB L1 and >= 1 MB L2 per
+//   core, measured on Zen 4 only (docs/BENCHMARKS.md, the sections of each kernel). Not calibrated: they are template
+//   and array bounds, and no CPU measured yet disagrees; attention_flash.inc kPrefetchBlocks has its measurement
+//   beside it.
+// - moe_body.inc's reduce phase splits H in chunks of 256: its work is k*H adds per token against 3*k*H*I FLOPs in
+//   the projections (~0.1 % at I = 768), and decode (T <= 4) runs it without the pool: no chunk size measurably
+//   matters.
+// - Threads per phase: every phase uses all of the pool's threads (the pool's size is the --threads setting). On the
+//   2-core development machine no phase ran faster on 1 thread than on 2 (scripts/bench_phase_threads.py; decode,
+//   bf16 and Q4_K prefill; docs/BENCHMARKS.md "Self-tuning, second pass"), so there is nothing to tune per phase
+//   there; a many-core CPU whose decode saturates the bandwidth below its core count is where it would be measured.
+
 
 // Read on first call (thread-safe), then the same object for the life of the process.
 Tuning& tuning();

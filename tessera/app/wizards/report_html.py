@@ -7,6 +7,12 @@ from html import escape
 OK, BAD, MUTED = "#2e7d32", "#c62828", "#757575"
 
 
+def _medians(knob: dict) -> str:
+    """"; medians 0: 1.1 ms, 50: 1.2 ms" for a measured knob of the report's tuning (engine.tuned.status), else ""."""
+    medians = knob.get("median_ms") or {}
+    return ("; medians " + ", ".join(f"{c}: {ms:g} ms" for c, ms in medians.items())) if medians else ""
+
+
 def _count(n: float) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
@@ -93,8 +99,8 @@ def report_html(report: dict) -> str:
         h.append("<h3>Kernel tuning</h3><table>")
         h.append(_row("Measured", escape(f"{tuning['measured_at']} on {tuning['backend']} in {tuning['seconds']:.1f} s")
                       if tuning["stored"] else f'<span style="color:{MUTED}">{escape(tuning["message"])}</span>'))
-        for name, k in tuning["knobs"].items():
-            h.append(_row(name, f"{k['value']} <small>({escape(k['source'])})</small>"))
+        for name, k in tuning["knobs"].items():  # the value, where it came from and the medians behind it
+            h.append(_row(name, f"{k['value']} <small>({escape(k['source'] + _medians(k))})</small>"))
         h.append("</table>")
     m = report.get("model")
     if m:
