@@ -234,9 +234,10 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     for knob in todo:
         fn = work[knob.workload]
         fn()
-        least = 1 if knob.workload == "quant_prefill" else 3  # a quantized prefill call is long enough to time alone
-        once = max(timed_steps(fn, least, clock), 1e-6)
-        steps = max(least, int(per_knob / (rounds * len(knob.candidates) * once)))
+        once = max(timed_steps(fn, 3, clock), 1e-6)
+        # at least 3 calls per value and round: one ~40 ms quantized prefill call per round stored a noisy threshold
+        # (docs/BENCHMARKS.md "Self-tuning, second pass"), so tune takes longer than `seconds` where calls are long
+        steps = max(3, int(per_knob / (rounds * len(knob.candidates) * once)))
         say(f"{knob.name}: {len(knob.candidates)} values x {rounds} rounds x {steps} {knob.workload} steps")
         best, medians = measure_knob(knob, fn, steps, rounds, clock)
         knobs[knob.name] = {"value": int(best), "default": knob.default, "workload": knob.workload,

@@ -215,8 +215,9 @@ def describe(st: dict) -> list[str]:
 
 def measured_text(knob: dict) -> str:
     """"; medians 0: 1.1 ms, 50: 1.2 ms, ..." for a measured knob of status() (each candidate's median), else ""."""
-    medians = knob.get("median_ms") or {}
-    return ("; medians " + ", ".join(f"{c}: {ms:g} ms" for c, ms in medians.items())) if medians else ""
+    medians = knob.get("median_ms") or {}  # JSON keys: candidates as text, shown in numeric order
+    order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
+    return ("; medians " + ", ".join(f"{c}: {medians[c]:g} ms" for c in order)) if medians else ""
 
 
 def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None,

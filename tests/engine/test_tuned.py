@@ -36,13 +36,13 @@ def test_record_round_trips(tmp_path):
 def test_status_shows_the_medians_behind_each_measured_value(tmp_path):
     """check and the hardware wizard show each knob's value, its source and, when measured, every candidate's median."""
     rec = _record(quant_moe_chunk_tokens=512)
-    rec["knobs"]["quant_moe_chunk_tokens"]["median_ms"] = {"256": 90.5, "512": 80.25}
+    rec["knobs"]["quant_moe_chunk_tokens"]["median_ms"] = {"512": 80.25, "64": 99.0, "256": 90.5}
     tuned.save(rec, tmp_path)
     st = tuned.status(tmp_path)
     assert st["stored"] and st["knobs"]["quant_moe_chunk_tokens"] == {
-        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25}}
-    lines = tuned.describe(st)
-    assert "quant_moe_chunk_tokens = 512 (measured; medians 256: 90.5 ms, 512: 80.25 ms)" in lines
+        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25, "64": 99.0}}
+    lines = tuned.describe(st)  # candidates in numeric order, whatever order the JSON holds them in
+    assert "quant_moe_chunk_tokens = 512 (measured; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms)" in lines
     assert "spin_us = 50 (default)" in lines  # not in the record: the kernels' default
 
 
