@@ -341,6 +341,7 @@ NB_MODULE(_native, m) {
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
     d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
     d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
+    d["vnni_gemm_min_tokens"] = t.vnni_gemm_min_tokens.load();
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;
@@ -367,8 +368,13 @@ NB_MODULE(_native, m) {
       if (value < 1) throw nb::value_error("quant_moe_chunk_tokens: must be >= 1");
       return t.quant_moe_chunk_tokens.exchange(value);
     }
+    if (name == "vnni_gemm_min_tokens") {
+      if (value < 0) throw nb::value_error("vnni_gemm_min_tokens: must be >= 0 (0: the kernels' default)");
+      return t.vnni_gemm_min_tokens.exchange(value);
+    }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
-                           " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens)").c_str());
+                           " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens, "
+                           "vnni_gemm_min_tokens)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");

@@ -142,6 +142,13 @@ struct Tiles {
 };
 
 // Whether a task of nt tokens on type t goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
+// From how many tokens a block takes the AVX-512 VNNI GEMM: the runtime knob (tessera/tuning.h vnni_gemm_min_tokens;
+// 0: quant::kGemmMinTokens), never below 2 (one token is decode: the mat-vec, as quant_matvec_multi computes it).
+int vnni_gemm_min_tokens() {
+  const int64_t knob = tuning().vnni_gemm_min_tokens.load(std::memory_order_relaxed);
+  return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1)) : quant::kGemmMinTokens;
+}
+
 bool block_path(const Kernels& kr, QType t, int64_t nt) {
   return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t));
 }
@@ -151,7 +158,7 @@ bool block_path(const Kernels& kr, QType t, int64_t nt) {
 // (quant_gemm_avx2.cpp, block_path).
 void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs,
                int nt, float* out) {
-  if (kr.isa == QIsa::AVX512VNNI && nt >= quant::kGemmMinTokens)
+  if (kr.isa == QIsa::AVX512VNNI && nt >= vnni_gemm_min_tokens())
     quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
   else if (kr.isa == QIsa::AVX2)
     quant::gemm_avx2(t, w, row_bytes, R, K, xs, nt, out);
@@ -212,7 +219,7 @@ float* task_buffer(int which, size_t n) {
 
 int quant_gemm_min_tokens(QIsa isa, QType t) {
   switch (isa) {
-    case QIsa::AVX512VNNI: return quant::kGemmMinTokens;
+    case QIsa::AVX512VNNI: return vnni_gemm_min_tokens();
     case QIsa::AVX2: {
       const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
       // Never below 2: decode (T = 1) keeps the row tiles (see avx2_gemm_min_tokens).
@@ -224,7 +231,7 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
-  if (isa == QIsa::AVX512VNNI && a.T >= quant::kGemmMinTokens) {
+  if (isa == QIsa::AVX512VNNI && a.T >= vnni_gemm_min_tokens()) {
     const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
     return matmul_gemm_avx512(kr, a.x, a.T, a.K, &part, 1, pool);
   }
@@ -265,7 +272,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
 void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
                         ThreadPool& pool) {
   if (T <= 0 || n_parts <= 0) return;
-  if (isa == QIsa::AVX512VNNI && T >= quant::kGemmMinTokens)
+  if (isa == QIsa::AVX512VNNI && T >= vnni_gemm_min_tokens())
     return matmul_gemm_avx512(kernels_for(isa), x, T, K, parts, n_parts, pool);
   if (T == 1) return quant_matvec_multi(isa, x, K, parts, n_parts, pool);  // quant_matmul at T = 1, bit for bit
   for (int p = 0; p < n_parts; ++p)  // the row paths: one call per weight
@@ -280,7 +287,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   // Prefill on AVX-512 VNNI: experts with kGemmMinTokens tokens or more take the packed GEMM (ExpertPacking), and
   // SiLU is the vector one; decode (T = 1) keeps the mat-vec and the scalar SiLU.
   const bool prefill_vnni = isa == QIsa::AVX512VNNI && a.T > 1;
-  auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= quant::kGemmMinTokens; };
+  const int64_t gemm_min = vnni_gemm_min_tokens();  // read once: one call, one threshold
+  auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= gemm_min; };
   const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
   Tiles tiles_g(pool.size(), H), tiles_u(pool.size(), H), tiles_d(pool.size(), I);
   Acts xa, ha;

@@ -45,6 +45,12 @@ void read_environment(Tuning& t) {
     if (*end != '\0' || n < 1) t.invalid += std::string("TESSERA_QUANT_MOE_CHUNK_T=") + v + "\n";
     else t.quant_moe_chunk_tokens = n;
   }
+  if (const char* v = env("TESSERA_VNNI_GEMM_MIN_T")) {
+    char* end = nullptr;
+    long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n < 0) t.invalid += std::string("TESSERA_VNNI_GEMM_MIN_T=") + v + "\n";
+    else t.vnni_gemm_min_tokens = n;
+  }
   read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
   read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
   read_count(t, "TESSERA_AVX2_GEMM_MIN_T", t.avx2_gemm_min_tokens);

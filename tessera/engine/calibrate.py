@@ -11,6 +11,8 @@ What is tuned, and on which work (only knobs the chosen backend reads are measur
                           random Q4_K blocks, every backend with a SIMD quantized ISA (AVX512*, AMX*, AVX2). Only
                           `tessera-cli tune` measures it (a prefill call takes ~0.1 s here; the first load's
                           calibration stays ~2 s): until then the default (256) is used.
+  vnni_gemm_min_tokens    from how many tokens an expert's block takes the AVX-512 VNNI GEMM instead of the mat-vec per
+                          token (0: the kernels' 12): the same quantized prefill, backends on avx512_vnni; `tune` only.
 The synthetic layer has the real H, I and k and only as many experts as fit in LAYER_BYTES (weights still far larger
 than the caches, so decode streams them from memory as a real layer does). The quantized prefill routes over all E
 experts as the random-weight files do (per-expert logit offsets N(0, 2) plus per-token N(0, 1), top-k) and drops the
@@ -47,6 +49,8 @@ PREFETCH = Knob("prefetch_bytes", -1, (-1, 0, 2048, 4096, 16384), "decode")  # -
 AMX_TILE_ROWS = Knob("amx_tile_min_rows", 16, (1, 2, 4, 8, 16, 32), "prefill")
 # Values above QUANT_PREFILL_T act as QUANT_PREFILL_T on the engine's calls: not candidates.
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 256, (64, 128, 256, 512), "quant_prefill", on_load=False)
+# 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).
+VNNI_GEMM_MIN = Knob("vnni_gemm_min_tokens", 0, (0, 4, 8, 16, 24), "quant_prefill", on_load=False)
 
 
 def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
@@ -59,6 +63,8 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
         out.append(AMX_TILE_ROWS)
     if backend.startswith(("AVX512", "AVX2", "AMX")):
         out.append(QUANT_CHUNK)
+    if backend.startswith(("AVX512", "AMX")):  # their quantized ISA: avx512_vnni where the CPU has it (run() checks)
+        out.append(VNNI_GEMM_MIN)
     return [kn for kn in out if kn.on_load or not on_load]
 
 
@@ -207,8 +213,10 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     env = set(native.tuning()["from_environment"])
     todo = [kn for kn in knobs_for(concrete, on_load=on_load) if tuned.KNOBS[kn.name] not in env]
     if any(kn.workload == "quant_prefill" for kn in todo) and (H % 256 or I % 256):
-        say(f"{QUANT_CHUNK.name}: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
+        say(f"quantized knobs: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
         todo = [kn for kn in todo if kn.workload != "quant_prefill"]
+    if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) != "avx512_vnni":
+        todo.remove(VNNI_GEMM_MIN)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
     shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
     if any(kn.workload == "quant_prefill" for kn in todo):
         isa = native.quant_isa_for_backend(concrete)
@@ -226,9 +234,10 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     for knob in todo:
         fn = work[knob.workload]
         fn()
-        least = 1 if knob.workload == "quant_prefill" else 3  # a quantized prefill call is long enough to time alone
-        once = max(timed_steps(fn, least, clock), 1e-6)
-        steps = max(least, int(per_knob / (rounds * len(knob.candidates) * once)))
+        once = max(timed_steps(fn, 3, clock), 1e-6)
+        # at least 3 calls per value and round: one ~40 ms quantized prefill call per round stored a noisy threshold
+        # (docs/BENCHMARKS.md "Self-tuning, second pass"), so tune takes longer than `seconds` where calls are long
+        steps = max(3, int(per_knob / (rounds * len(knob.candidates) * once)))
         say(f"{knob.name}: {len(knob.candidates)} values x {rounds} rounds x {steps} {knob.workload} steps")
         best, medians = measure_knob(knob, fn, steps, rounds, clock)
         knobs[knob.name] = {"value": int(best), "default": knob.default, "workload": knob.workload,

@@ -109,6 +109,11 @@ class GGUFFile:
         arr = self._map[t.offset : t.offset + t.nbytes].view(dtype)
         return arr.reshape(quants.byte_shape(t.ggml_type, t.shape))
 
+    @property
+    def mapping(self) -> np.ndarray | None:
+        """The whole file's memory map (uint8, from offset 0), whose views `raw` hands out; None once closed."""
+        return self._map
+
     def tensor(self, name: str) -> torch.Tensor:
         t = self.info(name)
         return quants.to_torch(self.raw(name), t.ggml_type, t.shape)
@@ -428,6 +433,11 @@ class GGUFModel:
     def raw(self, name: str) -> np.ndarray:
         self.info(name)
         return self._owner[name].raw(name)
+
+    @property
+    def mapping(self) -> np.ndarray | None:
+        """The whole file's memory map (uint8, from offset 0), whose views `raw` hands out; None once closed."""
+        return self._map
 
     def tensor(self, name: str) -> torch.Tensor:
         self.info(name)

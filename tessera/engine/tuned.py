@@ -6,9 +6,9 @@ CPU model string and the build of the native module, and holding both again, so 
 CPU and the kernels it was measured with. A record that cannot be read, is of another version, or names another CPU
 or build is ignored with a message naming the file and the problem; the kernels' defaults are used until a calibration
 has run. Knobs set by the environment (TESSERA_PF, TESSERA_SPIN_US, TESSERA_AMX_TILE_MIN_ROWS,
-TESSERA_QUANT_MOE_CHUNK_T) always win over a record. A knob the record does not hold (the first load's short calibration
-leaves out the slow ones: calibrate.Knob.on_load) keeps the kernels' default. The measuring itself is
-tessera/engine/calibrate.py.
+TESSERA_QUANT_MOE_CHUNK_T, TESSERA_VNNI_GEMM_MIN_T) always win over a record. A knob the record does not hold (the first
+load's short calibration leaves out the slow ones: calibrate.Knob.on_load) keeps the kernels' default. The measuring
+itself is tessera/engine/calibrate.py.
 
 Record: {"tessera_tuning": 1, "cpu", "build", "measured_at" (UTC, ISO 8601), "seconds", "backend", "threads",
          "shape": {E, H, I, k, experts_timed[, quant_experts_timed]},
@@ -30,7 +30,7 @@ ON_LOAD_ENV = "TESSERA_TUNE_ON_LOAD"  # "0": a load never calibrates (tests set 
 ON_LOAD_SECONDS = 2.0  # timing budget of the first load's calibration (tessera-cli tune: --seconds, default 3)
 # Runtime knobs a record may set (engine.native.set_tuning_knob) and the variable that overrides each.
 KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS",
-         "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T"}
+         "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T", "vnni_gemm_min_tokens": "TESSERA_VNNI_GEMM_MIN_T"}
 
 
 def default_dir() -> Path:
@@ -215,8 +215,9 @@ def describe(st: dict) -> list[str]:
 
 def measured_text(knob: dict) -> str:
     """"; medians 0: 1.1 ms, 50: 1.2 ms, ..." for a measured knob of status() (each candidate's median), else ""."""
-    medians = knob.get("median_ms") or {}
-    return ("; medians " + ", ".join(f"{c}: {ms:g} ms" for c, ms in medians.items())) if medians else ""
+    medians = knob.get("median_ms") or {}  # JSON keys: candidates as text, shown in numeric order
+    order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
+    return ("; medians " + ", ".join(f"{c}: {medians[c]:g} ms" for c in order)) if medians else ""
 
 
 def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None,

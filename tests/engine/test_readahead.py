@@ -59,6 +59,7 @@ def test_stop_ends_it_within_a_chunk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch, fails):
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: 0.0)  # a cold file: the thread reads it
     from tessera import engine
 
     started = []
@@ -84,3 +85,104 @@ def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch
         assert s.readahead is started[0]
         s.close()
     assert started and started[0] is not None and started[0]._stop.is_set() and started[0].join(10)
+
+
+# ---- the map's pages populated (MADV_POPULATE_READ) ----------------------------------------------------------------
+
+def _mapping_rss(mapped) -> int:
+    """Bytes of `mapped`'s pages in this process's page tables: the Rss of its mapping in /proc/self/smaps."""
+    start = mapped.ctypes.data
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= start < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("the map is not in /proc/self/smaps")
+
+
+def _populate_supported() -> bool:
+    import mmap
+
+    m = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        import ctypes
+
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        ok = readahead.madvise(address, mmap.PAGESIZE, readahead.MADV_POPULATE_READ) == 0
+        return ok
+    finally:
+        import gc
+
+        gc.collect()
+        try:
+            m.close()
+        except BufferError:
+            pass
+
+
+def _mapped_file(tmp_path, nbytes: int):
+    import numpy as np
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(os.urandom(nbytes))
+    return f, np.memmap(f, dtype=np.uint8, mode="c")  # as gguf_reader maps a model
+
+
+def test_resident_fraction_is_the_share_of_pages_in_the_page_cache(tmp_path):
+    f, mapped = _mapped_file(tmp_path, 64 * 4096)  # just written: in the page cache
+    assert readahead.resident_fraction([mapped, None]) == 1.0
+    with open(f, "rb") as fh:  # clean pages can be dropped: fsync'd, then DONTNEED (the whole file: the page cache
+        os.fsync(fh.fileno())  # drops a large folio whole or not at all)
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert readahead.resident_fraction([mapped]) < 0.5
+    assert readahead.resident_fraction([None]) == 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_populate_maps_every_page_on_this_thread_and_stops_when_asked(tmp_path, monkeypatch):
+    import threading
+
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(readahead, "CHUNK", 1 << 20)
+    nbytes = 3 * (1 << 20) + 100
+    _, mapped = _mapped_file(tmp_path, nbytes)
+    stop = threading.Event()
+    stop.set()
+    assert readahead.populate([mapped], stop) is None and _mapping_rss(mapped) < nbytes // 2  # stopped before any
+    assert readahead.populate([None, mapped]) is None
+    assert _mapping_rss(mapped) >= nbytes - 4096
+
+
+def test_populate_says_why_it_stopped(tmp_path, monkeypatch):
+    import errno
+
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: errno.EINVAL)
+    _, mapped = _mapped_file(tmp_path, 4096)
+    assert readahead.populate([mapped]) == "EINVAL"
+
+
+@pytest.mark.parametrize("cached", [1.0, 0.5])
+def test_a_cached_model_s_map_is_populated_at_load_a_cold_one_read_ahead(tiny_gguf_model, monkeypatch, cached):
+    from tessera import engine
+
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: cached)
+    done = []
+    real = readahead.populate
+    monkeypatch.setattr(readahead, "populate", lambda maps, cancel=None: done.append(
+        (real(maps, cancel), [_mapping_rss(m) for m in maps])))
+    s = engine.load(tiny_gguf_model, backend="Torch")
+    try:
+        if cached == 1.0:
+            assert s.readahead is None and done == [(None, [done[0][1][0]])]
+            assert done[0][1][0] >= os.path.getsize(tiny_gguf_model) - 4096  # every page of the map mapped
+        else:
+            assert not done and s.readahead is not None and s.readahead.join(30)
+    finally:
+        s.close()

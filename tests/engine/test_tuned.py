@@ -36,13 +36,13 @@ def test_record_round_trips(tmp_path):
 def test_status_shows_the_medians_behind_each_measured_value(tmp_path):
     """check and the hardware wizard show each knob's value, its source and, when measured, every candidate's median."""
     rec = _record(quant_moe_chunk_tokens=512)
-    rec["knobs"]["quant_moe_chunk_tokens"]["median_ms"] = {"256": 90.5, "512": 80.25}
+    rec["knobs"]["quant_moe_chunk_tokens"]["median_ms"] = {"512": 80.25, "64": 99.0, "256": 90.5}
     tuned.save(rec, tmp_path)
     st = tuned.status(tmp_path)
     assert st["stored"] and st["knobs"]["quant_moe_chunk_tokens"] == {
-        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25}}
-    lines = tuned.describe(st)
-    assert "quant_moe_chunk_tokens = 512 (measured; medians 256: 90.5 ms, 512: 80.25 ms)" in lines
+        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25, "64": 99.0}}
+    lines = tuned.describe(st)  # candidates in numeric order, whatever order the JSON holds them in
+    assert "quant_moe_chunk_tokens = 512 (measured; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms)" in lines
     assert "spin_us = 50 (default)" in lines  # not in the record: the kernels' default
 
 
@@ -108,7 +108,8 @@ def test_environment_wins_over_the_record(tmp_path):
 def test_the_record_reaches_the_native_module(tmp_path):
     """What the kernels read (native.tuning(), the atomics in tessera/tuning.h) is the record's value after a load
     applies it, the default before, and the default again when the record is of another build (stale)."""
-    rec = _record(spin_us=11, prefetch_bytes=2048, amx_tile_min_rows=2, quant_moe_chunk_tokens=512)
+    rec = _record(spin_us=11, prefetch_bytes=2048, amx_tile_min_rows=2, quant_moe_chunk_tokens=512,
+                  vnni_gemm_min_tokens=8)
     tuned.save(rec, tmp_path)
     knobs, message, native_now = _apply_in_child(tmp_path)
     assert message == "" and all(k["source"] == "measured" for k in knobs.values())
@@ -119,7 +120,7 @@ def test_the_record_reaches_the_native_module(tmp_path):
     assert "measured with native build 'feedfacefeedface'" in message
     assert all(k["source"] == "default" for k in knobs.values())
     assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 16,
-                                                      "quant_moe_chunk_tokens": 256}
+                                                      "quant_moe_chunk_tokens": 256, "vnni_gemm_min_tokens": 0}
 
 
 def test_a_bad_chunk_in_the_environment_is_named():
@@ -157,11 +158,12 @@ def test_measure_knob_times_each_value_with_the_knob_set():
 
 def test_knobs_follow_the_backend():
     names = lambda b, **kw: [k.name for k in calibrate.knobs_for(b, **kw)]  # noqa: E731
-    chunk = "quant_moe_chunk_tokens"
-    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk] == names("AVX2")
-    assert names("AVX512Int8") == ["spin_us", chunk] and names("Reference") == ["spin_us"]
-    assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows", chunk]
-    assert names("AMXBF16-emulated") == ["spin_us", chunk]
+    chunk, gemm = "quant_moe_chunk_tokens", "vnni_gemm_min_tokens"
+    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk, gemm]
+    assert names("AVX2") == ["spin_us", "prefetch_bytes", chunk]
+    assert names("AVX512Int8") == ["spin_us", chunk, gemm] and names("Reference") == ["spin_us"]
+    assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows", chunk, gemm]
+    assert names("AMXBF16-emulated") == ["spin_us", chunk, gemm]
     # the first load's calibration leaves out the slow quantized prefill (tessera-cli tune measures it)
     assert names("AVX512", on_load=True) == ["spin_us", "prefetch_bytes"]
     assert names("AMXInt8", on_load=True) == ["spin_us", "amx_tile_min_rows"]
@@ -178,7 +180,7 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
             f"r = calibrate.run('{backend}', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); "
             "print(json.dumps(r))")
     env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
-    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0")
+    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_VNNI_GEMM_MIN_T="0")  # the chunk alone
     rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                     check=True).stdout)
     assert list(rec["knobs"]) == ["quant_moe_chunk_tokens"] and rec["shape"]["quant_experts_timed"] == 16

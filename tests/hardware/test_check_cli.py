@@ -45,7 +45,8 @@ def test_json_has_the_fields_the_issue_lists(report):
     assert report["auto_backend"] in report["backends"] and report["backends"][report["auto_backend"]]["available"]
     assert report["model"]["decode_tok_s_upper_bound"] > 0
     tuning = report["tuning"]  # engine.tuned.status(): what is measured on this CPU, or that defaults are in use
-    assert set(tuning["knobs"]) == {"prefetch_bytes", "spin_us", "amx_tile_min_rows", "quant_moe_chunk_tokens"}
+    assert set(tuning["knobs"]) == {"prefetch_bytes", "spin_us", "amx_tile_min_rows", "quant_moe_chunk_tokens",
+                                     "vnni_gemm_min_tokens"}
     assert tuning["cpu"] and tuning["stored"] in (True, False)
 
 

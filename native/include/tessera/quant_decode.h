@@ -23,9 +23,10 @@ struct QMatvecPart {
 // x [K] f32; every part's K is this K. One activation quantization, one parallel_for over all parts' row groups.
 void quant_matvec_multi(QIsa isa, const float* x, int64_t K, const QMatvecPart* parts, int n_parts, ThreadPool& pool);
 
-// x [T, K] f32 (row-major); every part's K is this K, its out [T, N]. On AVX-512 VNNI from quant::kGemmMinTokens
-// tokens: one quantization, the tokens packed once per distinct GEMM packing, one parallel_for over all parts' row
-// groups (quant_driver.cpp); at T = 1 quant_matvec_multi; otherwise one quant_matmul per part.
+// x [T, K] f32 (row-major); every part's K is this K, its out [T, N]. On AVX-512 VNNI from vnni_gemm_min_tokens
+// tokens (tuning.h; default quant::kGemmMinTokens): one quantization, the tokens packed once per distinct GEMM
+// packing, one parallel_for over all parts' row groups (quant_driver.cpp); at T = 1 quant_matvec_multi; otherwise
+// one quant_matmul per part.
 void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
                         ThreadPool& pool);
 

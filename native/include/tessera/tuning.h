@@ -45,6 +45,11 @@ struct Tuning {
   // calibrate.py QUANT_CHUNK; docs/BENCHMARKS.md "Self-tuning, second pass"). The engine's calls hold at most
   // generate.PREFILL_CHUNK (512) tokens, so values above 512 act as 512 there.
   std::atomic<int64_t> quant_moe_chunk_tokens{256};
+  // TESSERA_VNNI_GEMM_MIN_T: on AVX-512 VNNI, token blocks (an expert's tokens in a quantized MoE pass, a quant_matmul
+  // call) of at least this many tokens take the GEMM (quant_gemm_avx512.cpp), shorter ones the mat-vec per token.
+  // 0: the kernels' default (quant_kernels.h kGemmMinTokens, 12); never below 2 (one token is decode). Atomic: measured
+  // by the calibration like quant_moe_chunk_tokens (calibrate.py VNNI_GEMM_MIN).
+  std::atomic<int64_t> vnni_gemm_min_tokens{0};
 };
 
 // Constants the kernels keep fixed, and why none of them is a per-CPU knob (issue 16 item 3: no constant claims to

@@ -9,8 +9,9 @@ OK, BAD, MUTED = "#2e7d32", "#c62828", "#757575"
 
 def _medians(knob: dict) -> str:
     """"; medians 0: 1.1 ms, 50: 1.2 ms" for a measured knob of the report's tuning (engine.tuned.status), else ""."""
-    medians = knob.get("median_ms") or {}
-    return ("; medians " + ", ".join(f"{c}: {ms:g} ms" for c, ms in medians.items())) if medians else ""
+    medians = knob.get("median_ms") or {}  # JSON keys: candidates as text, shown in numeric order
+    order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
+    return ("; medians " + ", ".join(f"{c}: {medians[c]:g} ms" for c in order)) if medians else ""
 
 
 def _count(n: float) -> str:
