@@ -498,8 +498,8 @@ def make_backend(
         else:
             blob = None
             if layer in keys:
-                blob = cache.load(keys[layer], sizes[layer], _native.aligned_empty,
-                                  lambda b, e=experts: _check_dims(concrete, b, e), what=f"layer {layer}")
+                blob = cache.load(keys[layer], sizes[layer], lambda b, e=experts: _check_dims(concrete, b, e),
+                                  what=f"layer {layer}")
             if blob is not None:
                 stats.cached_layers += 1
                 stats.per_layer[layer] = "cached"

@@ -1,6 +1,9 @@
 """engine.native.make_backend: the ExpertBackend the model calls, its async submit/sync, and the packed-weight disk
 cache (engine.pack_cache: keyed by content and packing parameters; cold packs and stores, warm reads verified files)."""
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from native_cases import native_backends, nmse, random_layer
@@ -67,6 +70,12 @@ def test_disk_cache_cold_then_warm(tmp_path):
     assert len(files) == 2
     warm = N.make_backend(name, LAYERS, threads=2, cache_dir=tmp_path, model_id="/m/model.gguf:123:456")
     assert warm.load_stats.cached_layers == 2 and warm.load_stats.packed_layers == 0
+    # A cached pack is used in place from a map of its file (one copy, the page cache's), not read into a buffer.
+    for layer in warm.layers.values():
+        assert isinstance(layer.blob, np.memmap) and layer.blob.ctypes.data % 64 == 0
+        assert Path(layer.blob.filename).parent == tmp_path / "layers"
+    for layer in cold.layers.values():
+        assert not isinstance(layer.blob, np.memmap)
     x, ids, w = inputs()
     assert torch.equal(warm.forward(3, x, ids, w), cold.forward(3, x, ids, w))
     # The key is the content: another model path with the same weights shares the files; a corrupt file is repacked
