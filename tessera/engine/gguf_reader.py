@@ -434,11 +434,6 @@ class GGUFModel:
         self.info(name)
         return self._owner[name].raw(name)
 
-    @property
-    def mapping(self) -> np.ndarray | None:
-        """The whole file's memory map (uint8, from offset 0), whose views `raw` hands out; None once closed."""
-        return self._map
-
     def tensor(self, name: str) -> torch.Tensor:
         self.info(name)
         return self._owner[name].tensor(name)

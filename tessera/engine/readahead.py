@@ -152,7 +152,6 @@ def _libc(name: str, argtypes: list):
     return _libc_fns[name]
 
 
-
 def _available_memory() -> int:
     import psutil
 
