@@ -186,7 +186,8 @@ __attribute__((always_inline)) inline void load_block32(const uint8_t* row, int6
 // K-quant / IQ4_XS super-block for the integer path: out += dx * (d * sum_c sc[c] . maddubs(u[c], q) - dm * m16 . bs16)
 struct SuperInt {
   __m512i u[4];      // codes of values 64c .. 64c + 63 (IQ4_XS: |code|)
-  __m512i sc[4];     // int16 sub-scale of each int16 lane of maddubs(u[c], q)
+  __m512i sc[4];     // paired<t>: sc[p] (p < 2) the int16 pair (sub-scale of chunk 2p, of chunk 2p + 1) of each int32
+                     // lane; else the int16 sub-scale of each int16 lane of maddubs(u[c], q)
   __m256i m16;       // int16 B multiplier per 16-group (Q4_K/Q5_K: min; Q6_K: sub-scale)
   __mmask64 neg[4];  // IQ4_XS: the values whose code is negative (their activation is negated)
   float d, dm;
@@ -195,9 +196,26 @@ struct SuperInt {
 template <QType t>
 constexpr bool has_b() { return t != QType::IQ4_XS; }
 
+// Whether the type's super-block dot takes the paired path (dot_super): codes <= 63 against |q| <= 127, so the
+// vpdpbusd sum of 4 products (|s| <= 4 * 63 * 127 = 32004) fits an int16, and two chunks' sums share one vpdpwssd by
+// their sub-scales. IQ4_XS (|code| <= 127) keeps vpmaddubsw + vpdpwssd.
+template <QType t>
+constexpr bool paired() { return t != QType::IQ4_XS; }
+
+// int16 lane i -> index of the scale of int32 lane i / 2 of chunk 2p + i % 2: the 32-value sub-block (Q4_K / Q5_K:
+// chunk c lanes 0-7 = sub-block 2c, lanes 8-15 = 2c + 1), or the 16-value group (Q6_K: lane l of chunk c = values
+// 64c + 4l .. 64c + 4l + 3), or'ed with `high` (0x8000: vpshufb zeroes the high byte).
+inline __m512i pair_index(int p, bool per16, short high) {
+  alignas(64) int16_t idx[32];
+  for (int i = 0; i < 32; ++i) {
+    const int c = 2 * p + (i & 1), l = i >> 1;
+    idx[i] = short((per16 ? 4 * c + l / 4 : 2 * c + l / 8) | high);
+  }
+  return _mm512_load_si512(idx);
+}
+
 template <QType t>
 __attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_t sb, SuperInt& s) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   switch (t) {
     case QType::Q4_K:
     case QType::Q5_K: {
@@ -214,7 +232,7 @@ __attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_
       const uint64_t mn = uint64_t(u1 & k1) | uint64_t(((s2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) << 32;
       const __m512i sm = _mm512_broadcast_i32x4(_mm_set_epi64x(int64_t(mn), int64_t(sc)));
       // int16 lane -> byte (index, 0): chunk c holds sub-blocks 2c (int16 lanes 0-15) and 2c + 1 (16-31).
-      for (int c = 0; c < 4; ++c) s.sc[c] = _mm512_shuffle_epi8(sm, _mm512_or_si512(epi16_index(4, 2 * c), _mm512_set1_epi16(short(0x8000))));
+      for (int p = 0; p < 2; ++p) s.sc[p] = _mm512_shuffle_epi8(sm, pair_index(p, false, short(0x8000)));
       s.m16 = _mm256_shuffle_epi8(_mm512_castsi512_si256(sm),
                                   _mm256_setr_epi16(short(0x8008), short(0x8008), short(0x8009), short(0x8009),
                                                     short(0x800A), short(0x800A), short(0x800B), short(0x800B),
@@ -222,17 +240,24 @@ __attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_
                                                     short(0x800E), short(0x800E), short(0x800F), short(0x800F)));
       s.d = f16(blk);
       s.dm = f16(blk + 2);
+      // Chunk c = [low nibbles of qs[32c .. 32c + 31] | their high nibbles]: the 32 bytes broadcast to both halves,
+      // the upper half shifted right by 4, masked (Q5_K: the high bit 2c / 2c + 1 of qh the same way, at bit 4).
       const uint8_t* qs = blk + (five ? 48 : 16);
-      const __m256i qh = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
-      const __m256i one = _mm256_set1_epi8(1);
+      const __m512i m4z = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+      const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+      const __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)))
+                              : _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (five) {
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c)));
+        const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), m4z);
+        if (five) {  // bit 2c (low half) or 2c + 1 (high half) of each qh byte, moved to bit 4
+          const __m512i hb = _mm512_slli_epi16(
+              _mm512_srlv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1)),
+              4);
+          s.u[c] = _mm512_ternarylogic_epi32(nib, hb, b4, 0xF8);  // nib | (hb & 0x10)
+        } else {
+          s.u[c] = nib;
         }
-        s.u[c] = cat(lo, hi);
       }
       break;
     }
@@ -240,7 +265,7 @@ __attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_
       const uint8_t* blk = row + sb * 210;
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       s.m16 = sc16;  // B = 32 A: the B multiplier is the sub-scale, dm = 32 d
-      for (int c = 0; c < 4; ++c) s.sc[c] = _mm512_permutexvar_epi16(epi16_index(3, 4 * c), _mm512_castsi256_si512(sc16));
+      for (int p = 0; p < 2; ++p) s.sc[p] = _mm512_permutexvar_epi16(pair_index(p, true, 0), _mm512_castsi256_si512(sc16));
       s.d = f16(blk + 208);
       s.dm = 32.0f * s.d;
       // Half h: ql[64h + l] low nibble = value 128h + l, high = 128h + 64 + l (l < 64); the 2 high bits of value
@@ -291,8 +316,23 @@ __attribute__((always_inline)) inline void load_super(const uint8_t* row, int64_
 }
 
 // The integer sum of one super-block against one token's 256 activations.
+// Paired (paired<t>): per chunk c, vpdpbusd gives the int32 sum of each 4 products (values 64c + 4l .. + 3 in lane l);
+// chunks 2p and 2p + 1 go into the low and high int16 of one vector and one vpdpwssd multiplies each by its sub-scale
+// and adds the two: per lane the same integers as maddubs + vpdpwssd per chunk (pair sums 2l, 2l + 1 of chunk c are
+// that lane's 4 products), so the same int32 lanes, with 6 multiply-unit instructions a super-block instead of 8.
 template <QType t>
 __attribute__((always_inline)) inline __m512i dot_super(const SuperInt& s, const int8_t* q) {
+  if (paired<t>()) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i acc = zero;
+    for (int p = 0; p < 2; ++p) {
+      const __m512i lo = _mm512_dpbusd_epi32(zero, s.u[2 * p], _mm512_loadu_si512(q + 128 * p));
+      const __m512i hi = _mm512_dpbusd_epi32(zero, s.u[2 * p + 1], _mm512_loadu_si512(q + 128 * p + 64));
+      const __m512i both = _mm512_mask_blend_epi16(__mmask32(0xAAAAAAAAu), lo, _mm512_slli_epi32(hi, 16));
+      acc = _mm512_dpwssd_epi32(acc, both, s.sc[p]);
+    }
+    return acc;
+  }
   __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   for (int c = 0; c < 4; ++c) {
     __m512i xq = _mm512_loadu_si512(q + 64 * c);
@@ -317,20 +357,27 @@ __attribute__((always_inline)) inline void accumulate_super(const SuperInt& s, c
 template <QType t>
 void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t nsb = K / 256;
-  if (nt == 1) {  // decode
+  if (nt == 1) {  // decode: each row's sums kept, then reduced 16 rows at a time (reduce_tokens: the same bits)
     const ActRow& x = xs[0];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + size_t(r) * row_bytes;
-      __m512 acc = _mm512_setzero_ps();
-      __m256 macc = _mm256_setzero_ps();
-      const int sbb = int(row_bytes / nsb);
-      for (int64_t sb = 0; sb < nsb; ++sb) {
-        prefetch_ahead(row + sb * sbb, sbb);
-        SuperInt s;
-        load_super<t>(row, sb, s);
-        accumulate_super<t>(s, x, sb, acc, macc);
+    alignas(64) __m512 accs[kRowGroup];
+    alignas(32) __m256 maccs[kRowGroup];
+    for (int r0 = 0; r0 < R; r0 += kRowGroup) {
+      const int n = std::min<int>(R - r0, int(kRowGroup));
+      for (int r = 0; r < n; ++r) {
+        const uint8_t* row = w + size_t(r0 + r) * row_bytes;
+        __m512 acc = _mm512_setzero_ps();
+        __m256 macc = _mm256_setzero_ps();
+        const int sbb = int(row_bytes / nsb);
+        for (int64_t sb = 0; sb < nsb; ++sb) {
+          prefetch_ahead(row + sb * sbb, sbb);
+          SuperInt s;
+          load_super<t>(row, sb, s);
+          accumulate_super<t>(s, x, sb, acc, macc);
+        }
+        accs[r] = acc;
+        maccs[r] = macc;
       }
-      out[r] = _mm512_reduce_add_ps(acc) - hsum256(macc);
+      reduce_tokens(accs, has_b<t>() ? maccs : nullptr, n, out + r0);
     }
     return;
   }

@@ -104,11 +104,14 @@ EXTREME_CODES = {Q.Q4_0: ((2, 18, 0xFF),), Q.Q4_K: ((16, 144, 0xFF),), Q.Q5_K: (
                  Q.Q6_K: ((0, 192, 0xFF),), Q.Q8_0: ((2, 34, 0x80),), Q.IQ4_XS: ((8, 136, 0x00),)}
 
 
+# T = 1 (decode) and 5 (a short token block) take the row kernels: on AVX-512 VNNI the K-quants' paired vpdpbusd sums,
+# whose int16 halves are at their bound (4 * 63 * 127 for Q6_K) here; T = 24 the GEMM.
+@pytest.mark.parametrize("T", (1, 5, 24))
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", ISAS)
-def test_int16_sums_at_their_bounds(pool, isa, qtype):
-    rng = np.random.default_rng(5 + int(qtype))
-    K, rows, T = _K(qtype), 9, 24
+def test_int16_sums_at_their_bounds(pool, isa, qtype, T):
+    rng = np.random.default_rng(5 + int(qtype) + T)
+    K, rows = _K(qtype), 37  # 37 rows: two 16-row reductions of the decode path and a ragged 5
     block, size = GGML_QUANT_SIZES[qtype]
     w = random_blocks(qtype, rows, K, rng).reshape(rows, K // block, size)
     for lo, hi, byte in EXTREME_CODES[qtype]:

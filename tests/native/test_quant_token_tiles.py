@@ -1,8 +1,9 @@
 """Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512 below 12 tokens: a
 row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles,
 its GEMM from 2-4 tokens by type).
-That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone,
-for ragged token counts (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
+That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone
+(at T = 1 too: decode keeps each row's vector sums and reduces 16 rows at a time), for ragged token counts
+(T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
 256-value super-block types, to running that token by itself (T = 1, the decode path: same integer dot, same f32
 steps in the same order; where the GEMM of test_quant_gemm.py runs, within NMSE 1e-10 instead). Block-32 types
 (Q4_0, Q8_0) fold the token's scale into the weights' at T = 1, a different f32 rounding order, so for them only the
@@ -27,7 +28,7 @@ def _K(qtype) -> int:
     return 768 if qtype in K_QUANTS else 416
 
 
-@pytest.mark.parametrize("T", (5, 13, 37))
+@pytest.mark.parametrize("T", (1, 5, 13, 37))  # T = 1: decode, whose rows are reduced 16 at a time
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", ISAS)
 def test_row_grouping_is_bit_exact(pool, isa, qtype, T):
