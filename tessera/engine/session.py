@@ -131,11 +131,12 @@ class Session:
         # Where each part runs (CPU only unless a rules file or settings put parts on a GPU or its CPU twin).
         self.placement = resolve_plan(placement, self.config, backend=backend, twin=twin)
         self._layers = layer_experts(self.config, weights.tensors)
+        self._sources = weights.sources  # the mapped file parts, for engine.source_digest
         first = next(iter(self._layers.values()), None)
         self.bytes_per_expert = 0 if first is None else sum(  # as stored: quantized experts are read as blocks
             t.nbytes // t.shape[0] for t in (first.gate_proj, first.up_proj, first.down_proj))
         parts = build(self.placement, self._layers, self.config, threads=threads, model_id=self._model_key,
-                      progress=progress)
+                      progress=progress, sources=self._sources)
         self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
         if progress is not None:
             progress(ProgressEvent("prepare", 0, 1, "non-expert weights"))
@@ -164,7 +165,7 @@ class Session:
         try:
             plan = dataclasses.replace(self.placement, experts_backend=name)
             parts = build(plan, self._layers, self.config, threads=self.threads, model_id=self._model_key,
-                          progress=progress)
+                          progress=progress, sources=self._sources)
             old = self.model.experts
             self.model.set_experts(parts.experts)
             self.placement.experts_backend = parts.backend_name
