@@ -18,6 +18,7 @@ import tessera.engine.native as N
 from tessera.engine import scale_record, source_digest
 from tessera.engine.experts import LayerExperts
 from tessera.engine.model import layer_experts
+from tessera.engine.pack_cache import PackCache
 from tessera.engine.source_digest import DigestRecord, SourceFile, layer_span
 from tessera.engine.weights import load_weights
 
@@ -73,6 +74,8 @@ def test_an_unchanged_file_reuses_its_digests_and_gets_the_same_keys(aged, tmp_p
     assert again.load_stats.cached_layers == n  # same keys as the first load's: its packs are found
     H = layers[min(layers)].gate_proj.shape[-1]
     assert all(torch.equal(a, b) for a, b in zip(outputs(again, H), outputs(fresh(layers), H), strict=True))
+    PackCache(root).clear()  # `tessera-cli cache clear` removes the records with the packs
+    assert not list((root / "sources").glob("*.json"))
 
 
 def test_an_edited_expert_is_hashed_again_and_its_layer_repacked(aged, tmp_path):
