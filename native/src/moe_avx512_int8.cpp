@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "moe_panels.h"
+#include "vnni_asm.h"
 
 #include "isa_target.h"
 
@@ -186,35 +187,35 @@ void quantize_row(const float* src, const MatLayout& m, uint32_t* dst) {
 // C[m][b*16 + n] = sum over groups of (254 * (acc_hi - comp) + (acc_lo - comp)) * wscale * ascale, mr rows, nb panels.
 template <int MR, int NB>
 void kern(const uint8_t* B, const MatLayout& L, const uint32_t* const* A, float* C, int ldc) {
-  for (int m = 0; m < MR; ++m)
-    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(C + m * ldc + b * 16, _mm512_setzero_ps());
+  _Pragma("GCC unroll 8") for (int m = 0; m < MR; ++m)
+    _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) _mm512_storeu_ps(C + m * ldc + b * 16, _mm512_setzero_ps());
   const size_t pb = L.panel;
   const __m512i k254 = _mm512_set1_epi32(254);
   for (int64_t g = 0; g < L.ng; ++g) {
     const int64_t q0 = g * L.gq, q1 = std::min(L.kq, q0 + L.gq);
     __m512i acc_hi[MR][NB], acc_lo[MR][NB];
-    for (int m = 0; m < MR; ++m)
-      for (int b = 0; b < NB; ++b) acc_hi[m][b] = acc_lo[m][b] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int m = 0; m < MR; ++m)
+      _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) acc_hi[m][b] = acc_lo[m][b] = _mm512_setzero_si512();
     for (int64_t q = q0; q < q1; ++q) {
       __m512i w[NB];
-      for (int b = 0; b < NB; ++b) {
+      _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
         const uint8_t* p = B + size_t(b) * pb + size_t(q) * 64;
         _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
         w[b] = _mm512_load_si512(p);
       }
-      for (int m = 0; m < MR; ++m) {
+      _Pragma("GCC unroll 8") for (int m = 0; m < MR; ++m) {
         const __m512i ah = _mm512_set1_epi32(int(A[m][q])), al = _mm512_set1_epi32(int(A[m][L.kq + q]));
-        for (int b = 0; b < NB; ++b) {
-          acc_hi[m][b] = _mm512_dpbusd_epi32(acc_hi[m][b], ah, w[b]);
-          acc_lo[m][b] = _mm512_dpbusd_epi32(acc_lo[m][b], al, w[b]);
+        _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
+          TESSERA_VPDPBUSD_ZMM(acc_hi[m][b], ah, w[b]);  // vnni_asm.h: the intrinsic spills here (GCC 12)
+          TESSERA_VPDPBUSD_ZMM(acc_lo[m][b], al, w[b]);
         }
       }
     }
-    for (int b = 0; b < NB; ++b) {
+    _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
       const uint8_t* tail = B + size_t(b) * pb + size_t(L.kq) * 64;
       const __m512 ws = _mm512_loadu_ps(reinterpret_cast<const float*>(tail) + g * 16);
       const __m512i cp = _mm512_loadu_si512(tail + size_t(L.ng) * 64 + size_t(g) * 64);
-      for (int m = 0; m < MR; ++m) {
+      _Pragma("GCC unroll 8") for (int m = 0; m < MR; ++m) {
         const float as = reinterpret_cast<const float*>(A[m] + 2 * L.kq)[g];
         // Exact in int32 while 254 * 127 * 127 * 4 * gq < 2^31 (gq <= 64 quads); larger groups convert each half.
         __m512 v;
