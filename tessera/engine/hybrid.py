@@ -107,10 +107,11 @@ class ModelParts:
 
 
 def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threads: int | None, model_id: str,
-          progress: Callable[[ProgressEvent], None] | None = None) -> ModelParts:
+          progress: Callable[[ProgressEvent], None] | None = None, sources: tuple = ()) -> ModelParts:
     """The one call from a plan to the parts of a model: devices of the dense parts, the CPU backend (packed through
     the packed-weight cache; engine.backends resolves its name) and the hot-expert cache around it when the plan
-    uses one."""
+    uses one. `sources`: the mapped file parts the layers are views of (engine.source_digest.SourceFile), so an
+    unchanged file's layer digests are not computed again."""
     from tessera.engine import native, tuned
     from tessera.engine.backends import resolve
     from tessera.engine.pack_cache import default_root
@@ -120,5 +121,5 @@ def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threa
         tuned.prepare_for_load(concrete, config.num_experts, config.hidden_size, config.moe_intermediate_size,
                                config.num_experts_per_tok, threads=threads, progress=progress)
     cpu = native.make_backend(plan.experts_backend, layers, threads=threads, cache_dir=default_root(),
-                              model_id=model_id, progress=progress)
+                              model_id=model_id, progress=progress, sources=sources)
     return ModelParts(model_devices(plan, config), wrap_experts(plan, cpu, layers, config), cpu.name, cpu.reason)

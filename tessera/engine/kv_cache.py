@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from tessera.engine import kv_q8
+from tessera.engine.huge_pages import empty as huge_page_empty
 
 _CHUNK = 256  # positions added per growth step
 KEY_TILE = 32  # positions per key tile (native/include/tessera/attention.h)
@@ -51,7 +52,10 @@ class KVCache:
         capacity: int = _CHUNK,
         devices: list[torch.device] | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        huge_pages: bool = False,
     ):
+        # K/V buffers on the CPU on transparent huge pages (engine.huge_pages): off by default, see that module.
+        self.huge_pages = huge_pages
         self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
         self.quantized = dtype == torch.int8  # q8_0
@@ -72,14 +76,16 @@ class KVCache:
         return -(-capacity // KEY_TILE) * KEY_TILE if self.quantized else capacity  # q8_0: whole tiles
 
     def _q8_buffers(self, capacity: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        return kv_q8.buffers(self.kv_heads, capacity, self.head_dim, device)
+        return kv_q8.buffers(self.kv_heads, capacity, self.head_dim, device, self.huge_pages)
 
     def _buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
-        return torch.empty(self.kv_heads, capacity, self.head_dim, device=device, dtype=self.dtype)  # [nkv, C, hd]
+        alloc = huge_page_empty if self.huge_pages else torch.empty
+        return alloc((self.kv_heads, capacity, self.head_dim), device=device, dtype=self.dtype)  # [nkv, C, hd]
 
     def _key_buffer(self, capacity: int, device: torch.device) -> torch.Tensor:
         shape = (self.kv_heads, -(-capacity // KEY_TILE), self.head_dim, KEY_TILE)
-        return torch.empty(shape, device=device, dtype=self.dtype)  # [nkv, ceil(C/32), hd, 32]
+        alloc = huge_page_empty if self.huge_pages else torch.empty
+        return alloc(shape, device=device, dtype=self.dtype)  # [nkv, ceil(C/32), hd, 32]
 
     @property
     def length(self) -> int:

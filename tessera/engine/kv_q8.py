@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from tessera.engine import huge_pages
+
 BLOCK = 32  # values per scale along the head dim; positions per tile
 
 
@@ -37,11 +39,13 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return (qb * d.float().unsqueeze(-1)).reshape(q.shape)
 
 
-def buffers(kv_heads: int, capacity: int, head_dim: int, device) -> tuple[torch.Tensor, ...]:
-    """Empty (k, ks, v, vs) of one layer for `capacity` positions (a multiple of 32)."""
+def buffers(kv_heads: int, capacity: int, head_dim: int, device, huge: bool = False) -> tuple[torch.Tensor, ...]:
+    """Empty (k, ks, v, vs) of one layer for `capacity` positions (a multiple of 32); k and v on huge pages where
+    `huge` and the device is the CPU (engine.huge_pages: decode streams them)."""
     tiles, nb = capacity // BLOCK, head_dim // BLOCK
-    k = torch.empty(kv_heads, tiles, head_dim // 4, BLOCK, 4, dtype=torch.int8, device=device)
-    v = torch.empty(kv_heads, capacity // 4, head_dim, 4, dtype=torch.int8, device=device)
+    alloc = huge_pages.empty if huge else torch.empty
+    k = alloc((kv_heads, tiles, head_dim // 4, BLOCK, 4), dtype=torch.int8, device=device)
+    v = alloc((kv_heads, capacity // 4, head_dim, 4), dtype=torch.int8, device=device)
     ks = torch.empty(kv_heads, tiles, nb, BLOCK, dtype=torch.float16, device=device)
     vs = torch.empty(kv_heads, tiles, nb, BLOCK, dtype=torch.float16, device=device)
     return k, ks, v, vs

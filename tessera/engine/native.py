@@ -11,7 +11,7 @@ import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +24,8 @@ from tessera.engine.events import ProgressEvent
 from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from tessera.engine.pack_cache import PackCache, layer_digest, layer_key
 from tessera.engine.quantized import QuantizedTensor, is_quantized, widened
+from tessera.engine.source_digest import FOLDER as SOURCES_FOLDER
+from tessera.engine.source_digest import DigestRecord, SourceFile
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _PACKED_HEADER_BYTES = 64  # tessera::PackedHeader: magic, layout version, source dtype, backend, E, H, I
@@ -267,6 +269,7 @@ class LoadStats:
     cache_dir: str = ""
     quant_isa: str = ""  # the block kernels' ISA when some layer is read in place ("avx512_vnni", "avx2", "reference")
     per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached" | "in place"
+    digests_reused: int = 0  # layer digests (cache keys) taken from engine.source_digest's record, not computed
     notices: list[str] = field(default_factory=list)  # one-line notices: the packed-weight cache's, what widening costs
 
 
@@ -453,6 +456,7 @@ def make_backend(
     cache_dir: str | os.PathLike | None = None,
     model_id: str | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
+    sources: Sequence[SourceFile] = (),
 ):
     """Readies `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives
     TorchExperts) and returns an ExpertBackend.
@@ -461,8 +465,10 @@ def make_backend(
     kernels of `quant_isa_for_backend`. Other layers are packed; with `cache_dir` and `model_id` (how `tessera-cli cache
     list` names the model: its path) through the disk cache of engine.pack_cache: keyed by the content of each layer and
     every packing parameter, verified before use, repacked when damaged, skipped when the folder cannot be written, kept
-    to a budget. Quantized layers that must be widened first are sized against free RAM before any is widened
-    (`_widening_notice`: a notice, or a TesseraError when they will not fit).
+    to a budget. `sources`: the mapped file parts the layers are views of; an unchanged file's layer digests (the
+    keys' content part) come from engine.source_digest's record instead of hashing the experts again. Quantized
+    layers that must be widened first are sized against free RAM before any is widened (`_widening_notice`: a
+    notice, or a TesseraError when they will not fit).
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
     """
     concrete, reason = resolve(name)
@@ -485,7 +491,12 @@ def make_backend(
     keys: dict[int, str] = {}
     if cache is not None and cache.usable:
         identity = packing_identity(concrete)
-        keys = {layer: layer_key(identity, layers[layer], layer_digest(layers[layer], pool.size)) for layer in to_pack}
+        digests = DigestRecord(cache.root / SOURCES_FOLDER, sources)
+        keys = {layer: layer_key(identity, layers[layer],
+                                 digests.digest(layers[layer], lambda e=layers[layer]: layer_digest(e, pool.size)))
+                for layer in to_pack}
+        digests.save()
+        stats.digests_reused = digests.reused
         cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
     kernel = _native.backend(concrete)
     ready: dict[int, PackedLayer | BlockLayer] = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.engine import quants, scale_record
+from tessera.engine import quants, scale_record, source_digest
 from tessera.engine.checkpoint_layout import GGUFTensor, gguf_tensors, hf_shapes
 from tessera.engine.config import ModelConfig
 from tessera.engine.errors import Cancelled, ModelFormatError
@@ -45,6 +45,8 @@ class ModelWeights:
     # quantized GGUFs: routed experts stay QuantizedTensor, 2-D weights QuantizedMatrix (engine.quantized)
     tensors: dict[str, torch.Tensor | QuantizedTensor | QuantizedMatrix]
     source: str = ""
+    # the mapped file parts the tensors are views of (GGUF only): engine.source_digest remembers their experts' digests
+    sources: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -119,7 +121,8 @@ def load_weights(
         scale_record.mark_checked(parts, min(f.opened_at for f in model.gguf.files))
     if progress:
         progress(ProgressEvent("load", total, total, ""))
-    return ModelWeights(model.config, tensors, str(model.path))
+    sources = source_digest.gguf_sources(model.gguf) if model.gguf is not None else ()
+    return ModelWeights(model.config, tensors, str(model.path), sources)
 
 
 def _identities(f: GGUFModel) -> list[dict]:

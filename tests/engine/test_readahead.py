@@ -59,14 +59,14 @@ def test_stop_ends_it_within_a_chunk(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("fails", [True, False])
 def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch, fails):
-    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: 0.0)  # a cold file: the thread reads it
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps, ranges=None: 0.0)  # cold: the thread reads it
     from tessera import engine
 
     started = []
     real = readahead.start
 
-    def spy(paths):
-        ahead = real(paths)
+    def spy(paths, ranges=None):
+        ahead = real(paths, ranges)
         started.append(ahead)
         return ahead
 
@@ -172,11 +172,11 @@ def test_a_cached_model_s_map_is_populated_at_load_a_cold_one_read_ahead(tiny_gg
 
     if not _populate_supported():
         pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
-    monkeypatch.setattr(readahead, "resident_fraction", lambda maps: cached)
+    monkeypatch.setattr(readahead, "resident_fraction", lambda maps, ranges=None: cached)
     done = []
     real = readahead.populate
-    monkeypatch.setattr(readahead, "populate", lambda maps, cancel=None: done.append(
-        (real(maps, cancel), [_mapping_rss(m) for m in maps])))
+    monkeypatch.setattr(readahead, "populate", lambda maps, cancel=None, ranges=None: done.append(
+        (real(maps, cancel, ranges), [_mapping_rss(m) for m in maps])))
     s = engine.load(tiny_gguf_model, backend="Torch")
     try:
         if cached == 1.0:
@@ -186,3 +186,87 @@ def test_a_cached_model_s_map_is_populated_at_load_a_cold_one_read_ahead(tiny_gg
             assert not done and s.readahead is not None and s.readahead.join(30)
     finally:
         s.close()
+
+
+def test_reads_only_the_ranges_asked(tmp_path, monkeypatch):
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(readahead, "CHUNK", 8192)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, n)))
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 40000)
+    b.write_bytes(b"y" * 10)
+    ahead = readahead.start([a, b], [[(0, 100), (20000, 30000)], []])
+    assert ahead is not None and ahead.join(10)
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = 20000 - 20000 % page  # rounded down to a page
+    assert asked == [(0, 100), (start, 8192), (start + 8192, 30000 - start - 8192)]
+
+
+def test_chunks_cover_the_ranges_from_page_starts_and_stop_at_the_end():
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert list(readahead.chunks(10, None)) == [(0, 10)]
+    assert list(readahead.chunks(5 * page, [(page + 1, 2 * page), (3 * page, 9 * page)])) == [
+        (page, page), (3 * page, 2 * page)]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_populate_maps_only_the_ranges_asked(tmp_path):
+    if not _populate_supported():
+        pytest.skip("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+    mb = 1 << 20
+    _, mapped = _mapped_file(tmp_path, 32 * mb)
+    assert readahead.populate([mapped], ranges=[[(0, 4 * 4096), (30 * mb, 30 * mb + 4096)]]) is None
+    # (the kernel maps a large folio whole, up to 2 MB each: a few of them, not the 32 MB file)
+    assert 5 * 4096 <= _mapping_rss(mapped) <= 8 * mb
+    assert readahead.resident_fraction([mapped], [[(0, 4096)]]) == 1.0
+
+
+@pytest.fixture(scope="module")
+def bf16_gguf(tmp_path_factory):
+    from tessera.engine.make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("bf16") / "m.gguf", fmt="gguf", dtype="bf16", seed=3)
+
+
+def test_a_native_load_leaves_out_the_float_experts_it_packs(bf16_gguf, tiny_gguf_model):
+    """A bf16 (or f32) file's routed experts are read only to be packed: not populated nor read ahead at load. The Torch
+    backend computes with them in place: all of the file."""
+    from tessera.engine.session import _read_in_place
+    from tessera.engine.weights import open_model
+
+    for path in (bf16_gguf, tiny_gguf_model):
+        gguf = open_model(path).gguf
+        part = gguf.files[0]
+        ranges = _read_in_place(gguf, "Reference")[0]
+        for t in part.tensors.values():
+            inside = any(s <= t.offset and t.offset + t.nbytes <= e for s, e in ranges)
+            assert inside == ("_exps." not in t.name), t.name
+        assert ranges[-1][1] == part.file_size and ranges[0][0] == 0  # the header and the tail are read
+        assert _read_in_place(gguf, "Torch") is None
+
+
+def test_a_quantized_file_s_experts_are_read_in_place_so_all_of_it_is_populated(tmp_path):
+    from tessera.engine.make_model import make_model
+    from tessera.engine.session import _read_in_place
+    from tessera.engine.weights import open_model
+
+    path = make_model(tmp_path / "q.gguf", preset="tiny-kquant", fmt="gguf", dtype="q8_0")
+    gguf = open_model(path).gguf
+    assert _read_in_place(gguf, "Reference") == [[(0, gguf.files[0].file_size)]]
+
+
+def test_resident_fraction_samples_a_large_file(tmp_path, monkeypatch):
+    """64 pages out of every SAMPLE_STRIDE bytes are asked about (here every 16 pages: 4 of 64 pages), and they say
+    what the whole file's state is."""
+    monkeypatch.setattr(readahead, "SAMPLE_STRIDE", 16 * 4096)
+    monkeypatch.setattr(readahead, "SAMPLE_PAGES", 4)
+    asked = []
+    real = readahead._libc("mincore", [])
+    monkeypatch.setattr(readahead, "_libc", lambda name, argtypes: lambda a, n, v: (asked.append(n.value),
+                                                                                   real(a, n, v))[1])
+    f, mapped = _mapped_file(tmp_path, 64 * 4096)
+    assert readahead.resident_fraction([mapped]) == 1.0 and asked == [4 * 4096] * 4
+    with open(f, "rb") as fh:
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert readahead.resident_fraction([mapped]) < 0.5

@@ -261,3 +261,21 @@ def test_first_load_calibrates_once_when_asked(tmp_path):
     assert first[0].startswith("kernels calibrated in ") and first[1] == "True"
     second = run()
     assert second[0].startswith("kernel tuning measured ") and "spin_us" in second[0] and "(measured)" in second[0]
+
+
+def test_the_synthetic_layer_has_the_real_shape_and_an_own_copy_of_each_expert(monkeypatch):
+    """Its experts are copies of one random expert (timing depends on the bytes streamed, not the values), but each is
+    its own memory, so decode streams n experts' bytes as a real layer does; outputs have unit variance."""
+    import torch
+
+    monkeypatch.setattr(calibrate, "LAYER_BYTES", 3 * 256 * 128 * 2 * 5)  # room for 5 experts
+    layer, n = calibrate.synthetic_layer(16, 256, 128, 2)
+    assert n == 5
+    assert tuple(layer.gate_proj.shape) == (5, 128, 256) and tuple(layer.down_proj.shape) == (5, 256, 128)
+    for m in (layer.gate_proj, layer.up_proj, layer.down_proj):
+        assert m.dtype == torch.bfloat16 and m.is_contiguous() and torch.isfinite(m.float()).all()
+        assert m.untyped_storage().nbytes() == m.numel() * 2  # n experts' bytes, not one expert broadcast
+        assert 0.5 < float(m[0].float().pow(2).sum(-1).mean()) < 2.0  # unit-variance outputs for unit inputs
+    assert not torch.equal(layer.gate_proj[0], layer.up_proj[0])
+    monkeypatch.setattr(calibrate, "LAYER_BYTES", 1.0)
+    assert calibrate.synthetic_layer(16, 256, 128, 3)[1] == 3  # never fewer than k
