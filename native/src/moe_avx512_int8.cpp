@@ -14,6 +14,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -266,6 +268,10 @@ float* cbuf(int64_t M) {
   return c.data();
 }
 
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 __m512 silu_mul(__m512 g, __m512 u) {  // g * u / (1 + exp(-g)), Cephes expf
   __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(-88.3762626647949f)),
                            _mm512_set1_ps(88.3762626647949f));
@@ -305,12 +311,15 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
   uint32_t* aq = reinterpret_cast<uint32_t*>(base + xq_bytes + act_bytes);         // [R, aq_stride]
   float* Y = reinterpret_cast<float*>(base + xq_bytes + act_bytes + aq_bytes);     // [R, y_stride]
 
+  const bool prof = tuning().profile;  // TESSERA_PROFILE=1: wall time per phase on stderr, as moe_body.inc prints
+  const double t_start = prof ? now_us() : 0.0;
   if (T <= 8) {
     for (int64_t t = 0; t < T; ++t) quantize_row(x + t * H, L.gu, xq + size_t(t) * xq_stride);
   } else {
     pool.parallel_for(T, [&](int64_t t, int) { quantize_row(x + t * H, L.gu, xq + size_t(t) * xq_stride); });
   }
 
+  const double t_x = prof ? now_us() : 0.0;
   const int64_t groups_i = (L.gu.nb + 1) / 2, n_active = int64_t(rt.active.size());
   pool.parallel_for(n_active * groups_i, [&](int64_t task, int) {
     const int64_t e = rt.active[size_t(task / groups_i)], b0 = (task % groups_i) * 2;
@@ -331,6 +340,7 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
       }
   });
 
+  const double t_gu = prof ? now_us() : 0.0;
   auto quantize_act = [&](int64_t r, int) { quantize_row(act + size_t(r) * act_stride, L.dn, aq + size_t(r) * aq_stride); };
   if (R <= 16) {  // decode: a few rows, cheaper than a pool phase
     for (int64_t r = 0; r < R; ++r) quantize_act(r, 0);
@@ -338,6 +348,7 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
     pool.parallel_for(R, quantize_act);
   }
 
+  const double t_aq = prof ? now_us() : 0.0;
   const int64_t groups_h = (L.dn.nb + 3) / 4;
   pool.parallel_for(n_active * groups_h, [&](int64_t task, int) {
     const int64_t e = rt.active[size_t(task / groups_h)], p0 = (task % groups_h) * 4;
@@ -358,6 +369,7 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
     }
   });
 
+  const double t_down = prof ? now_us() : 0.0;
   const int64_t chunk = 256, chunks = (H + chunk - 1) / chunk;
   auto reduce = [&](int64_t task, int) {
     const int64_t t = task / chunks, h0 = (task % chunks) * chunk, h1 = std::min(H, h0 + chunk);
@@ -377,6 +389,10 @@ void forward_chunk(const Layout& L, const uint8_t* packed, int64_t T, int64_t k,
   } else {
     pool.parallel_for(T * chunks, reduce);
   }
+  if (prof)
+    std::fprintf(stderr, "tessera int8 T=%lld R=%lld experts=%lld: quantize x %.0f us, gate/up %.0f us, quantize act %.0f us, "
+                 "down %.0f us, reduce %.0f us\n", (long long)T, (long long)R, (long long)n_active, t_x - t_start,
+                 t_gu - t_x, t_aq - t_gu, t_down - t_aq, now_us() - t_down);
 }
 
 void forward(const uint8_t* packed, int64_t T, int64_t k, const int64_t* ids, const float* wts, const float* x,

@@ -6,6 +6,13 @@ pages, more than the L2 TLB holds after the weights passed through). On 2 MiB pa
 every 2 MiB. Linux gives an anonymous mapping huge pages where it is marked MADV_HUGEPAGE (the default policy,
 "madvise", gives them nowhere else) and a whole aligned 2 MiB of it is touched; torch's allocator marks nothing unless
 THP_MEM_ALLOC_ENABLE is set for the whole process.
+
+Opt-in (KVCache(huge_pages=True)), not the default. Measured on Zen 4, 2 cores, 24 GiB (docs/BENCHMARKS.md, issue 16,
+2026-12-04 session 7): the decode attention kernel alone reads its 8k K/V ~5 % faster from huge pages, but in the
+48-layer Q4_K_M model (18.6 GB mapped in 24 GiB) two of three runs with the cache on huge pages had decode steps of
+1.5-3x the usual time in their first rounds, none of three on 4 KiB pages: consistent with the huge pages' direct
+compaction migrating (unmapping) pages of the mapped model, which the next steps fault back in. Not shown either way
+on a busy machine; kept off until a quiet machine settles it.
 """
 
 from __future__ import annotations

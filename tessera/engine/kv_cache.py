@@ -52,9 +52,10 @@ class KVCache:
         capacity: int = _CHUNK,
         devices: list[torch.device] | None = None,
         dtype: torch.dtype = torch.bfloat16,
-        huge_pages: bool = True,
+        huge_pages: bool = False,
     ):
-        self.huge_pages = huge_pages  # K/V buffers on the CPU on transparent huge pages (engine.huge_pages)
+        # K/V buffers on the CPU on transparent huge pages (engine.huge_pages): off by default, see that module.
+        self.huge_pages = huge_pages
         self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.devices = list(devices) if devices is not None else [torch.device("cpu")] * layers
         self.quantized = dtype == torch.int8  # q8_0

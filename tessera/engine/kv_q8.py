@@ -39,7 +39,7 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return (qb * d.float().unsqueeze(-1)).reshape(q.shape)
 
 
-def buffers(kv_heads: int, capacity: int, head_dim: int, device, huge: bool = True) -> tuple[torch.Tensor, ...]:
+def buffers(kv_heads: int, capacity: int, head_dim: int, device, huge: bool = False) -> tuple[torch.Tensor, ...]:
     """Empty (k, ks, v, vs) of one layer for `capacity` positions (a multiple of 32); k and v on huge pages where
     `huge` and the device is the CPU (engine.huge_pages: decode streams them)."""
     tiles, nb = capacity // BLOCK, head_dim // BLOCK

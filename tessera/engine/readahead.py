@@ -33,10 +33,13 @@ import errno
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 Ranges = Sequence[list[tuple[int, int]]] | None  # per file or map: the (start, stop) byte ranges to work on; None: all
+POPULATE_THREADS = max(1, min(4, os.cpu_count() or 1))
+SAMPLE_PAGES, SAMPLE_STRIDE = 64, 16 << 20  # resident_fraction: 64 pages (256 kB) out of every 16 MB
 CHUNK = 64 << 20  # bytes asked for (or populated) at a time: a stop request is seen within one chunk
 # a file at least this much in the page cache is populated at load (the rest read from disk then, ~1 s for 10 % of
 # 18.6 GB); below it the read-ahead thread reads it and first touches map it
@@ -108,36 +111,52 @@ def start(paths: Iterable[str | os.PathLike[str]], ranges: Ranges = None) -> Rea
 
 
 def resident_fraction(maps: Sequence[np.ndarray | None], ranges: Ranges = None) -> float:
-    """The share of `maps`' pages (`ranges`: per map, of those byte ranges only) in the page cache now (mincore(2));
-    0.0 on error."""
+    """The share of `maps`' pages (`ranges`: per map, of those byte ranges only) in the page cache now (mincore(2)),
+    estimated from SAMPLE_PAGES pages at the start of every SAMPLE_STRIDE bytes (all of a small file); 0.0 on error.
+    Asking for every page took 0.27-0.42 s of a 16.6 GB file's warm load (4 M pages) for a yes/no decision at 90 %;
+    the page cache keeps and drops files in runs of pages far longer than the stride, so the sample decides the same."""
     fn = _libc("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
     page, cached, total = os.sysconf("SC_PAGE_SIZE"), 0, 0
+    vec = np.zeros(SAMPLE_PAGES, np.uint8)  # one byte a page
     for i, mapped in enumerate(maps):
         if mapped is None or fn is None:
             continue
         for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i]):
-            vec = np.zeros((n + page - 1) // page, np.uint8)  # one byte a page
-            if fn(ctypes.c_void_p(mapped.ctypes.data + off), ctypes.c_size_t(n), vec.ctypes.data_as(ctypes.c_void_p)):
-                return 0.0
-            cached, total = cached + int(np.count_nonzero(vec & 1)), total + len(vec)
+            for at in range(off, off + n, SAMPLE_STRIDE):
+                m = min(SAMPLE_PAGES * page, off + n - at)
+                if fn(ctypes.c_void_p(mapped.ctypes.data + at), ctypes.c_size_t(m),
+                      vec.ctypes.data_as(ctypes.c_void_p)):
+                    return 0.0
+                pages = (m + page - 1) // page
+                cached, total = cached + int(np.count_nonzero(vec[:pages] & 1)), total + pages
     return cached / total if total else 0.0
 
 
 def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None = None,
              ranges: Ranges = None) -> str | None:
-    """Map every page of `maps` (`ranges`: per map, of those byte ranges only) now, on this thread, a chunk at a time
+    """Map every page of `maps` (`ranges`: per map, of those byte ranges only) now, before returning, a chunk at a time
     (a set `cancel` stops it between chunks); None, or why it stopped (an errno name). For pages already in the page
-    cache CPU work only (0.07 s a GB here); a page not cached is read from disk first."""
-    for i, mapped in enumerate(maps):
-        if mapped is None:
-            continue
-        for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i]):
-            if cancel is not None and cancel.is_set():
-                return None
-            err = madvise(mapped.ctypes.data + off, n, MADV_POPULATE_READ)
-            if err:
-                return errno.errorcode.get(err, str(err))
-    return None
+    cache CPU work only (0.07-0.08 s a GB per thread here); a page not cached is read from disk first. Chunks go to
+    POPULATE_THREADS threads: the page-table work scales with cores (24-layer Q8_0, 16.6 GB cached, Zen 4: 1.33 s on
+    one thread, 0.63 s on two), and the load waits for it with nothing else to do."""
+    work = [(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
+            for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])]
+    failed: list[int] = []
+
+    def one(piece: tuple[int, int]) -> None:
+        if failed or (cancel is not None and cancel.is_set()):
+            return
+        err = madvise(piece[0], piece[1], MADV_POPULATE_READ)
+        if err:
+            failed.append(err)
+
+    if len(work) > 1 and POPULATE_THREADS > 1:  # the calls release the GIL: chunks on several cores at once
+        with ThreadPoolExecutor(POPULATE_THREADS, thread_name_prefix="tessera-populate") as ex:
+            list(ex.map(one, work))
+    else:
+        for piece in work:
+            one(piece)
+    return errno.errorcode.get(failed[0], str(failed[0])) if failed else None
 
 
 def madvise(address: int, length: int, advice: int) -> int:

@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tessera.engine import scale_record
+from tessera.engine.quantized import QuantizedTensor
 
 DIGEST_VERSION = 1  # of pack_cache.layer_digest (a tree of per-expert SHA-256 leaves over shapes, types and bytes)
 FOLDER = "sources"  # under the packed-weight cache's root
@@ -67,8 +67,8 @@ def gguf_sources(gguf) -> tuple[SourceFile, ...]:
 def _address(t) -> tuple[int, int] | None:
     """(address, bytes) of a tensor's data when it is one contiguous run of memory, else None. A QuantizedTensor is
     read through its raw blocks (uint8 numpy)."""
-    raw = getattr(t, "raw", None)
-    if isinstance(raw, np.ndarray):
+    if isinstance(t, QuantizedTensor):
+        raw = t.raw  # [E, R, row bytes] uint8
         return (int(raw.ctypes.data), int(raw.nbytes)) if raw.flags.c_contiguous else None
     if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous():
         return int(t.data_ptr()), int(t.numel() * t.element_size())
@@ -87,7 +87,7 @@ def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
         part = next((i for i, f in enumerate(files) if f.start <= address and address + n <= f.start + f.nbytes), None)
         if part is None:
             return None
-        kind = t.qtype.name if hasattr(t, "qtype") else str(t.dtype)
+        kind = t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
         out.append(f"{part}:{address - files[part].start}:{'x'.join(map(str, t.shape))}:{kind}")
     return "|".join(out)
 

@@ -72,3 +72,9 @@ def test_kv_cache_on_huge_pages_holds_what_ordinary_pages_hold(dtype):
     a, b = (c.keys_values(1, 100) for c in caches)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert caches[0].k[1].data_ptr() % huge_pages.HUGE_PAGE == 0
+
+
+def test_the_kv_cache_is_on_ordinary_pages_unless_asked():
+    """Opt-in (engine.huge_pages says why): the default cache's buffers are torch's own."""
+    cache = KVCache(1, 4, 128, 8192, dtype=torch.int8)
+    assert not cache.huge_pages and cache.k[0].untyped_storage().resizable()

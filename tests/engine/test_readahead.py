@@ -253,3 +253,20 @@ def test_a_quantized_file_s_experts_are_read_in_place_so_all_of_it_is_populated(
     path = make_model(tmp_path / "q.gguf", preset="tiny-kquant", fmt="gguf", dtype="q8_0")
     gguf = open_model(path).gguf
     assert _read_in_place(gguf, "Reference") == [[(0, gguf.files[0].file_size)]]
+
+
+def test_resident_fraction_samples_a_large_file(tmp_path, monkeypatch):
+    """64 pages out of every SAMPLE_STRIDE bytes are asked about (here every 16 pages: 4 of 64 pages), and they say
+    what the whole file's state is."""
+    monkeypatch.setattr(readahead, "SAMPLE_STRIDE", 16 * 4096)
+    monkeypatch.setattr(readahead, "SAMPLE_PAGES", 4)
+    asked = []
+    real = readahead._libc("mincore", [])
+    monkeypatch.setattr(readahead, "_libc", lambda name, argtypes: lambda a, n, v: (asked.append(n.value),
+                                                                                   real(a, n, v))[1])
+    f, mapped = _mapped_file(tmp_path, 64 * 4096)
+    assert readahead.resident_fraction([mapped]) == 1.0 and asked == [4 * 4096] * 4
+    with open(f, "rb") as fh:
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert readahead.resident_fraction([mapped]) < 0.5

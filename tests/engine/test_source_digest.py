@@ -156,3 +156,16 @@ def test_a_record_of_another_file_or_version_does_not_count(tmp_path, monkeypatc
     rec_path = DigestRecord(folder, [src]).path
     rec_path.write_text("{not json", encoding="utf-8")
     assert DigestRecord(folder, [src]).digest(experts, compute) == bytes(32) and len(calls) == 3
+
+
+def test_quantized_experts_are_found_in_the_map_by_their_blocks(tmp_path):
+    """A quantized file's experts (QuantizedTensor: raw blocks, views of the map) have spans too, for backends that
+    widen and pack them; the span names the type."""
+    from tessera.engine.make_model import make_model
+
+    path = make_model(tmp_path / "q.gguf", preset="tiny-kquant", fmt="gguf", dtype="q8_0")
+    w = load_weights(path)
+    layers = layer_experts(w.config, w.tensors)
+    spans = [layer_span(e, w.sources) for e in layers.values()]
+    assert all(s is not None and s.count(":Q8_0") == 3 for s in spans), spans
+    assert len(set(spans)) == len(spans)
