@@ -21,13 +21,15 @@ def test_toggle_serves_and_shows_what_to_copy(qtbot):
     panel = ServePanel()
     qtbot.addWidget(panel)
     worker.state_changed.connect(panel.set_state)
+    errors = []
+    worker.failed.connect(errors.append)
     worker.serving.connect(panel.show_state)
     panel.serve_requested.connect(lambda on, network, port: worker.serve(on, network, 0))  # a free port in tests
     try:
         assert not panel.toggle.isEnabled()  # nothing loaded yet
         with qtbot.waitSignal(worker.state_changed, timeout=60000):
             worker.load(str(DEMO), "Auto", 2, 0)
-        assert panel.toggle.isEnabled()
+        assert panel.toggle.isEnabled(), errors
         with qtbot.waitSignal(worker.serving, timeout=30000):
             panel.toggle.setChecked(True)
         assert panel.toggle.isChecked() and panel.url.text().startswith("http://127.0.0.1:")
