@@ -110,6 +110,38 @@ def start(paths: Iterable[str | os.PathLike[str]], ranges: Ranges = None) -> Rea
     return ReadAhead(paths, ranges)
 
 
+def read_in_place(gguf, backend: str) -> list[list[tuple[int, int]]] | None:
+    """Per part of an open GGUF model (engine.gguf_reader.GGUFModel), the (start, stop) byte ranges the loaded model
+    reads through its map: everything but the routed experts stored as floats (bf16, f16, f32). A native expert
+    backend reads those only to pack them, and not at all when their packs come from the packed-weight cache: a BF16
+    file's experts are 10.6 of its 11.2 GB, and mapping them at every warm load cost ~0.2-0.5 s (populate) or a disk
+    read of 10.6 GB (cold read-ahead) that nothing used. Packing them (the first load) reads them by page faults
+    instead. None (all of it) for the Torch backend, which computes with them in place. Needs no torch (engine.preload
+    calls it before torch is imported)."""
+    from tessera.engine import quants
+    from tessera.engine.backends import TORCH, resolve
+    from tessera.engine.errors import TesseraError
+
+    try:
+        if resolve(backend)[0] == TORCH:
+            return None
+    except TesseraError:
+        return None  # the load says what is wrong with the name
+    out = []
+    for part in gguf.files:
+        skip = sorted((t.offset, t.offset + t.nbytes) for t in part.tensors.values()
+                      if "_exps." in t.name and t.ggml_type not in quants.QUANT_TYPES)
+        ranges, at = [], 0
+        for a, b in skip:
+            if a > at:
+                ranges.append((at, a))
+            at = max(at, b)
+        if at < part.file_size:
+            ranges.append((at, part.file_size))
+        out.append(ranges)
+    return out
+
+
 def resident_fraction(maps: Sequence[np.ndarray | None], ranges: Ranges = None) -> float:
     """The share of `maps`' pages (`ranges`: per map, of those byte ranges only) in the page cache now (mincore(2)),
     estimated from SAMPLE_PAGES pages at the start of every SAMPLE_STRIDE bytes (all of a small file); 0.0 on error.
