@@ -131,22 +131,25 @@ def _type_name(t: torch.Tensor | QuantizedTensor) -> str:
     return t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
 
 
-def fingerprint(blob: np.ndarray, workers: int = 1) -> bytes:
+def fingerprint(blob: np.ndarray, workers: int = 1, chunk: int = _CHUNK) -> bytes:
     """The integrity check of a packed blob: SHA-256 of its length and of the wrapping sum of the 512 little-endian
     uint64 words of each 4 KiB page (the last page zero-padded), in page order. Any change that alters some page's sum
     changes it: truncation, zeroed or garbage pages, any single flipped bit (see the top of this file for what it
     misses and why that is the right trade). Reads every byte once, at memory speed; on a fresh map of a file each
     chunk is populated first (MADV_POPULATE_READ: one call maps its pages, instead of a fault per 64 kB).
     `workers` > 1: the chunks' page sums on that many threads (the populate and numpy's sum release the GIL; the
-    page-table work of the populate is per core), hashed in order, so the digest is the same."""
+    page-table work of the populate is per core), hashed in order, so the digest is the same. `chunk`: bytes a
+    thread sums at a time, a multiple of PAGE (any gives the same digest; engine.preload takes bigger ones: each
+    chunk waits for the GIL a few times, and while torch is imported each wait is up to the switch interval)."""
     data = blob.reshape(-1).view(np.uint8)
     head = hashlib.sha256(struct.pack("<Q", data.nbytes))
-    pieces = [data[off : off + _CHUNK] for off in range(0, data.nbytes, _CHUNK)]
+    chunk = max(PAGE, chunk - chunk % PAGE)
+    pieces = [data[off : off + chunk] for off in range(0, data.nbytes, chunk)]
     if workers > 1 and len(pieces) > 1:
         with ThreadPoolExecutor(min(workers, len(pieces)), thread_name_prefix="tessera-fingerprint") as ex:
             sums = list(ex.map(_page_sums, pieces))
     else:
-        sums = [_page_sums(chunk) for chunk in pieces]
+        sums = [_page_sums(piece) for piece in pieces]
     for s in sums:
         head.update(s)
     return head.digest()
@@ -177,7 +180,8 @@ class Opened:
     blob: np.ndarray
 
 
-def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int = 1) -> tuple[Opened | None, str]:
+def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int = 1,
+                 chunk: int = _CHUNK) -> tuple[Opened | None, str]:
     """Map the blob of the file of `key` at `path` and check it: the header (magic, format, key, `nbytes`: None takes
     the header's own size, as engine.preload does before it knows the size expected) and the fingerprint of the blob,
     computed on the map returned. (Opened, "") or (None, why it fails). Raises OSError (FileNotFoundError: the file
@@ -191,7 +195,7 @@ def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int =
         if why:
             return None, why
         blob = np.memmap(f, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(nbytes,))
-    if fingerprint(blob, workers) != _HEADER.unpack(raw[: _HEADER.size])[5]:
+    if fingerprint(blob, workers, chunk) != _HEADER.unpack(raw[: _HEADER.size])[5]:
         return None, "does not match its checksum (damaged on disk)"
     return Opened(raw, size, blob), ""
 

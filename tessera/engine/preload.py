@@ -32,10 +32,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 SWITCH_INTERVAL = 0.001  # s: sys.setswitchinterval while a preload runs (Python's default is 0.005)
+CHUNK = 256 << 20  # bytes a pack's check sums, or the populate maps, between two waits for the GIL
 
 _lock = threading.Lock()
 _started: dict[str, Preload] = {}  # resolved model path -> its preload, until a load takes it or `discard`
@@ -101,6 +101,15 @@ def take_pack(path: str | os.PathLike[str]) -> object | None:
     return None
 
 
+class _Pack:
+    """One cached pack on the preload's list: "new" (a load that asks for it first checks it itself), "running",
+    or "done" (`opened`: the pack_cache.Opened, None when its check failed)."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key, self.state, self.opened = path, key, "new", None
+        self.ready = threading.Event()
+
+
 class Preload:
     """One model's head start. `ahead`: the readahead.ReadAhead of a cold file; `populated`: the map's pages
     populated; `error`: what stopped the thread."""
@@ -114,21 +123,24 @@ class Preload:
         self.pages_done = False  # the pages step ran to its decision (populated, read ahead, or neither)
         self.error: BaseException | None = None
         self._opened, self._listed, self._done = threading.Event(), threading.Event(), threading.Event()
-        self._packs: dict[str, Future] = {}
+        self._packs: dict[str, _Pack] = {}
+        self._populate = None  # the readahead.SharedPopulate the load's wait() joins
         self._handed = None  # the GGUFModel model() handed over
         self._plock = threading.Lock()
         self._stop = _Either(cancel)  # release() sets it; a set `cancel` counts too
         self._thread = threading.Thread(target=self._run, name="tessera-preload", daemon=True)
 
     # ---- the thread ------------------------------------------------------------------------------------------------
+    # One thread: `import torch` runs on the other core. Two threads checking packs beside the import (2 cores)
+    # made the import 0.2-0.5 s slower than the packs' whole check (8-layer BF16, docs/BENCHMARKS.md session 8).
 
     def _run(self) -> None:
         _switch_enter()
         try:
-            packs = self._start_packs()  # first: they need only the cache's record, and run on other threads
+            self._list_packs()  # first: the list needs only the cache's record
             self._listed.set()
+            self._check_packs()  # before the file: the load needs the packs first and the file's parse holds the GIL
             self._open()
-            wait(packs)  # the packs before the pages: the load needs them before the first forward reads the map
             if self._file is not None:
                 self._pages()
         except Exception as e:  # noqa: BLE001 - a head start only: the load does whatever this did not
@@ -149,37 +161,39 @@ class Preload:
         finally:
             self._opened.set()
 
-    def _start_packs(self) -> list[Future]:
-        from tessera.engine import readahead
+    def _list_packs(self) -> None:
         from tessera.engine.backends import TORCH, resolve
-        from tessera.engine.pack_cache import default_root, open_checked, recorded_keys
+        from tessera.engine.pack_cache import default_root, recorded_keys
 
         try:
             concrete = resolve(self.backend)[0]
         except Exception:  # noqa: BLE001 - an unknown or unavailable backend: the load says so
-            return []
+            return
         if concrete == TORCH:
-            return []
+            return
         root = self.cache_root or default_root()
-        keys = recorded_keys(root, _key(self.path), concrete)
-        if not keys:
-            return []
-        pool = ThreadPoolExecutor(readahead.POPULATE_THREADS, thread_name_prefix="tessera-preload-pack")
         with self._plock:
-            for key in keys:
+            for key in recorded_keys(root, _key(self.path), concrete):
                 path = root / "layers" / f"{key}.pack"
-                self._packs[str(path)] = pool.submit(self._check_pack, open_checked, path, key)
-            futures = list(self._packs.values())
-        pool.shutdown(wait=False)
-        return futures
+                self._packs[str(path)] = _Pack(path, key)
 
-    def _check_pack(self, open_checked, path: Path, key: str):
-        if self._stop.is_set():
-            return None
-        try:
-            return open_checked(path, key)[0]
-        except Exception:  # noqa: BLE001 - gone, unreadable, a bad header: PackCache.load finds the same, says so
-            return None
+    def _check_packs(self) -> None:
+        from tessera.engine.pack_cache import open_checked
+
+        with self._plock:
+            todo = list(self._packs.values())
+        for pack in todo:
+            with self._plock:
+                if pack.state != "new" or self._stop.is_set():
+                    continue
+                pack.state = "running"
+            try:
+                pack.opened = open_checked(pack.path, pack.key, chunk=CHUNK)[0]
+            except Exception:  # noqa: BLE001 - gone, unreadable, a bad header: PackCache.load finds it, says so
+                pack.opened = None
+            finally:
+                pack.state = "done"
+                pack.ready.set()
 
     def _pages(self) -> None:
         from tessera.engine import readahead
@@ -187,8 +201,9 @@ class Preload:
         maps = [part.mapping for part in self._file.files]
         ranges = readahead.read_in_place(self._file, self.backend)
         if readahead.resident_fraction(maps, ranges) >= readahead.POPULATE_WHEN_CACHED:
-            readahead.populate(maps, self._stop, ranges)
-            self.populated = True
+            self._populate = readahead.SharedPopulate(maps, ranges, self._stop, CHUNK)
+            self._populate.work()
+            self.populated = self._populate.failed is None
         else:
             self.ahead = readahead.start((part.path for part in self._file.files), ranges)
         self.pages_done = True
@@ -215,16 +230,22 @@ class Preload:
     def _pack(self, path: str):
         self._listed.wait()  # the thread sets it whatever happens
         with self._plock:
-            fut = self._packs.pop(path, None)
-        if fut is None:
-            return None
-        try:
-            return fut.result()
-        except Exception:  # noqa: BLE001 - the caller opens the file itself
-            return None
+            pack = self._packs.pop(path, None)
+            if pack is None:
+                return None
+            if pack.state == "new":  # not begun: the caller checks it now, on all of its threads
+                pack.state = "taken"
+                return None
+        pack.ready.wait()
+        return pack.opened
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Waits for the thread to end (its populate done: the first forward should not share the cores with it)."""
+        """Waits for the thread to end, helping with its populate meanwhile (the first forward should not share the
+        cores with it, and the caller has nothing else to do); True when it ended."""
+        self._opened.wait(timeout)
+        populate = self._populate
+        if populate is not None:
+            populate.work()
         return self._done.wait(timeout)
 
     def release(self, close_model: bool = False) -> None:
@@ -234,11 +255,8 @@ class Preload:
         with _lock:
             _taken.discard(self)
         with self._plock:
-            futures, self._packs = list(self._packs.values()), {}
-        for fut in futures:
-            fut.cancel()
+            self._packs = {}
         if close_model:
-            self._opened.wait()
             self._done.wait()
             if self.ahead is not None:
                 self.ahead.stop()

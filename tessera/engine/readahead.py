@@ -191,6 +191,41 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
     return errno.errorcode.get(failed[0], str(failed[0])) if failed else None
 
 
+class SharedPopulate:
+    """A populate that several threads work on together, a piece at a time: engine.preload's thread starts it while
+    torch is imported (one thread: the import has the other core), and the load's thread joins in (`work`) when it
+    has nothing else left to do. `failed`: the errno name that stopped it, or None."""
+
+    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK):
+        page = os.sysconf("SC_PAGE_SIZE")
+        chunk = max(page, chunk - chunk % page)
+        self._pieces = []
+        for i, mapped in enumerate(maps):
+            if mapped is None:
+                continue
+            for start, stop in [(0, mapped.nbytes)] if ranges is None else ranges[i]:
+                start, stop = start - start % page, min(stop, mapped.nbytes)
+                base = mapped.ctypes.data
+                self._pieces += [(base + off, min(chunk, stop - off)) for off in range(start, stop, chunk)]
+        self._next, self._lock, self._cancel = 0, threading.Lock(), cancel
+        self.failed: str | None = None
+
+    def work(self) -> None:
+        """Populates pieces until none is left (or one failed, or `cancel` is set); returns when this thread's last
+        piece is done (another thread's may still run)."""
+        while True:
+            with self._lock:
+                if self.failed or self._next >= len(self._pieces) or (self._cancel is not None
+                                                                      and self._cancel.is_set()):
+                    return
+                address, length = self._pieces[self._next]
+                self._next += 1
+            err = madvise(address, length, MADV_POPULATE_READ)
+            if err:
+                with self._lock:
+                    self.failed = self.failed or errno.errorcode.get(err, str(err))
+
+
 def madvise(address: int, length: int, advice: int) -> int:
     """libc madvise(2) on a page-aligned address; 0, or the errno (ENOSYS where this system's libc has none).
     ctypes releases the GIL for the call, so a populate that waits for the disk holds nobody up."""

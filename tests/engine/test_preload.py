@@ -63,28 +63,36 @@ def cached(bf16_gguf, cache_root):
         s.close()
 
 
-def _spy_open_checked(monkeypatch) -> list[str]:
-    threads: list[str] = []
+def _spy_open_checked(monkeypatch) -> list[tuple[str, str]]:
+    """(thread name, file name) of every pack_cache.open_checked call from now on."""
+    calls: list[tuple[str, str]] = []
     real = pack_cache.open_checked
 
-    def spy(*a, **k):
-        threads.append(threading.current_thread().name)
-        return real(*a, **k)
+    def spy(path, *a, **k):
+        calls.append((threading.current_thread().name, os.path.basename(path)))
+        return real(path, *a, **k)
 
     monkeypatch.setattr(pack_cache, "open_checked", spy)
-    return threads
+    return calls
 
 
-def test_a_load_takes_the_file_and_the_packs_the_preload_checked(bf16_gguf, cached, monkeypatch):
-    threads = _spy_open_checked(monkeypatch)
+@pytest.mark.parametrize("preload_first", [True, False])
+def test_a_load_takes_the_file_and_the_packs_the_preload_checked(bf16_gguf, cached, monkeypatch, preload_first):
+    calls = _spy_open_checked(monkeypatch)
+    if not preload_first:  # the load gets to every pack before the preload's thread: it checks them itself
+        monkeypatch.setattr(preload.Preload, "_check_packs", lambda self: None)
     pre = preload.start(bf16_gguf, backend=BACKEND)
     assert pre is not None and preload.start(bf16_gguf, backend=BACKEND) is None  # one per file at a time
+    if preload_first:
+        assert pre.wait(60)
     s = _load(bf16_gguf)
     try:
         stats = s.model.experts.load_stats
         assert s._sources[0].start == pre._handed.files[0].mapping.ctypes.data  # the preload's map, not another
         assert stats.cached_layers == s.config.num_hidden_layers and not stats.notices
-        assert threads and all(t.startswith("tessera-preload-pack") for t in threads), threads  # none opened again
+        files = [f for _, f in calls]
+        assert len(files) == len(set(files)) == s.config.num_hidden_layers  # each checked once, by one of them
+        assert {t for t, _ in calls} == ({"tessera-preload"} if preload_first else {"MainThread"})
         assert pre.error is None and pre.pages_done
         assert _answer(s) == cached
     finally:
@@ -96,14 +104,14 @@ def test_a_damaged_pack_found_by_the_preload_is_refused_and_repacked(bf16_gguf, 
     data = bytearray(files[0].read_bytes())
     data[pack_cache.HEADER_BYTES + (len(data) - pack_cache.HEADER_BYTES) // 2] ^= 0x10
     files[0].write_bytes(bytes(data))
-    threads = _spy_open_checked(monkeypatch)
-    preload.start(bf16_gguf, backend=BACKEND)
+    calls = _spy_open_checked(monkeypatch)
+    assert preload.start(bf16_gguf, backend=BACKEND).wait(60)
     s = _load(bf16_gguf)
     try:
         stats = s.model.experts.load_stats
         assert stats.packed_layers == 1 and stats.cached_layers == s.config.num_hidden_layers - 1
         assert any("does not match its checksum" in n and files[0].name in n for n in stats.notices), stats.notices
-        assert [t for t in threads if not t.startswith("tessera-preload-pack")] == ["MainThread"]  # checked again
+        assert [c for c in calls if c[0] == "MainThread"] == [("MainThread", files[0].name)]  # checked again
         assert _answer(s) == cached
     finally:
         s.close()
@@ -183,8 +191,8 @@ def test_the_preload_populates_a_cached_file_and_reads_a_cold_one_ahead(tiny_ggu
     pre = preload.start(tiny_gguf_model, backend="Torch")
     s = engine.load(tiny_gguf_model, backend="Torch")
     try:
-        if cached_share:
-            assert populated == ["tessera-preload"] and s.readahead is None and pre.populated
+        if cached_share:  # by the preload (readahead.SharedPopulate), not again by the load
+            assert s.readahead is None and pre.populated and pre.pages_done and not populated
         else:
             assert not populated and s.readahead is pre.ahead and s.readahead is not None
     finally:
@@ -203,7 +211,7 @@ def test_a_preload_for_another_backend_leaves_the_pages_to_the_load(tiny_gguf_mo
     pre.wait(60)
     s = _load(tiny_gguf_model)  # Reference: other ranges than the preload worked on; the load does its own
     try:
-        assert populated == ["tessera-preload", "MainThread"]
+        assert populated == ["MainThread"] and pre.populated
         assert pre.gguf is None
     finally:
         s.close()
@@ -259,3 +267,26 @@ def test_the_fingerprint_on_several_threads_is_the_same(monkeypatch, n):
     bad = blob.copy()
     bad[-1] ^= 1
     assert pack_cache.fingerprint(bad, workers=3) != one
+
+
+def test_a_shared_populate_maps_the_ranges_asked_on_every_thread_that_joins(tmp_path, monkeypatch):
+    page = os.sysconf("SC_PAGE_SIZE")
+    f = tmp_path / "m"
+    f.write_bytes(os.urandom(64 * page))
+    mapped = np.memmap(f, dtype=np.uint8, mode="c")
+    asked: list[tuple[int, int, str]] = []
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: asked.append(
+        (a - mapped.ctypes.data, n, threading.current_thread().name)) or 0)
+    work = readahead.SharedPopulate([mapped, None], [[(page + 5, 10 * page), (20 * page, 64 * page)], []],
+                                    chunk=8 * page)
+    helper = threading.Thread(target=work.work, name="helper")
+    helper.start()
+    work.work()
+    helper.join()
+    assert sorted((a, n) for a, n, _ in asked) == [(page, 8 * page), (9 * page, page)] + [
+        (a, min(8 * page, 64 * page - a)) for a in range(20 * page, 64 * page, 8 * page)]
+    assert work.failed is None
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, advice: 22)  # EINVAL: an old kernel
+    failing = readahead.SharedPopulate([mapped])
+    failing.work()
+    assert failing.failed == "EINVAL"
