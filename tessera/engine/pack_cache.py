@@ -131,7 +131,7 @@ def _type_name(t: torch.Tensor | QuantizedTensor) -> str:
     return t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
 
 
-def fingerprint(blob: np.ndarray, workers: int = 1, chunk: int = _CHUNK) -> bytes:
+def fingerprint(blob: np.ndarray, workers: int = 1, chunk: int = _CHUNK, populate: bool = True) -> bytes:
     """The integrity check of a packed blob: SHA-256 of its length and of the wrapping sum of the 512 little-endian
     uint64 words of each 4 KiB page (the last page zero-padded), in page order. Any change that alters some page's sum
     changes it: truncation, zeroed or garbage pages, any single flipped bit (see the top of this file for what it
@@ -140,28 +140,32 @@ def fingerprint(blob: np.ndarray, workers: int = 1, chunk: int = _CHUNK) -> byte
     `workers` > 1: the chunks' page sums on that many threads (the populate and numpy's sum release the GIL; the
     page-table work of the populate is per core), hashed in order, so the digest is the same. `chunk`: bytes a
     thread sums at a time, a multiple of PAGE (any gives the same digest; engine.preload takes bigger ones: each
-    chunk waits for the GIL a few times, and while torch is imported each wait is up to the switch interval)."""
+    chunk waits for the GIL a few times, and while torch is imported each wait is up to the switch interval).
+    `populate` False: the pages are mapped by the sum's page faults instead (slower, ~5 GB/s, but a fault takes only
+    its VMA's lock, where MADV_POPULATE_READ holds the process's mmap lock for the whole chunk and so stalls every
+    mmap of another thread meanwhile: engine.preload's check beside `import torch`, which maps libraries)."""
     data = blob.reshape(-1).view(np.uint8)
     head = hashlib.sha256(struct.pack("<Q", data.nbytes))
     chunk = max(PAGE, chunk - chunk % PAGE)
     pieces = [data[off : off + chunk] for off in range(0, data.nbytes, chunk)]
     if workers > 1 and len(pieces) > 1:
         with ThreadPoolExecutor(min(workers, len(pieces)), thread_name_prefix="tessera-fingerprint") as ex:
-            sums = list(ex.map(_page_sums, pieces))
+            sums = list(ex.map(lambda piece: _page_sums(piece, populate), pieces))
     else:
-        sums = [_page_sums(piece) for piece in pieces]
+        sums = [_page_sums(piece, populate) for piece in pieces]
     for s in sums:
         head.update(s)
     return head.digest()
 
 
-def _page_sums(chunk: np.ndarray) -> bytes:
+def _page_sums(chunk: np.ndarray, populate: bool = True) -> bytes:
     """The little-endian uint64 sums of `chunk`'s 4 KiB pages (its last page zero-padded), populated first."""
     from tessera.engine import readahead
 
-    start = chunk.ctypes.data
-    aligned = start & ~(PAGE - 1)
-    readahead.madvise(aligned, start + chunk.nbytes - aligned, readahead.MADV_POPULATE_READ)  # errors: faults
+    if populate:
+        start = chunk.ctypes.data
+        aligned = start & ~(PAGE - 1)
+        readahead.madvise(aligned, start + chunk.nbytes - aligned, readahead.MADV_POPULATE_READ)  # errors: faults
     whole = chunk.nbytes - chunk.nbytes % PAGE
     out = chunk[:whole].view("<u8").reshape(-1, PAGE // 8).sum(axis=1, dtype="<u8").tobytes()
     if whole < chunk.nbytes:
@@ -181,7 +185,7 @@ class Opened:
 
 
 def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int = 1,
-                 chunk: int = _CHUNK) -> tuple[Opened | None, str]:
+                 chunk: int = _CHUNK, populate: bool = True) -> tuple[Opened | None, str]:
     """Map the blob of the file of `key` at `path` and check it: the header (magic, format, key, `nbytes`: None takes
     the header's own size, as engine.preload does before it knows the size expected) and the fingerprint of the blob,
     computed on the map returned. (Opened, "") or (None, why it fails). Raises OSError (FileNotFoundError: the file
@@ -195,7 +199,7 @@ def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int =
         if why:
             return None, why
         blob = np.memmap(f, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(nbytes,))
-    if fingerprint(blob, workers, chunk) != _HEADER.unpack(raw[: _HEADER.size])[5]:
+    if fingerprint(blob, workers, chunk, populate) != _HEADER.unpack(raw[: _HEADER.size])[5]:
         return None, "does not match its checksum (damaged on disk)"
     return Opened(raw, size, blob), ""
 

@@ -123,6 +123,7 @@ class Preload:
         self.pages_done = False  # the pages step ran to its decision (populated, read ahead, or neither)
         self.error: BaseException | None = None
         self._opened, self._listed, self._done = threading.Event(), threading.Event(), threading.Event()
+        self._decided = threading.Event()  # the pages step's populate (if any) is made
         self._packs: dict[str, _Pack] = {}
         self._populate = None  # the readahead.SharedPopulate the load's wait() joins
         self._handed = None  # the GGUFModel model() handed over
@@ -148,6 +149,7 @@ class Preload:
         finally:
             self._opened.set()
             self._listed.set()
+            self._decided.set()
             self._done.set()
             _switch_leave()
 
@@ -188,7 +190,7 @@ class Preload:
                     continue
                 pack.state = "running"
             try:
-                pack.opened = open_checked(pack.path, pack.key, chunk=CHUNK)[0]
+                pack.opened = open_checked(pack.path, pack.key, chunk=CHUNK, populate=False)[0]
             except Exception:  # noqa: BLE001 - gone, unreadable, a bad header: PackCache.load finds it, says so
                 pack.opened = None
             finally:
@@ -201,9 +203,10 @@ class Preload:
         maps = [part.mapping for part in self._file.files]
         ranges = readahead.read_in_place(self._file, self.backend)
         if readahead.resident_fraction(maps, ranges) >= readahead.POPULATE_WHEN_CACHED:
-            self._populate = readahead.SharedPopulate(maps, ranges, self._stop, CHUNK)
+            self._populate = readahead.SharedPopulate(maps, ranges, self._stop, CHUNK, touch=True)
+            self._decided.set()
             self._populate.work()
-            self.populated = self._populate.failed is None
+            self.populated = True
         else:
             self.ahead = readahead.start((part.path for part in self._file.files), ranges)
         self.pages_done = True
@@ -242,10 +245,18 @@ class Preload:
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for the thread to end, helping with its populate meanwhile (the first forward should not share the
         cores with it, and the caller has nothing else to do); True when it ended."""
-        self._opened.wait(timeout)
+        from tessera.engine import readahead
+
+        self._decided.wait(timeout)
         populate = self._populate
         if populate is not None:
+            helpers = [threading.Thread(target=populate.work, name="tessera-populate", daemon=True)
+                       for _ in range(readahead.POPULATE_THREADS - 1)]
+            for t in helpers:
+                t.start()
             populate.work()
+            for t in helpers:
+                t.join()
         return self._done.wait(timeout)
 
     def release(self, close_model: bool = False) -> None:

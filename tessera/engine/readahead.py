@@ -193,34 +193,42 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
 
 class SharedPopulate:
     """A populate that several threads work on together, a piece at a time: engine.preload's thread starts it while
-    torch is imported (one thread: the import has the other core), and the load's thread joins in (`work`) when it
-    has nothing else left to do. `failed`: the errno name that stopped it, or None."""
+    torch is imported, and the load's thread joins in (`work`, with helpers) when it has nothing else left to do.
+    `touch`: map each piece by reading a byte of every page (page faults; the kernel maps the cached pages around
+    each fault, ~16 at a time) instead of MADV_POPULATE_READ. Same speed on a cached file (24-layer Q8_0, 16.6 GB,
+    Zen 4: 1.04-1.08 s on one thread, 0.54 on two; the madvise 0.51 on two), but a fault takes only its VMA's lock,
+    where the madvise holds the process's mmap lock for the whole piece and stalls every mmap of another thread
+    meanwhile: beside `import torch` (which maps its libraries) a one-thread madvise populate made the import 0.9 s
+    longer (docs/BENCHMARKS.md, session 8). `failed`: the errno name that stopped a madvise, or None."""
 
-    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK):
+    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK,
+                 touch: bool = False):
         page = os.sysconf("SC_PAGE_SIZE")
         chunk = max(page, chunk - chunk % page)
-        self._pieces = []
+        self._pieces: list[tuple[np.ndarray, int, int]] = []
         for i, mapped in enumerate(maps):
             if mapped is None:
                 continue
             for start, stop in [(0, mapped.nbytes)] if ranges is None else ranges[i]:
                 start, stop = start - start % page, min(stop, mapped.nbytes)
-                base = mapped.ctypes.data
-                self._pieces += [(base + off, min(chunk, stop - off)) for off in range(start, stop, chunk)]
-        self._next, self._lock, self._cancel = 0, threading.Lock(), cancel
+                self._pieces += [(mapped, off, min(off + chunk, stop)) for off in range(start, stop, chunk)]
+        self._next, self._lock, self._cancel, self._touch, self._page = 0, threading.Lock(), cancel, touch, page
         self.failed: str | None = None
 
     def work(self) -> None:
-        """Populates pieces until none is left (or one failed, or `cancel` is set); returns when this thread's last
+        """Maps pieces until none is left (or one failed, or `cancel` is set); returns when this thread's last
         piece is done (another thread's may still run)."""
         while True:
             with self._lock:
                 if self.failed or self._next >= len(self._pieces) or (self._cancel is not None
                                                                       and self._cancel.is_set()):
                     return
-                address, length = self._pieces[self._next]
+                mapped, start, stop = self._pieces[self._next]
                 self._next += 1
-            err = madvise(address, length, MADV_POPULATE_READ)
+            if self._touch:
+                mapped.view(np.uint8)[start:stop:self._page].sum()  # numpy releases the GIL for the loop
+                continue
+            err = madvise(mapped.ctypes.data + start, stop - start, MADV_POPULATE_READ)
             if err:
                 with self._lock:
                     self.failed = self.failed or errno.errorcode.get(err, str(err))
