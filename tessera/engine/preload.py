@@ -1,7 +1,7 @@
 """The part of a model load that needs no torch, started before `import torch` so that the two overlap.
 
-A warm load of a GGUF file spends most of its time in work the kernel and numpy do: the map's pages populated
-(MADV_POPULATE_READ, engine.readahead; 1.33 s on one core for a cached 16.6 GB Q8_0 file) and the fingerprint of every
+A warm load of a GGUF file spends much of its time in work the kernel and numpy do: the map's pages mapped
+(engine.readahead; 1.04-1.33 s on one core for a cached 16.6 GB Q8_0 file) and the fingerprint of every
 cached pack (engine.pack_cache; 0.39 s for the 8-layer BF16 file's 5.1 GB). `import torch` takes 1.1-1.25 s on one
 core of the 2-core Zen 4 before any of it can begin, and its Python work holds the GIL while the other core waits
 (docs/BENCHMARKS.md, session 7). `start(path, backend=...)`, called by the CLI and the app's worker before they import
@@ -9,22 +9,30 @@ torch, begins on a background thread, in this order:
 
 1. the cached packs the last load of this model with this backend used (pack_cache.recorded_keys: its record under
    models/), each mapped and checked as PackCache.load checks a file (pack_cache.open_checked: header, key,
-   fingerprint on the map that is then used), on POPULATE_THREADS threads; PackCache.load takes them
-   (`take_pack`), checks the header again against the size it expects and runs the backend's validation;
+   fingerprint on the map that is then used); PackCache.load takes them (`take_pack`), checks the header again
+   against the size it expects and runs the backend's validation; a pack the thread has not begun when the load asks
+   for it is checked by the load itself, on all of its threads;
 2. opening the GGUF file (the header parsed, the file mapped): the very GGUFModel the load then uses
    (engine.weights.open_model takes it; a file that fails to open is opened again by the load, which reports it);
-3. once the packs are checked, the map's pages, as engine.session does them without a preload (the ranges of
-   readahead.read_in_place): populated when the file is (nearly) all in the page cache, else read ahead on
-   readahead's thread, which the session then owns and stops when closed. The load waits for this step before it
-   returns (a populate beside the first forward slowed decode on 2 cores, engine.readahead).
+3. the map's pages, as engine.session decides without a preload (the ranges of readahead.read_in_place): mapped when
+   the file is (nearly) all in the page cache, else read ahead on readahead's thread, which the session then owns and
+   stops when closed. The load's `wait` joins the mapping on POPULATE_THREADS threads before it returns (a populate
+   beside the first forward slowed decode on 2 cores, engine.readahead).
+
+One thread, and page faults rather than MADV_POPULATE_READ, while the import runs: two threads on 2 cores slowed the
+import by more than they hid, and the madvise holds the process's mmap lock for a whole piece, which stalled the
+import's library maps (0.9 s longer beside a Q8_0 populate); a fault takes only its VMA's lock (docs/BENCHMARKS.md,
+session 8). So the packs' sums map their pages by faults (`populate=False`) and the model's pages are mapped by
+reading a byte of each (readahead.SharedPopulate with `touch`).
 
 Nothing is checked less than before: the same checks, on the maps the kernels read, only sooner. A pack the load does
 not ask for (a key no longer in use) is dropped when the load ends (`Preload.release`); errors on the thread cost the
 head start only (the load does that work itself). The CLI and the worker call `discard` when a command or a load
 ends, so nothing stays mapped when no load took it (another path, a usage error).
 
-The threads' numpy sums and madvise calls release the GIL; their Python glue needs it, so while the thread runs the
-interpreter's switch interval is 1 ms instead of 5 (a waiting thread gets the GIL sooner from the importing one).
+The thread's numpy sums release the GIL; its Python glue needs it, so while the thread runs the interpreter's switch
+interval is 1 ms instead of 5 (a waiting thread gets the GIL sooner from the importing one), and it works in pieces of
+CHUNK bytes.
 """
 
 from __future__ import annotations
