@@ -306,3 +306,30 @@ def test_a_touching_populate_maps_the_pages_of_the_ranges_by_reading_them(tmp_pa
     work = readahead.SharedPopulate([mapped], [[(0, 8 * mb), (24 * mb, 32 * mb)]], chunk=mb, touch=True)
     work.work()
     assert 16 * mb <= rss() <= 24 * mb and work.failed is None
+
+
+def test_the_app_worker_s_load_starts_a_preload_and_leaves_none(tiny_gguf_model, monkeypatch):
+    """EngineApi.load (the app's worker) starts the preload before its import of torch; engine.load takes it, and a
+    load that fails before taking it drops it."""
+    from tessera import engine
+    from tessera.app.worker import EngineApi
+
+    started = []
+    real = preload.start
+    monkeypatch.setattr(preload, "start", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
+    s = EngineApi().load(str(tiny_gguf_model), backend=BACKEND, threads=1, context_length=64, progress=None,
+                         cancel=threading.Event())
+    try:
+        assert started and started[0] is not None and started[0].opened(started[0]._handed)
+        assert not preload._started and not preload._taken
+    finally:
+        s.close()
+
+    def boom(*a, **k):
+        raise RuntimeError("no load")
+
+    monkeypatch.setattr(engine, "load", boom)
+    with pytest.raises(RuntimeError, match="no load"):
+        EngineApi().load(str(tiny_gguf_model), backend=BACKEND, threads=1, context_length=64, progress=None,
+                         cancel=threading.Event())
+    assert len(started) == 2 and started[1] is not None and not preload._started and started[1]._stop.is_set()
