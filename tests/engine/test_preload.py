@@ -311,9 +311,12 @@ def test_a_touching_populate_maps_the_pages_of_the_ranges_by_reading_them(tmp_pa
 def test_the_app_worker_s_load_starts_a_preload_and_leaves_none(tiny_gguf_model, monkeypatch):
     """EngineApi.load (the app's worker) starts the preload before its import of torch; engine.load takes it, and a
     load that fails before taking it drops it."""
+    import torch
+
     from tessera import engine
     from tessera.app.worker import EngineApi
 
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # engine.load's is process-wide: not for the suite
     started = []
     real = preload.start
     monkeypatch.setattr(preload, "start", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
