@@ -24,6 +24,7 @@
 #include "tessera/probe.h"
 #include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
 #include "tessera/quant_decode.h"  // fused decode mat-vecs (quant_decode_bindings.inc)
+#include "tessera/step_profile.h"  // decode-step phase timers (decode_layer_bindings.inc)
 #include "tessera/tuning.h"
 
 namespace nb = nanobind;

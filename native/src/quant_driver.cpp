@@ -12,6 +12,7 @@
 
 #include "quant_kernels.h"
 #include "tessera/quant_decode.h"
+#include "tessera/step_profile.h"
 #include "tessera/tuning.h"
 
 namespace tessera {
@@ -280,6 +281,7 @@ void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QM
 }
 
 void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
+  prof::mark(prof::kMoeSetup);  // TESSERA_PROFILE inside a decode step (tessera/step_profile.h); else nothing
   const Kernels& kr = kernels_for(isa);
   const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
   const bool wide_g = qtype_info(a.gate.type).wide, wide_u = qtype_info(a.up.type).wide,
@@ -323,6 +325,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     for (int64_t e = 0; e < E; ++e)
       if (!slots[size_t(e)].empty()) active.push_back(e);
 
+    prof::mark(prof::kMoeQuantX);
     xa.resize(T, H);
     pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
     if (prefill_vnni) {
@@ -333,6 +336,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     const ExpertPacking& pu = share_gu ? pk_g : pk_u;
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
+    prof::mark(prof::kMoeGateUp);
     act.resize(size_t(T * k * I));
     auto block_of = [&](int64_t e) {  // tokens per task
       return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
@@ -388,6 +392,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     });
 
     // Quantize the activations of the used slots.
+    prof::mark(prof::kMoeQuantAct);
     std::vector<int64_t> used;
     for (int64_t i = 0; i < T * k; ++i)
       if (ids[i] >= 0) used.push_back(i);
@@ -400,6 +405,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
                    pool);
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
+    prof::mark(prof::kMoeDown);
     y.resize(size_t(T * k * H));
     for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
@@ -442,6 +448,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     });
 
     // Reduce: out[t] = sum_j weights[t, j] * y[t * k + j] over the slots that ran here.
+    prof::mark(prof::kMoeReduce);
     const float* wts = a.weights + c0 * k;
     float* out = a.out + c0 * H;
     pool.parallel_for(T, [&](int64_t t, int) {

@@ -634,6 +634,14 @@ def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, wei
     _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool, kss, vss)
 
 
+def decode_profile(reset: bool = False) -> dict:
+    """TESSERA_PROFILE's timers inside the native decode step (native/include/tessera/step_profile.h), summed since the
+    last reset: {"enabled", "steps", "step_ms", "threads", "phases": {name: {"wall_ms", "marks", "dispatches",
+    "busy_ms" [per pool thread, 0 = the caller], "tail_ms", "wake_ms", "joined", "sleeps"}}}. With TESSERA_PROFILE unset
+    when the module was first used, "enabled" is False and nothing is counted (the timers cost nothing then)."""
+    return dict(_native.decode_profile(bool(reset)))
+
+
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,
                       isa: str = "auto") -> None:
     """Routed experts on quantized weights, `forward`'s contract: gate, up [E, I, row_bytes(H)] and down
