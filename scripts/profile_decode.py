@@ -3,7 +3,7 @@ and each part of a layer re-run alone in layer order (so no layer's weights are 
 again), with the bytes each part reads and the GB/s that makes.
 
     python scripts/profile_decode.py MODEL [--threads 2] [--steps 20] [--rounds 5] [--context-length 4096] [--json]
-                                           [--phases]
+                                           [--phases] [--step-only]
 
 Loads MODEL as `tessera-cli bench` does (default backend), prefills 16 random tokens, then times (wall clock, median
 of --rounds, each round --steps steps or passes over all layers):
@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--context-length", type=int, default=4096)
     p.add_argument("--json", action="store_true")
     p.add_argument("--phases", action="store_true", help="TESSERA_PROFILE=1: the native step's phase timers")
+    p.add_argument("--step-only", action="store_true", help="time the step (and its phases) only, not the parts")
     a = p.parse_args()
     if a.phases:  # before the native module is first imported: it reads its knobs once
         os.environ["TESSERA_PROFILE"] = "1"
@@ -84,6 +85,11 @@ def main() -> None:
             native.decode_profile(reset=True)
         parts["step"] = _median_ms(step, a.steps, a.rounds)
         phases = native.decode_profile(reset=True) if a.phases else None
+        if a.step_only:
+            print(f"step {parts['step']:.2f} ms (median of {a.rounds} rounds of {a.steps})")
+            if a.phases:
+                print_phases(phases)
+            return
         H = cfg.hidden_size
         x = torch.randn(1, H, generator=g)  # [1, H]
         parts["lm_head"] = _median_ms(lambda: m.lm_head(x), a.steps, a.rounds)

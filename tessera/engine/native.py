@@ -46,7 +46,8 @@ def physical_cores() -> int:
 
 def set_tuning_knob(name: str, value: int) -> int:
     """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
-    quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate) and returns its previous value;
+    quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate; decode_rows: rows per task of
+    the one-token mat-vecs, 0 = ~256 KiB of blocks) and returns its previous value;
     an unknown name is a ValueError naming it."""
     return int(_native.set_tuning_knob(name, int(value)))
 

@@ -91,8 +91,10 @@ def test_on_counts_every_phase_and_changes_no_result(q4_file, tmp_path):
         assert 0.0 <= p["busy_ms"][0] + p["tail_ms"] <= p["wall_ms"] * (1 + 1e-9) + 1e-9, name
         assert p["joined"] <= p["dispatches"], name  # one worker joins a published job at most once
         assert p["busy_ms"][1] >= 0.0 and p["wake_ms"] >= 0.0 and p["sleeps"] >= 0, name
-    # The mat-vec phases go to the pool; the per-layer scalar work stays on the caller.
-    for name in ["qkv", "o_proj", "moe_gate_up", "moe_down"]:
+    # The mat-vec phases of more than one pool task go to the pool (this file's o_proj is one task: the caller runs
+    # it); the per-layer scalar work stays on the caller.
+    for name in ["qkv", "moe_gate_up", "moe_down"]:
         assert phases[name]["dispatches"] >= STEPS * layers, name
+    assert phases["o_proj"]["busy_ms"][0] > 0.0
     for name in ["input_norm", "route", "residual"]:
         assert phases[name]["dispatches"] == 0 and phases[name]["busy_ms"][1] == 0.0, name
