@@ -101,7 +101,7 @@ int tessera_dense_tests() {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t rows : {1, 3, 4, 5, 9, 128})
     for (int64_t K : {1, 15, 16, 17, 100, 2048, 2063}) {
-      std::vector<float> w(size_t(rows * K)), x(size_t(K)), want(size_t(rows));
+      std::vector<float> w(static_cast<size_t>(rows * K)), x(static_cast<size_t>(K)), want(static_cast<size_t>(rows));
       for (auto& v : w) v = nd(rng);
       for (auto& v : x) v = nd(rng) * 4.0f;
       if (rows == 9 && K > 16) {
