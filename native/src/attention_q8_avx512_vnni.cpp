@@ -3,7 +3,7 @@
 // cache at memory speed instead of being bound by widening it.
 // - Scores: each scaled query row is quantized per block of 32 dims to int8 with an f32 scale (llama.cpp quantizes q
 //   the same way to q8_0 against a q8_0 cache). vpdpbusd wants one operand unsigned: the keys' sign bit is flipped in
-//   registers (k + 128), and 128 * sum(q block) is taken off the integer dot. Per block: int32 -> f32, times the
+//   registers (k + 128), and the integer dot starts at -128 * sum(q block). Per block: int32 -> f32, times the
 //   query's scale and the 16 keys' f16 scales, summed over the blocks. Keys come as stored, 16 per register.
 // - Values: the probability of key j times the key's value scale for block b (w = p_j * dv_j,b >= 0) is quantized per
 //   (row, block of 32 keys, block of 32 dims) to uint8 with the step (max_j p_j) * (max_j dv_j,b) / 255, and vpdpbusd
@@ -11,7 +11,8 @@
 //   probabilities. The rounding of w adds at most half a step per key and block: for the block's heaviest key, at
 //   most 1/510 of its weight times the largest value scale, the size of the q8_0 values' own step (amax/254).
 // The driver (tasks of one KV head x a block of query rows x a range of keys, key splits with a merge at decode,
-// online softmax) follows attention_flash.inc's, whose helpers it shares.
+// online softmax) follows attention_flash.inc's, whose helpers it shares, but walks its keys in chunks of 4 blocks
+// (kQ8ChunkBlocks), with the rows' horizontal maxima as reduction trees and the denominators as 16 partial sums.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -32,20 +33,31 @@ namespace {
 
 #include "attention_flash.inc"
 
-// Key blocks ahead whose K, V and scales are prefetched (into L2), spread over the block's steps. Zen 4, decode at 8k
-// from memory, 2 threads: 2, 4, 8 and 16 blocks all gave 0.53-0.66 ms a layer (a busy machine; no distance stood out).
+// Key blocks ahead whose K, V and scales are prefetched (into L2), K and the scales over the score steps, V over the
+// value steps, each in address order. Zen 4, decode at 8k from memory, 2 threads: 2, 4, 8 and 16 blocks all gave
+// 0.53-0.66 ms a layer (a busy machine; no distance stood out); with chunks, 2 and 8 no better than 4 (session 8).
+// V's lines fetched in the value loop's order (4 tiles interleaved) instead cost ~10 % from memory.
 constexpr int64_t kQ8PrefetchBlocks = 4;
+// Key blocks a task takes at a time (a chunk): the chunk's scores and its softmax first (one max update and one
+// accumulator rescale per chunk), then the value products with each row's accumulator in registers across the chunk's
+// blocks (instead of a load, a multiply by alpha and a store per key block). Zen 4, kernel alone at 8k in cache, 1
+// thread: 2 blocks 0.69 ms, 4 blocks 0.60; prefill at T=2048 with 1-block chunks for its 128-row tasks: +20 %.
+constexpr int64_t kQ8ChunkBlocks = 4;
+constexpr int64_t kQ8ChunkKeys = kQ8ChunkBlocks * kKeys;  // the row stride of the scores
+static_assert(kQ8ChunkBlocks == 4, "the block maxima reduce 4 rows x 4 blocks per vector");
 
 struct Q8Scratch {
   std::vector<int8_t> q8;      // [rows, hd] the quantized query rows
   std::vector<float> qd;       // [rows, nb] their scales
-  std::vector<int32_t> qcorr;  // [rows, nb] 128 * sum of each block of q8
-  std::vector<float> s;        // [rows, 32] scores, then probabilities (key order)
-  std::vector<uint8_t> wq;     // [rows, nb, 32] p * value scale as uint8
-  std::vector<float> wd;       // [rows, nb] their scales
-  std::vector<float> acc, m, l, alpha;
-  std::vector<float> mx, c;    // [rows] the block's largest score and exp(mx - m) (softmax_and_weights' phases)
-  std::vector<int64_t> visible;
+  std::vector<int32_t> qcorr;  // [rows, nb] -128 * sum of each block of q8: the integer dots' start value
+  std::vector<float> s;        // [rows, kQ8ChunkKeys] the chunk's scores (key order); masked keys -inf
+  std::vector<float> mxb;      // [rows rounded up to 4, kQ8ChunkBlocks] each block's largest score (-inf: none seen)
+  std::vector<float> mref;     // [rows, kQ8ChunkBlocks] the row's running max, per block
+  std::vector<float> c;        // [rows, kQ8ChunkBlocks] exp(mxb - m): the block's largest probability
+  std::vector<uint8_t> wq;     // [rows, kQ8ChunkBlocks, wq_bytes(nb)] p * value scale as uint8 (layout: wq_offset)
+  std::vector<float> wd;       // [rows, kQ8ChunkBlocks, nb] their steps
+  std::vector<float> acc, m, l16, alpha;  // l16: [rows, 16] the softmax denominators as 16 partial sums
+  std::vector<int64_t> visible;           // [rows] keys of the chunk the row sees
 };
 
 inline int32_t load4(const void* p) {
@@ -56,25 +68,31 @@ inline int32_t load4(const void* p) {
 
 inline __m512 f16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-// s[r][0..32) = q_r . key for RB rows and the 32 keys of one tile (keys >= nk hold anything; the softmax masks them).
-// pf: the K tile of a block ahead (hd * 32 bytes), two lines a step, or null.
+// One row's uint8 weights for one key block: the dim blocks in pairs of 64 bytes, as two packs (packus_epi32 then
+// packus_epi16) leave them: in 128-bit lane L of pair p, dim block 2p's keys 4L..4L+3 and 16+4L..16+4L+3, then dim
+// block 2p+1's. wq_offset: the 4 bytes of keys 4gi..4gi+3 for dim block b (one vpdpbusd operand).
+inline int64_t wq_bytes(int64_t nb) { return (nb + 1) / 2 * 64; }
+inline int64_t wq_offset(int64_t b, int gi) { return (b / 2) * 64 + 16 * (gi % 4) + 4 * (gi / 4) + 8 * (b % 2); }
+
+// s[r][0..32) = q_r . key for RB rows (row stride ss) and the 32 keys of one tile (keys >= nk hold anything; the
+// softmax masks them). pfk: the K tile of a block ahead (hd * 32 bytes), two lines a step, or null.
 template <int RB>
-void q8_scores(const int8_t* Q, const float* qd, const int32_t* corr, int64_t hd, const int8_t* tile,
-               const uint16_t* ks, float* s, const char* pf) {
+void q8_scores(const int8_t* Q, const float* qd, const int32_t* ncorr, int64_t hd, const int8_t* tile,
+               const uint16_t* ks, float* s, int64_t ss, const char* pfk) {
   const int64_t nb = hd / kQ8Block;
   const __m512i flip = _mm512_set1_epi8(int8_t(0x80));
   __m512 s0[RB], s1[RB];
   for (int r = 0; r < RB; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m512i a0[RB], a1[RB];
-    for (int r = 0; r < RB; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
+    for (int r = 0; r < RB; ++r) a0[r] = a1[r] = _mm512_set1_epi32(ncorr[r * nb + b]);  // the flip's 128 * sum(q)
     for (int gi = 0; gi < 8; ++gi) {
       const int8_t* src = tile + (b * 8 + gi) * 128;  // 4 dims x 32 keys
       const __m512i k0 = _mm512_xor_si512(_mm512_loadu_si512(src), flip);
       const __m512i k1 = _mm512_xor_si512(_mm512_loadu_si512(src + 64), flip);
-      if (pf) {
-        _mm_prefetch(pf + (b * 8 + gi) * 128, _MM_HINT_T1);
-        _mm_prefetch(pf + (b * 8 + gi) * 128 + 64, _MM_HINT_T1);
+      if (pfk) {
+        _mm_prefetch(pfk + (b * 8 + gi) * 128, _MM_HINT_T1);
+        _mm_prefetch(pfk + (b * 8 + gi) * 128 + 64, _MM_HINT_T1);
       }
       for (int r = 0; r < RB; ++r) {
         const __m512i qb = _mm512_set1_epi32(load4(Q + r * hd + b * kQ8Block + gi * 4));
@@ -84,46 +102,65 @@ void q8_scores(const int8_t* Q, const float* qd, const int32_t* corr, int64_t hd
     }
     const __m512 dk0 = f16x16(ks + b * kQ8Block), dk1 = f16x16(ks + b * kQ8Block + 16);
     for (int r = 0; r < RB; ++r) {
-      const __m512i c = _mm512_set1_epi32(corr[r * nb + b]);
       const __m512 f = _mm512_set1_ps(qd[r * nb + b]);
-      s0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0[r], c)), _mm512_mul_ps(dk0, f), s0[r]);
-      s1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1[r], c)), _mm512_mul_ps(dk1, f), s1[r]);
+      s0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[r]), _mm512_mul_ps(dk0, f), s0[r]);
+      s1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[r]), _mm512_mul_ps(dk1, f), s1[r]);
     }
   }
   for (int r = 0; r < RB; ++r) {
-    _mm512_storeu_ps(s + r * kKeys, s0[r]);
-    _mm512_storeu_ps(s + r * kKeys + 16, s1[r]);
+    _mm512_storeu_ps(s + r * ss, s0[r]);
+    _mm512_storeu_ps(s + r * ss + 16, s1[r]);
   }
 }
 
-// acc[r][0..hd) = alpha[r] * acc + sum_j wq[r][b][j] * wd[r][b] * v[j] over the tile's 32 keys (weights of keys past
-// the row's visible ones are 0). v: the tile, [8 groups of 4 keys][hd][4]. pf: the V tile of a block ahead, or null.
+// acc[r][0..hd) = alpha[r] * acc + sum over the chunk's nblk blocks and their 32 keys of wq * wd * v, for RB rows
+// (row strides: wq kQ8ChunkBlocks * wqb bytes, wd kQ8ChunkBlocks * nb, acc hd). The accumulators of one dim block
+// stay in registers across the blocks. v: the chunk's first V tile (tiles consecutive, each [8 groups of 4 keys][hd][4]).
+// pf: V bytes ahead to prefetch (the tiles kQ8PrefetchBlocks ahead, up to pf_bytes of them), two lines a step in
+// address order (one stream for the hardware's prefetcher too), or null.
 template <int RB>
-void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t hd, const int8_t* v, float* acc,
-               const char* pf) {
-  const int64_t nb = hd / kQ8Block;
+void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t nb, int64_t nblk, int64_t wqb,
+               int64_t hd, const int8_t* v, float* acc, const char* pf, int64_t pf_bytes) {
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i a0[RB], a1[RB];
-    for (int r = 0; r < RB; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
-    for (int gi = 0; gi < 8; ++gi) {
-      const int8_t* src = v + (gi * hd + b * kQ8Block) * 4;  // 32 dims x 4 keys
-      const __m512i v0 = _mm512_loadu_si512(src), v1 = _mm512_loadu_si512(src + 64);
-      if (pf) {
-        _mm_prefetch(pf + (gi * hd + b * kQ8Block) * 4, _MM_HINT_T1);
-        _mm_prefetch(pf + (gi * hd + b * kQ8Block) * 4 + 64, _MM_HINT_T1);
+    __m512 f0[RB], f1[RB];
+    for (int r = 0; r < RB; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      const float* A = acc + r * hd + b * kQ8Block;
+      f0[r] = _mm512_mul_ps(_mm512_loadu_ps(A), al);
+      f1[r] = _mm512_mul_ps(_mm512_loadu_ps(A + 16), al);
+    }
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      const int8_t* vt = v + blk * hd * kKeys;
+      const uint8_t* wb = wq + blk * wqb;
+      __m512i a0[RB], a1[RB];
+      for (int r = 0; r < RB; ++r) a0[r] = a1[r] = _mm512_setzero_si512();
+      for (int gi = 0; gi < 8; ++gi) {
+        const int8_t* src = vt + (gi * hd + b * kQ8Block) * 4;  // 32 dims x 4 keys
+        const __m512i v0 = _mm512_loadu_si512(src), v1 = _mm512_loadu_si512(src + 64);
+        if (pf) {
+          const int64_t at = ((b * nblk + blk) * 8 + gi) * 128;
+          if (at < pf_bytes) {
+            _mm_prefetch(pf + at, _MM_HINT_T1);
+            _mm_prefetch(pf + at + 64, _MM_HINT_T1);
+          }
+        }
+        const int64_t off = wq_offset(b, gi);
+        for (int r = 0; r < RB; ++r) {
+          const __m512i w = _mm512_set1_epi32(load4(wb + r * kQ8ChunkBlocks * wqb + off));
+          a0[r] = _mm512_dpbusd_epi32(a0[r], w, v0);
+          a1[r] = _mm512_dpbusd_epi32(a1[r], w, v1);
+        }
       }
       for (int r = 0; r < RB; ++r) {
-        const __m512i w = _mm512_set1_epi32(load4(wq + (r * nb + b) * kKeys + gi * 4));
-        a0[r] = _mm512_dpbusd_epi32(a0[r], w, v0);
-        a1[r] = _mm512_dpbusd_epi32(a1[r], w, v1);
+        const __m512 f = _mm512_set1_ps(wd[(r * kQ8ChunkBlocks + blk) * nb + b]);
+        f0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[r]), f, f0[r]);
+        f1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[r]), f, f1[r]);
       }
     }
     for (int r = 0; r < RB; ++r) {
-      const __m512 f = _mm512_set1_ps(wd[r * nb + b]), al = _mm512_set1_ps(alpha[r]);
       float* A = acc + r * hd + b * kQ8Block;
-      _mm512_storeu_ps(A, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[r]), f, _mm512_mul_ps(_mm512_loadu_ps(A), al)));
-      _mm512_storeu_ps(A + 16,
-                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[r]), f, _mm512_mul_ps(_mm512_loadu_ps(A + 16), al)));
+      _mm512_storeu_ps(A, f0[r]);
+      _mm512_storeu_ps(A + 16, f1[r]);
     }
   }
 }
@@ -148,85 +185,139 @@ void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, i
           sum += qi;
         }
         w.qd[size_t(r * nb + b)] = d;
-        w.qcorr[size_t(r * nb + b)] = 128 * sum;
+        w.qcorr[size_t(r * nb + b)] = -128 * sum;
       }
     }
 }
 
-// Online softmax over one block (scores in key order, keys >= visible[r] ignored), then each row's weights
-// w_j,b = p_j * dv_j,b quantized to uint8 per block b of 32 dims, with the step (max_j p_j) * (max_j dv_j,b) / 255:
-// the value scales' maxima and dv / max are taken once per key block for all rows, so a row pays one max of its p.
-// vs: the tile's value scales [nb][32]; nk: keys of the tile that exist (the others may hold any bits, even NaN).
-void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, const uint16_t* vs, int nk) {
+// The 16 horizontal reductions (max or add) of v[0..16) as one vector, lane i holding v[i]'s: a tree of shuffles
+// (46 instructions for the 16 where one reduction alone takes 8).
+template <class Op>
+inline __m512 reduce16(const __m512* v, Op op) {
+  __m512 w[8], x[4], y[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves: vector 2i's partials in lanes 0-7, 2i+1's in 8-15
+    w[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane j: vector 4i + j's partials
+    x[i] = op(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // lane j: floats 0-1 vector 8i + j's, 2-3 vector 8i + 4 + j's
+    y[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]))),
+              _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]))));
+  // lane 4j + k: vector 4k + j's
+  const __m512 z = op(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+// Online softmax over one chunk of nblk key blocks (scores in w.s, keys >= visible[r] ignored; nk keys of the chunk
+// exist, the others may hold any bits, even NaN), then each row's weights w_j,b = p_j * dv_j,b quantized to uint8 per
+// key block and block b of 32 dims, with the step (max_j p_j) * (max_j dv_j,b) / 255: the value scales' maxima and
+// dv / max are taken once per key block for all rows, so a row pays one max of its p per block. vs: the value scales
+// of the chunk's first tile (tiles consecutive, [nb][32] each).
+void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, const uint16_t* vs, int64_t nk) {
+  constexpr int64_t CB = kQ8ChunkBlocks;
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i sixteen = _mm512_set1_epi32(16);
-  const __mmask16 in0 = _mm512_cmplt_epi32_mask(lanes, _mm512_set1_epi32(nk));
-  const __mmask16 in1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), _mm512_set1_epi32(nk));
-  __m512 dvn[2 * 16];  // per b: dv_j,b * 255 / max_j dv_j,b (keys 0-15, 16-31); nb <= 16
-  float dvs[16];       // per b: max_j dv_j,b / 255
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 d0 = _mm512_maskz_mov_ps(in0, f16x16(vs + b * kKeys));
-    const __m512 d1 = _mm512_maskz_mov_ps(in1, f16x16(vs + b * kKeys + 16));
-    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(d0), _mm512_abs_ps(d1)));
-    const __m512 f = _mm512_set1_ps(mx > 0.0f ? 255.0f / mx : 0.0f);
-    dvn[2 * b] = _mm512_mul_ps(d0, f);
-    dvn[2 * b + 1] = _mm512_mul_ps(d1, f);
-    dvs[b] = mx / 255.0f;
-  }
-  // In phases over the rows, each a loop whose iterations are independent, so that the out-of-order core overlaps
-  // the rows' long dependency chains (reductions, exp): one row after another measured ~150 cycles a row.
-  // (1) each row's block maximum (-inf for a row that sees none of these keys), the scores masked in place;
-  float* mx = w.mx.data();
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = w.s.data() + r * kKeys;
-    const __m512i seen = _mm512_set1_epi32(int(std::min<int64_t>(w.visible[size_t(r)], kKeys)));
-    const __m512 x0 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(lanes, seen), ninf, _mm512_loadu_ps(row));
-    const __m512 x1 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), seen), ninf,
-                                           _mm512_loadu_ps(row + 16));
-    _mm512_storeu_ps(row, x0);
-    _mm512_storeu_ps(row + 16, x1);
-    mx[r] = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-  }
-  // (2) 16 rows at a time: m_new = max(m, mx), alpha = exp(m - m_new) rescales the accumulator, c = exp(mx - m_new)
-  // is the block's largest probability (every row's probabilities are c * exp(x - mx)); a row that sees no key keeps
-  // alpha 1 and gets c 0.
-  float* cs = w.c.data();
-  for (int64_t r = 0; r < rows; r += 16) {
-    const __mmask16 in = rows - r >= 16 ? __mmask16(0xffff) : __mmask16((1u << (rows - r)) - 1u);
-    const __m512 vmx = _mm512_mask_loadu_ps(ninf, in, mx + r), vm = _mm512_mask_loadu_ps(ninf, in, w.m.data() + r);
-    const __mmask16 sees = _mm512_cmp_ps_mask(vmx, ninf, _CMP_NEQ_OQ);
-    const __m512 mn = _mm512_max_ps(vm, vmx);
-    const __m512 alpha = _mm512_mask_blend_ps(sees, _mm512_set1_ps(1.0f), exp_nonpositive(_mm512_sub_ps(vm, mn)));
-    const __m512 c = _mm512_maskz_mov_ps(sees, exp_nonpositive(_mm512_sub_ps(vmx, mn)));
-    _mm512_mask_storeu_ps(w.alpha.data() + r, in, alpha);
-    _mm512_mask_storeu_ps(cs + r, in, c);
-    _mm512_mask_storeu_ps(w.m.data() + r, in, _mm512_mask_blend_ps(sees, vm, mn));
-  }
-  // (3) e = exp(x - mx) (largest exactly 1), l += c * sum(e), and the weights c * e_j * dv_j,b as uint8 e_j * dvn_b
-  // with the step c * dvs_b.
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = w.s.data() + r * kKeys;
-    uint8_t* wq = w.wq.data() + r * nb * kKeys;
-    float* wd = w.wd.data() + r * nb;
-    const float c = cs[r];
-    if (!(c > 0.0f)) {  // sees none of these keys (or all of them weigh < e^-87 of the largest): weights 0
-      w.l[size_t(r)] *= w.alpha[size_t(r)];
-      std::memset(wq, 0, size_t(nb * kKeys));
-      std::fill(wd, wd + nb, 0.0f);
-      continue;
+  // (1) each block's maximum, 4 rows x 4 blocks per reduction tree (-inf for a block the row sees none of), the scores
+  // of keys a row does not see set to -inf in place (only in a block it sees in part).
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    __m512 v[16];
+    for (int i = 0; i < 16; ++i) {
+      const int64_t r = r0 + i / 4, blk = i % 4;
+      if (r >= rows || blk >= nblk) {
+        v[i] = ninf;
+        continue;
+      }
+      float* x = w.s.data() + r * kQ8ChunkKeys + blk * kKeys;
+      const int64_t seen = w.visible[size_t(r)] - blk * kKeys;
+      __m512 x0, x1;
+      if (seen >= kKeys) {
+        x0 = _mm512_loadu_ps(x);
+        x1 = _mm512_loadu_ps(x + 16);
+      } else {
+        const __m512i sn = _mm512_set1_epi32(int(std::max<int64_t>(seen, 0)));
+        x0 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(lanes, sn), ninf, _mm512_loadu_ps(x));
+        x1 = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), sn), ninf,
+                                  _mm512_loadu_ps(x + 16));
+        _mm512_storeu_ps(x, x0);
+        _mm512_storeu_ps(x + 16, x1);
+      }
+      v[i] = _mm512_max_ps(x0, x1);
     }
-    const __m512 top = _mm512_set1_ps(mx[r]);
-    const __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row), top));  // masked keys: exp(-inf) = 0
-    const __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + 16), top));
-    w.l[size_t(r)] = w.l[size_t(r)] * w.alpha[size_t(r)] + c * _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-    for (int64_t b = 0; b < nb; ++b) {  // e * dvn in [0, 255]: rounded to nearest, saturated (rounding can add ulps)
-      const __m512i u0 = _mm512_cvtps_epu32(_mm512_mul_ps(e0, dvn[2 * b]));
-      const __m512i u1 = _mm512_cvtps_epu32(_mm512_mul_ps(e1, dvn[2 * b + 1]));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys), _mm512_cvtusepi32_epi8(u0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(wq + b * kKeys + 16), _mm512_cvtusepi32_epi8(u1));
-      wd[b] = c * dvs[b];
+    _mm512_storeu_ps(w.mxb.data() + r0 * CB, reduce16(v, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); }));
+  }
+  // (2) per row: m_new = max(m, the chunk's maxima); alpha = exp(m - m_new) rescales the accumulator (1 when the max
+  // stays, past the first blocks the common case; m = -inf before the first: alpha 0 on a zero accumulator).
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* mb = w.mxb.data() + r * CB;
+    float mx = mb[0];
+    for (int64_t blk = 1; blk < nblk; ++blk) mx = std::max(mx, mb[blk]);
+    float& m = w.m[size_t(r)];
+    if (mx > m) {
+      w.alpha[size_t(r)] = std::exp(m - mx);
+      m = mx;
+    } else {
+      w.alpha[size_t(r)] = 1.0f;
     }
+    for (int64_t blk = 0; blk < CB; ++blk) w.mref[size_t(r * CB + blk)] = m;
+  }
+  // (3) c = exp(mxb - m), the block's largest probability (every probability of it is c * exp(x - mxb)); 0 for a block
+  // the row does not see (-inf - m, or -inf - -inf = NaN: exp_nonpositive gives 0 for both).
+  for (int64_t e = 0; e < rows * CB; e += 16) {
+    const __mmask16 in = rows * CB - e >= 16 ? __mmask16(0xffff) : __mmask16((1u << (rows * CB - e)) - 1u);
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(w.mxb.data() + e), _mm512_maskz_loadu_ps(in, w.mref.data() + e));
+    _mm512_mask_storeu_ps(w.c.data() + e, in, exp_nonpositive(x));
+  }
+  // (4) per block, for all rows: dv_j,b * 255 / max_j dv_j,b (dvn) and max_j dv_j,b / 255 (dvs), keys that exist.
+  __m512 dvn[CB][2 * 16];  // nb <= 16
+  float dvs[CB][16];
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const __m512i nkb = _mm512_set1_epi32(int(std::min<int64_t>(kKeys, nk - blk * kKeys)));
+    const __mmask16 in0 = _mm512_cmplt_epi32_mask(lanes, nkb);
+    const __mmask16 in1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lanes, sixteen), nkb);
+    const uint16_t* vb = vs + blk * nb * kKeys;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512 d0 = _mm512_maskz_mov_ps(in0, f16x16(vb + b * kKeys));
+      const __m512 d1 = _mm512_maskz_mov_ps(in1, f16x16(vb + b * kKeys + 16));
+      const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(d0), _mm512_abs_ps(d1)));
+      const __m512 f = _mm512_set1_ps(mx > 0.0f ? 255.0f / mx : 0.0f);
+      dvn[blk][2 * b] = _mm512_mul_ps(d0, f);
+      dvn[blk][2 * b + 1] = _mm512_mul_ps(d1, f);
+      dvs[blk][b] = mx / 255.0f;
+    }
+  }
+  // (5) per row and block: e = exp(x - mxb) (largest exactly 1), l += c * sum(e) (16 partial sums), and the weights
+  // c * e_j * dv_j,b as uint8 e_j * dvn_b (rounded to nearest, saturated: rounding can add ulps) with the step
+  // c * dvs_b. A block with c = 0 (not seen, or all its keys weigh < e^-87 of the largest) gets the step 0: its
+  // bytes (whatever they hold) weigh nothing.
+  const int64_t wqb = wq_bytes(nb);
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512 L = _mm512_mul_ps(_mm512_loadu_ps(w.l16.data() + r * 16), _mm512_set1_ps(w.alpha[size_t(r)]));
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      const float c = w.c[size_t(r * CB + blk)];
+      float* wd = w.wd.data() + (r * CB + blk) * nb;
+      if (!(c > 0.0f)) {
+        std::fill(wd, wd + nb, 0.0f);
+        continue;
+      }
+      const float* x = w.s.data() + r * kQ8ChunkKeys + blk * kKeys;
+      const __m512 top = _mm512_set1_ps(w.mxb[size_t(r * CB + blk)]);
+      const __m512 e0 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x), top));  // masked keys: exp(-inf) = 0
+      const __m512 e1 = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + 16), top));
+      L = _mm512_fmadd_ps(_mm512_set1_ps(c), _mm512_add_ps(e0, e1), L);
+      uint8_t* wq = w.wq.data() + (r * CB + blk) * wqb;
+      for (int64_t b = 0; b < nb; b += 2) {
+        const __m512i u0 = _mm512_packus_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(e0, dvn[blk][2 * b])),
+                                               _mm512_cvtps_epi32(_mm512_mul_ps(e1, dvn[blk][2 * b + 1])));
+        const __m512i u1 = b + 1 < nb ? _mm512_packus_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(e0, dvn[blk][2 * b + 2])),
+                                                            _mm512_cvtps_epi32(_mm512_mul_ps(e1, dvn[blk][2 * b + 3])))
+                                      : _mm512_setzero_si512();
+        _mm512_storeu_si512(wq + (b / 2) * 64, _mm512_packus_epi16(u0, u1));
+      }
+      for (int64_t b = 0; b < nb; ++b) wd[b] = c * dvs[blk][b];
+    }
+    _mm512_storeu_ps(w.l16.data() + r * 16, L);
   }
 }
 
@@ -244,63 +335,72 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   thread_local std::vector<float> partials;  // [units, splits, slot], only when the keys are split
   if (splits > 1) partials.resize(size_t(units * splits * slot));
   float* const parts = partials.data();
+  const int64_t wqb = wq_bytes(nb);
 
   pool.parallel_for(units * splits, [&](int64_t task, int) {
     thread_local Q8Scratch w;
+    constexpr int64_t CB = kQ8ChunkBlocks;
     const int64_t unit = task / splits, split = task % splits;
     const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;  // the longest (last) query blocks first
     const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
     w.q8.resize(size_t(rows * hd));
     w.qd.resize(size_t(rows * nb));
     w.qcorr.resize(size_t(rows * nb));
-    w.s.resize(size_t(rows * kKeys));
-    w.wq.resize(size_t(rows * nb * kKeys));
-    w.wd.resize(size_t(rows * nb));
+    w.s.resize(size_t(rows * kQ8ChunkKeys));
+    w.mxb.resize(size_t((rows + 3) / 4 * 4 * CB));
+    w.mref.resize(size_t(rows * CB));
+    w.c.resize(size_t(rows * CB));
+    w.wq.resize(size_t(rows * CB * wqb));
+    w.wd.resize(size_t(rows * CB * nb));
     w.acc.assign(size_t(rows * hd), 0.0f);
     w.m.assign(size_t(rows), -INFINITY);
-    w.l.assign(size_t(rows), 0.0f);
+    w.l16.assign(size_t(rows * 16), 0.0f);
     w.alpha.resize(size_t(rows));
-    w.mx.resize(size_t(rows));
-    w.c.resize(size_t(rows));
     w.visible.resize(size_t(rows));
     load_queries(a, h, t0, t1, g, w);
     const int64_t kend = std::min(a.start + t1, (split + 1) * blocks_per_split * kKeys);  // causal end of the range
-    for (int64_t s0 = split * blocks_per_split * kKeys; s0 < kend; s0 += kKeys) {
-      const int nk = int(std::min<int64_t>(kKeys, kend - s0));
-      const int64_t tile = h * tiles + s0 / kKeys;
-      const int8_t* kt = a.k + tile * hd * kKeys;  // [hd/4][32][4]
+    for (int64_t c0 = split * blocks_per_split * kKeys; c0 < kend; c0 += CB * kKeys) {
+      const int64_t nk = std::min(CB * kKeys, kend - c0), nblk = (nk + kKeys - 1) / kKeys;
+      const int64_t tile = h * tiles + c0 / kKeys;
+      const int8_t* kt = a.k + tile * hd * kKeys;  // [hd/4][32][4] per tile, tiles consecutive
       const int8_t* vt = a.v + tile * hd * kKeys;  // [8][hd][4]
       const uint16_t* kst = a.ks + tile * nb * kKeys;
       const uint16_t* vst = a.vs + tile * nb * kKeys;
-      const bool fetch = s0 + kQ8PrefetchBlocks * kKeys < kend;  // fetched a few lines a step while this block computes
-      const char* pfk = fetch ? reinterpret_cast<const char*>(kt + kQ8PrefetchBlocks * hd * kKeys) : nullptr;
-      const char* pfv = fetch ? reinterpret_cast<const char*>(vt + kQ8PrefetchBlocks * hd * kKeys) : nullptr;
-      if (fetch)
-        for (int64_t i = 0; i < nb * kKeys * 2; i += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kst + kQ8PrefetchBlocks * nb * kKeys) + i, _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(vst + kQ8PrefetchBlocks * nb * kKeys) + i, _MM_HINT_T1);
-        }
-      for_row_groups<4>(rows, [&](auto R, int64_t r) {
-        q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, w.qcorr.data() + r * nb, hd, kt, kst,
-                     w.s.data() + r * kKeys, r == 0 ? pfk : nullptr);
-      });
+      for (int64_t blk = 0; blk < nblk; ++blk) {
+        // K and the scales a few blocks ahead, fetched a few lines a step while this block computes (V: q8_values)
+        const bool fetch = c0 + (blk + kQ8PrefetchBlocks) * kKeys < kend;
+        const char* pfk = fetch ? reinterpret_cast<const char*>(kt + (blk + kQ8PrefetchBlocks) * hd * kKeys) : nullptr;
+        if (fetch)
+          for (int64_t i = 0; i < nb * kKeys * 2; i += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(kst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(vst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
+          }
+        for_row_groups<4>(rows, [&](auto R, int64_t r) {
+          q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, w.qcorr.data() + r * nb, hd,
+                       kt + blk * hd * kKeys, kst + blk * nb * kKeys, w.s.data() + r * kQ8ChunkKeys + blk * kKeys,
+                       kQ8ChunkKeys, r == 0 ? pfk : nullptr);
+        });
+      }
       for (int64_t r = 0; r < rows; ++r)
-        w.visible[size_t(r)] = std::min<int64_t>(a.start + t0 + r / g + 1 - s0, nk);
-      softmax_and_weights(w, rows, nb, vst, nk);
-      for_row_groups<8>(rows, [&](auto R, int64_t r) {
-        q8_values<R>(w.wq.data() + r * nb * kKeys, w.wd.data() + r * nb, w.alpha.data() + r, hd, vt,
-                     w.acc.data() + r * hd, r == 0 ? pfv : nullptr);
+        w.visible[size_t(r)] = std::clamp<int64_t>(a.start + t0 + r / g + 1 - c0, 0, nk);
+      softmax_and_weights(w, rows, nb, nblk, vst, nk);
+      // the V tiles kQ8PrefetchBlocks ahead that are in the range (fetched by the first row group)
+      const int64_t nfetch = std::clamp<int64_t>((kend - c0 + kKeys - 1) / kKeys - kQ8PrefetchBlocks, 0, nblk);
+      const char* pfv = reinterpret_cast<const char*>(vt + kQ8PrefetchBlocks * hd * kKeys);
+      for_row_groups<4>(rows, [&](auto R, int64_t r) {
+        q8_values<R>(w.wq.data() + r * CB * wqb, w.wd.data() + r * CB * nb, w.alpha.data() + r, nb, nblk, wqb, hd,
+                     vt, w.acc.data() + r * hd, r == 0 && nfetch > 0 ? pfv : nullptr, nfetch * hd * kKeys);
       });
     }
     if (splits > 1) {  // leave the partial for the merge
       float* p = parts + task * slot;
       std::copy(w.m.begin(), w.m.end(), p);
-      std::copy(w.l.begin(), w.l.end(), p + rows);
+      for (int64_t r = 0; r < rows; ++r) p[rows + r] = _mm512_reduce_add_ps(_mm512_loadu_ps(w.l16.data() + r * 16));
       std::copy(w.acc.begin(), w.acc.end(), p + 2 * rows);
       return;
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const float inv = 1.0f / w.l[size_t(r)];
+      const float inv = 1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(w.l16.data() + r * 16));
       float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
       for (int64_t i = 0; i < hd; ++i) out[i] = w.acc[size_t(r * hd + i)] * inv;
     }

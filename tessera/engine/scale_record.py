@@ -85,16 +85,22 @@ def mark_checked(parts: list[dict], opened_at: float, folder: Path | None = None
 
 def prune(folder: Path | None = None) -> int:
     """Removes records whose files are gone or changed (and unreadable ones); returns how many."""
-    folder = folder or default_folder()
+    return prune_records(folder or default_folder(), "check", CHECK_VERSION)
+
+
+def prune_records(folder: str | os.PathLike[str], version_key: str, version: int) -> int:
+    """Removes the JSON records in `folder` (each {version_key: ..., "parts": [identity, ...]}) that are of another
+    version, unreadable, or whose parts' files are gone or changed; returns how many. Shared by every store keyed by
+    file identities (this one, engine.source_digest)."""
     removed = 0
     try:
-        records = list(folder.glob("*.json"))
+        records = list(Path(folder).glob("*.json"))
     except OSError:
         return 0
     for rec in records:
         try:
             d = json.loads(rec.read_text(encoding="utf-8"))
-            stale = d.get("check") != CHECK_VERSION or not all(_unchanged(p) for p in d["parts"])
+            stale = d.get(version_key) != version or not all(_unchanged(p) for p in d["parts"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             stale = True
         if stale:

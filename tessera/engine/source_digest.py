@@ -163,28 +163,4 @@ def _record_name(parts: list[dict]) -> str:
 
 def prune(folder: str | os.PathLike) -> int:
     """Removes records whose files are gone or changed, of another version, or unreadable; returns how many."""
-    removed = 0
-    try:
-        records = list(Path(folder).glob("*.json"))
-    except OSError:
-        return 0
-    for rec in records:
-        try:
-            d = json.loads(rec.read_text(encoding="utf-8"))
-            stale = d.get("version") != DIGEST_VERSION or not all(_unchanged(p) for p in d["parts"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            stale = True
-        if stale:
-            try:
-                rec.unlink()
-                removed += 1
-            except OSError:
-                pass
-    return removed
-
-
-def _unchanged(part: dict) -> bool:
-    try:
-        return scale_record.identity(part["path"], os.stat(part["path"])) == part
-    except OSError:
-        return False
+    return scale_record.prune_records(folder, "version", DIGEST_VERSION)

@@ -1,5 +1,9 @@
 """The "Serve this model" panel with the real worker and the demo model: off until a model is loaded, the toggle
-starts a server whose URL, key and model name are shown and copyable, and turning it off stops it."""
+starts a server whose URL, key and model name are shown and copyable, and turning it off stops it.
+
+The worker's signals reach the panel queued to this thread, while pytest-qt's waitSignal handler runs in the worker
+thread the moment the signal is emitted: its loop can end before the panel's slot has run. So each step waits for
+what the panel shows (qtbot.waitUntil), not for the worker's signal."""
 
 from __future__ import annotations
 
@@ -21,16 +25,18 @@ def test_toggle_serves_and_shows_what_to_copy(qtbot):
     panel = ServePanel()
     qtbot.addWidget(panel)
     worker.state_changed.connect(panel.set_state)
+    errors = []
+    worker.failed.connect(errors.append)
     worker.serving.connect(panel.show_state)
     panel.serve_requested.connect(lambda on, network, port: worker.serve(on, network, 0))  # a free port in tests
     try:
         assert not panel.toggle.isEnabled()  # nothing loaded yet
-        with qtbot.waitSignal(worker.state_changed, timeout=60000):
-            worker.load(str(DEMO), "Auto", 2, 0)
-        assert panel.toggle.isEnabled()
-        with qtbot.waitSignal(worker.serving, timeout=30000):
-            panel.toggle.setChecked(True)
-        assert panel.toggle.isChecked() and panel.url.text().startswith("http://127.0.0.1:")
+        worker.load(str(DEMO), "Auto", 2, 0)
+        qtbot.waitUntil(lambda: panel.toggle.isEnabled() or bool(errors), timeout=60000)
+        assert panel.toggle.isEnabled(), errors
+        panel.toggle.setChecked(True)
+        qtbot.waitUntil(lambda: panel.url.text() != "" or "Not serving" in panel.status.text(), timeout=30000)
+        assert panel.toggle.isChecked() and panel.url.text().startswith("http://127.0.0.1:"), panel.status.text()
         assert panel.key.text().startswith("tsk-") and panel.model.text() == "tessera-demo-moe"
         assert not panel.port.isEnabled() and "Serving" in panel.status.text()
         models = httpx.get(panel.url.text() + "/models", headers={"Authorization": f"Bearer {panel.key.text()}"})
@@ -38,8 +44,8 @@ def test_toggle_serves_and_shows_what_to_copy(qtbot):
         panel.key.copy_button.click()
         assert QGuiApplication.clipboard().text() == panel.key.text()
         url = panel.url.text()
-        with qtbot.waitSignal(worker.serving, timeout=30000):
-            panel.toggle.setChecked(False)
+        panel.toggle.setChecked(False)
+        qtbot.waitUntil(panel.port.isEnabled, timeout=30000)
         assert panel.url.text() == "" and panel.key.text() == "" and panel.port.isEnabled()
         try:
             httpx.get(url.removesuffix("/v1") + "/health", timeout=5)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from smaps import mapping_field
 
 from tessera.engine import huge_pages
 from tessera.engine.kv_cache import KVCache
@@ -14,16 +15,7 @@ from tessera.engine.kv_cache import KVCache
 
 def _vm_flags(address: int) -> list[str]:
     """The VmFlags of the mapping holding `address` in /proc/self/smaps."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+    return mapping_field(address, "VmFlags")
 
 
 @pytest.mark.parametrize("shape,dtype", [((0,), torch.int8), ((3, 5), torch.float32), ((4, 1024, 1024), torch.int8),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from smaps import mapping_field
 
 from tessera.engine import readahead
 
@@ -91,17 +92,7 @@ def test_a_session_stops_its_read_ahead_when_closed(tiny_gguf_model, monkeypatch
 
 def _mapping_rss(mapped) -> int:
     """Bytes of `mapped`'s pages in this process's page tables: the Rss of its mapping in /proc/self/smaps."""
-    start = mapped.ctypes.data
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= start < hi
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("the map is not in /proc/self/smaps")
+    return int(mapping_field(mapped.ctypes.data, "Rss")[0]) * 1024
 
 
 def _populate_supported() -> bool:
