@@ -135,6 +135,7 @@ SHAPES = [  # nh, nkv, hd, start, T: decode, prefill, prefill after a cached pre
     (4, 4, 32, 31, 33), (6, 2, 96, 64, 65), (3, 1, 32, 1, 16), (16, 4, 64, 7, 5),
     (32, 4, 128, 30, 1), (32, 4, 128, 31, 1), (32, 4, 128, 32, 1), (32, 4, 128, 8190, 1), (32, 4, 128, 1000, 19),
     (16, 2, 64, 4000, 3), (3, 1, 32, 2047, 1),
+    (8, 2, 512, 700, 1), (8, 2, 160, 333, 3),  # the largest head dim (16 dim blocks) and an odd number of dim blocks
 ]
 
 
