@@ -34,6 +34,10 @@ print(torch.__version__, "CUDA " + v if v else "CPU build")' 2>/dev/null || echo
   pip_quiet .venv/bin/python -m pip install -q --no-build-isolation -e ".${TESSERA_EXTRAS:+[$TESSERA_EXTRAS]}"
   echo "$want" > "$stamp"
 fi
+# Tessera's own modules compiled to bytecode now: an editable install leaves that to the first import, and where
+# PYTHONDONTWRITEBYTECODE is set (containers, CI) it never happens, so every command compiled them again: 0.2-0.3 s
+# of each `tessera-cli generate` (Zen 4, 2 cores, docs/BENCHMARKS.md session 8). Up-to-date files cost a stat each.
+.venv/bin/python -m compileall -q tessera >/dev/null 2>&1 || true
 # tests/packaging validates the launcher's .desktop entry with desktop-file-validate (Debian: desktop-file-utils).
 if [ -n "$TESSERA_EXTRAS" ] && ! command -v desktop-file-validate >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

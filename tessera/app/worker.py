@@ -70,6 +70,10 @@ class EngineApi:
              gpu_use: str = "off", gpu_experts: int = 0, kv_cache_type: str = "bf16") -> Session:
         """The engine clamps `context_length` to the model's trained context."""
         from tessera import engine
+        from tessera.engine import preload
+
+        if gpu_use not in ("cuda", "twin"):  # the model's torch-free load work overlaps the first `import torch`
+            preload.start(path, backend=backend, cancel=cancel)  # (engine.preload; engine.load takes it)
         from tessera.engine.hybrid import PlacementSettings
 
         placement = None
@@ -85,6 +89,8 @@ class EngineApi:
         except BaseException:
             torch.set_num_threads(threads_before)  # the model that stays loaded keeps its threads
             raise
+        finally:
+            preload.discard(path)  # one that no load took (none: engine.load takes it first thing)
 
     def ram_available(self) -> int:
         """Bytes of RAM free now (psutil's `available`: what can be had without swapping)."""

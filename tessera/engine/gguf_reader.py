@@ -23,14 +23,16 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from tessera.engine import quants
 from tessera.engine.errors import ModelFormatError
+
+if TYPE_CHECKING:  # not imported here: engine.preload opens a file before `import torch` (quants.to_torch imports it)
+    import torch
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS

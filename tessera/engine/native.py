@@ -511,7 +511,7 @@ def make_backend(
             blob = None
             if layer in keys:
                 blob = cache.load(keys[layer], sizes[layer], lambda b, e=experts: _check_dims(concrete, b, e),
-                                  what=f"layer {layer}")
+                                  what=f"layer {layer}", workers=pool.size)
             if blob is not None:
                 stats.cached_layers += 1
                 stats.per_layer[layer] = "cached"

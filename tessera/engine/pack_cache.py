@@ -51,13 +51,17 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from tessera.engine.errors import TesseraError
-from tessera.engine.experts import LayerExperts
-from tessera.engine.quantized import QuantizedTensor
+
+if TYPE_CHECKING:  # imported where used: engine.preload opens this cache's files before `import torch`
+    import torch
+
+    from tessera.engine.experts import LayerExperts
+    from tessera.engine.quantized import QuantizedTensor
 
 FORMAT = 3  # of the files below; part of every key (2: the blob's SHA-256 in the header, checked at every load)
 MAGIC = b"TESSPC3\0"
@@ -91,6 +95,10 @@ def default_root() -> Path:
 def _as_bytes(t: torch.Tensor | QuantizedTensor) -> np.ndarray:
     """A uint8 view of a contiguous CPU tensor (no copy when it already is one; bf16 has no numpy dtype), or the
     stored blocks of a QuantizedTensor."""
+    import torch
+
+    from tessera.engine.quantized import QuantizedTensor
+
     if isinstance(t, QuantizedTensor):
         return t.raw.reshape(-1)
     t = t.detach().to("cpu").contiguous()
@@ -118,31 +126,97 @@ def layer_digest(experts: LayerExperts, workers: int | None = None) -> bytes:
 
 def _type_name(t: torch.Tensor | QuantizedTensor) -> str:
     """The stored type: a torch dtype ("torch.bfloat16"), or a GGML block type ("Q4_K") for quantized experts."""
+    from tessera.engine.quantized import QuantizedTensor
+
     return t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
 
 
-def fingerprint(blob: np.ndarray) -> bytes:
+def fingerprint(blob: np.ndarray, workers: int = 1, chunk: int = _CHUNK, populate: bool = True) -> bytes:
     """The integrity check of a packed blob: SHA-256 of its length and of the wrapping sum of the 512 little-endian
     uint64 words of each 4 KiB page (the last page zero-padded), in page order. Any change that alters some page's sum
     changes it: truncation, zeroed or garbage pages, any single flipped bit (see the top of this file for what it
     misses and why that is the right trade). Reads every byte once, at memory speed; on a fresh map of a file each
-    chunk is populated first (MADV_POPULATE_READ: one call maps its pages, instead of a fault per 64 kB)."""
-    from tessera.engine import readahead
-
+    chunk is populated first (MADV_POPULATE_READ: one call maps its pages, instead of a fault per 64 kB).
+    `workers` > 1: the chunks' page sums on that many threads (the populate and numpy's sum release the GIL; the
+    page-table work of the populate is per core), hashed in order, so the digest is the same. `chunk`: bytes a
+    thread sums at a time, a multiple of PAGE (any gives the same digest; engine.preload takes bigger ones: each
+    chunk waits for the GIL a few times, and while torch is imported each wait is up to the switch interval).
+    `populate` False: the pages are mapped by the sum's page faults instead (slower, ~5 GB/s, but a fault takes only
+    its VMA's lock, where MADV_POPULATE_READ holds the process's mmap lock for the whole chunk and so stalls every
+    mmap of another thread meanwhile: engine.preload's check beside `import torch`, which maps libraries)."""
     data = blob.reshape(-1).view(np.uint8)
     head = hashlib.sha256(struct.pack("<Q", data.nbytes))
-    for off in range(0, data.nbytes, _CHUNK):
-        chunk = data[off : off + _CHUNK]
+    chunk = max(PAGE, chunk - chunk % PAGE)
+    pieces = [data[off : off + chunk] for off in range(0, data.nbytes, chunk)]
+    if workers > 1 and len(pieces) > 1:
+        with ThreadPoolExecutor(min(workers, len(pieces)), thread_name_prefix="tessera-fingerprint") as ex:
+            sums = list(ex.map(lambda piece: _page_sums(piece, populate), pieces))
+    else:
+        sums = [_page_sums(piece, populate) for piece in pieces]
+    for s in sums:
+        head.update(s)
+    return head.digest()
+
+
+def _page_sums(chunk: np.ndarray, populate: bool = True) -> bytes:
+    """The little-endian uint64 sums of `chunk`'s 4 KiB pages (its last page zero-padded), populated first."""
+    from tessera.engine import readahead
+
+    if populate:
         start = chunk.ctypes.data
         aligned = start & ~(PAGE - 1)
         readahead.madvise(aligned, start + chunk.nbytes - aligned, readahead.MADV_POPULATE_READ)  # errors: faults
-        whole = chunk.nbytes - chunk.nbytes % PAGE
-        head.update(chunk[:whole].view("<u8").reshape(-1, PAGE // 8).sum(axis=1, dtype="<u8").tobytes())
-        if whole < chunk.nbytes:
-            tail = np.zeros(PAGE, np.uint8)
-            tail[: chunk.nbytes - whole] = chunk[whole:]
-            head.update(tail.view("<u8").sum(dtype="<u8").tobytes())
-    return head.digest()
+    whole = chunk.nbytes - chunk.nbytes % PAGE
+    out = chunk[:whole].view("<u8").reshape(-1, PAGE // 8).sum(axis=1, dtype="<u8").tobytes()
+    if whole < chunk.nbytes:
+        tail = np.zeros(PAGE, np.uint8)
+        tail[: chunk.nbytes - whole] = chunk[whole:]
+        out += tail.view("<u8").sum(dtype="<u8").tobytes()
+    return out
+
+
+@dataclass
+class Opened:
+    """A packed-weight file as `open_checked` found it: its header, its size, and the checked map of its blob."""
+
+    header: bytes
+    size: int
+    blob: np.ndarray
+
+
+def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int = 1,
+                 chunk: int = _CHUNK, populate: bool = True) -> tuple[Opened | None, str]:
+    """Map the blob of the file of `key` at `path` and check it: the header (magic, format, key, `nbytes`: None takes
+    the header's own size, as engine.preload does before it knows the size expected) and the fingerprint of the blob,
+    computed on the map returned. (Opened, "") or (None, why it fails). Raises OSError (FileNotFoundError: the file
+    is not there) and struct.error as reading it does."""
+    with open(path, "rb") as f:
+        raw = f.read(HEADER_BYTES)
+        size = os.fstat(f.fileno()).st_size
+        if nbytes is None and len(raw) >= _HEADER.size:
+            nbytes = _HEADER.unpack(raw[: _HEADER.size])[3]
+        why = PackCache._header_problem(raw, key, nbytes or 0, size)
+        if why:
+            return None, why
+        blob = np.memmap(f, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(nbytes,))
+    if fingerprint(blob, workers, chunk, populate) != _HEADER.unpack(raw[: _HEADER.size])[5]:
+        return None, "does not match its checksum (damaged on disk)"
+    return Opened(raw, size, blob), ""
+
+
+def manifest_name(model: str, backend: str) -> str:
+    """The file name under models/ of one model+backend's record."""
+    return f"{hashlib.sha256(f'{model}|{backend}'.encode()).hexdigest()[:24]}.json"
+
+
+def recorded_keys(root: Path, model: str, backend: str) -> list[str]:
+    """The keys the last load of `model` with `backend` used, from its record under `root` (read only); [] when
+    there is none or it cannot be read."""
+    try:
+        keys = json.loads((root / "models" / manifest_name(model, backend)).read_text(encoding="utf-8"))["keys"]
+        return [k for k in keys if isinstance(k, str) and re.fullmatch(r"[0-9a-f]{1,64}", k)]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return []
 
 
 def layer_key(identity: dict, experts: LayerExperts, digest: bytes) -> str:
@@ -254,9 +328,11 @@ class PackCache:
     def has(self, key: str) -> bool:
         return self.usable and self.layer_path(key).is_file()
 
-    def load(self, key: str, nbytes: int, validate: Callable[[np.ndarray], None], what: str = "") -> np.ndarray | None:
+    def load(self, key: str, nbytes: int, validate: Callable[[np.ndarray], None], what: str = "",
+             workers: int = 1) -> np.ndarray | None:
         """The verified blob of `key` (of `nbytes`), or None when absent or not valid (then the file is deleted with a
-        notice and the caller repacks). `validate` raises ValueError for a blob the backend rejects.
+        notice and the caller repacks). `validate` raises ValueError for a blob the backend rejects. `workers`:
+        threads for the fingerprint.
 
         The blob is a copy-on-write memory map of the file's data (HEADER_BYTES = 128 in: 64-byte aligned, as the
         kernels want), used in place as the GGUF file is: its pages are the page cache's, one copy in RAM. Read into
@@ -264,19 +340,24 @@ class PackCache:
         on a machine where the model file, the packs and that second copy do not fit, every warm load read the packs
         from disk again (BF16 8 layers on 24 GB: 15 s of a 25 s load, docs/BENCHMARKS.md). The checksum pass reads
         every page once, so the map is populated before the first forward. The file is replaced only by rename
-        (store), never rewritten in place, so a map stays valid when another process evicts or re-stores the key."""
+        (store), never rewritten in place, so a map stays valid when another process evicts or re-stores the key.
+
+        A file engine.preload opened and checked before this load asked (while `import torch` ran) is taken from it:
+        the same checks on the same kind of map, made earlier; its header is checked again against `nbytes`."""
+        from tessera.engine import preload
+
         if not self.usable:
             return None
         path = self.layer_path(key)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(HEADER_BYTES)
-                why = self._header_problem(raw, key, nbytes, os.fstat(f.fileno()).st_size)
-                if why:
+            early = preload.take_pack(path)
+            if early is not None and not self._header_problem(early.header, key, nbytes, early.size):
+                blob = early.blob
+            else:
+                opened, why = open_checked(path, key, nbytes, workers)
+                if opened is None:
                     return self._discard(path, why, what)
-                blob = np.memmap(f, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(nbytes,))
-            if fingerprint(blob) != _HEADER.unpack(raw[: _HEADER.size])[5]:
-                return self._discard(path, "does not match its checksum (damaged on disk)", what)
+                blob = opened.blob
             validate(blob)
         except FileNotFoundError:
             return None  # evicted by another process meanwhile
@@ -330,7 +411,7 @@ class PackCache:
 
     # -- models, budget, eviction
     def _manifest_path(self, model: str, backend: str) -> Path:
-        return self.models_dir / f"{hashlib.sha256(f'{model}|{backend}'.encode()).hexdigest()[:24]}.json"
+        return self.models_dir / manifest_name(model, backend)
 
     def models(self) -> list[ModelEntry]:
         """Recorded loads, least recently used first; unreadable manifests are skipped (and removed if writable)."""

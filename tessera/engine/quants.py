@@ -8,12 +8,16 @@ temporaries.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 
 from tessera.engine.errors import ModelFormatError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: engine.preload reads headers before `import torch`
+    import torch
 
 T = GGMLQuantizationType
 
@@ -28,8 +32,6 @@ FLOAT_TYPES: dict[T, np.dtype] = {
 # and IQ4_XS presets write, with the fallbacks it uses for rows that do not split into 256 (Q5_0, Q5_1, IQ4_NL).
 QUANT_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)
 SUPPORTED: tuple[T, ...] = (*FLOAT_TYPES, *QUANT_TYPES)
-
-TORCH_DTYPE = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 
 
 def type_name(raw_type: int) -> str:
@@ -85,6 +87,8 @@ def dequantize(raw: np.ndarray, qtype: T, shape: tuple[int, ...], chunk_bytes: i
 
 def to_torch(raw: np.ndarray, qtype: T, shape: tuple[int, ...]) -> torch.Tensor:
     """Stored data -> torch tensor: float types as zero-copy views in their stored dtype, quant types as float32."""
+    import torch
+
     if qtype in FLOAT_TYPES:
         t = torch.from_numpy(raw)
         return t.view(torch.bfloat16) if qtype == T.BF16 else t

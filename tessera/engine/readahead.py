@@ -110,6 +110,38 @@ def start(paths: Iterable[str | os.PathLike[str]], ranges: Ranges = None) -> Rea
     return ReadAhead(paths, ranges)
 
 
+def read_in_place(gguf, backend: str) -> list[list[tuple[int, int]]] | None:
+    """Per part of an open GGUF model (engine.gguf_reader.GGUFModel), the (start, stop) byte ranges the loaded model
+    reads through its map: everything but the routed experts stored as floats (bf16, f16, f32). A native expert
+    backend reads those only to pack them, and not at all when their packs come from the packed-weight cache: a BF16
+    file's experts are 10.6 of its 11.2 GB, and mapping them at every warm load cost ~0.2-0.5 s (populate) or a disk
+    read of 10.6 GB (cold read-ahead) that nothing used. Packing them (the first load) reads them by page faults
+    instead. None (all of it) for the Torch backend, which computes with them in place. Needs no torch (engine.preload
+    calls it before torch is imported)."""
+    from tessera.engine import quants
+    from tessera.engine.backends import TORCH, resolve
+    from tessera.engine.errors import TesseraError
+
+    try:
+        if resolve(backend)[0] == TORCH:
+            return None
+    except TesseraError:
+        return None  # the load says what is wrong with the name
+    out = []
+    for part in gguf.files:
+        skip = sorted((t.offset, t.offset + t.nbytes) for t in part.tensors.values()
+                      if "_exps." in t.name and t.ggml_type not in quants.QUANT_TYPES)
+        ranges, at = [], 0
+        for a, b in skip:
+            if a > at:
+                ranges.append((at, a))
+            at = max(at, b)
+        if at < part.file_size:
+            ranges.append((at, part.file_size))
+        out.append(ranges)
+    return out
+
+
 def resident_fraction(maps: Sequence[np.ndarray | None], ranges: Ranges = None) -> float:
     """The share of `maps`' pages (`ranges`: per map, of those byte ranges only) in the page cache now (mincore(2)),
     estimated from SAMPLE_PAGES pages at the start of every SAMPLE_STRIDE bytes (all of a small file); 0.0 on error.
@@ -157,6 +189,49 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
         for piece in work:
             one(piece)
     return errno.errorcode.get(failed[0], str(failed[0])) if failed else None
+
+
+class SharedPopulate:
+    """A populate that several threads work on together, a piece at a time: engine.preload's thread starts it while
+    torch is imported, and the load's thread joins in (`work`, with helpers) when it has nothing else left to do.
+    `touch`: map each piece by reading a byte of every page (page faults; the kernel maps the cached pages around
+    each fault, ~16 at a time) instead of MADV_POPULATE_READ. Same speed on a cached file (24-layer Q8_0, 16.6 GB,
+    Zen 4: 1.04-1.08 s on one thread, 0.54 on two; the madvise 0.51 on two), but a fault takes only its VMA's lock,
+    where the madvise holds the process's mmap lock for the whole piece and stalls every mmap of another thread
+    meanwhile: beside `import torch` (which maps its libraries) a one-thread madvise populate made the import 0.9 s
+    longer (docs/BENCHMARKS.md, session 8). `failed`: the errno name that stopped a madvise, or None."""
+
+    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK,
+                 touch: bool = False):
+        page = os.sysconf("SC_PAGE_SIZE")
+        chunk = max(page, chunk - chunk % page)
+        self._pieces: list[tuple[np.ndarray, int, int]] = []
+        for i, mapped in enumerate(maps):
+            if mapped is None:
+                continue
+            for start, stop in [(0, mapped.nbytes)] if ranges is None else ranges[i]:
+                start, stop = start - start % page, min(stop, mapped.nbytes)
+                self._pieces += [(mapped, off, min(off + chunk, stop)) for off in range(start, stop, chunk)]
+        self._next, self._lock, self._cancel, self._touch, self._page = 0, threading.Lock(), cancel, touch, page
+        self.failed: str | None = None
+
+    def work(self) -> None:
+        """Maps pieces until none is left (or one failed, or `cancel` is set); returns when this thread's last
+        piece is done (another thread's may still run)."""
+        while True:
+            with self._lock:
+                if self.failed or self._next >= len(self._pieces) or (self._cancel is not None
+                                                                      and self._cancel.is_set()):
+                    return
+                mapped, start, stop = self._pieces[self._next]
+                self._next += 1
+            if self._touch:
+                mapped.view(np.uint8)[start:stop:self._page].sum()  # numpy releases the GIL for the loop
+                continue
+            err = madvise(mapped.ctypes.data + start, stop - start, MADV_POPULATE_READ)
+            if err:
+                with self._lock:
+                    self.failed = self.failed or errno.errorcode.get(err, str(err))
 
 
 def madvise(address: int, length: int, advice: int) -> int:

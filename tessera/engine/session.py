@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.engine import readahead
+from tessera.engine import preload, readahead
 from tessera.engine.chat_tokens import ChatPrompt
 from tessera.engine.errors import Cancelled, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
@@ -51,25 +51,24 @@ def load(
     from tessera.engine.weights import load_weights, open_model
 
     path = Path(path)
-    _check_kv_cache_type(kv_cache_type)
-    if threads is not None:
-        if threads < 1:
-            raise TesseraError("--threads", f"must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    model = open_model(path)  # every header read once, here
-    # A file (nearly) all in the page cache: its pages into the map the weights are views of, now (CPU only, ~0.07 s
-    # a GB: cheaper than the page faults decode would take on first touches; a nice-19 thread doing it beside the
-    # first forward slowed decode on 2 cores). Otherwise the file into the page cache on a thread, in file order,
-    # while the loader and the first forward walk it.
-    # Only the parts the model reads through the map: not the routed experts a native backend packs (`_read_in_place`).
-    ahead = None
-    if model.gguf is not None:
-        maps = [part.mapping for part in model.gguf.files]
-        ranges = _read_in_place(model.gguf, backend)
-        if readahead.resident_fraction(maps, ranges) >= readahead.POPULATE_WHEN_CACHED:
-            readahead.populate(maps, cancel, ranges)
-        else:
-            ahead = readahead.start((part.path for part in model.gguf.files), ranges)
+    pre = preload.take(path)  # the torch-free part of this load, begun before `import torch` (engine.preload)
+    try:
+        _check_kv_cache_type(kv_cache_type)
+        if threads is not None:
+            if threads < 1:
+                raise TesseraError("--threads", f"must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        model = open_model(path, gguf=None if pre is None else pre.model())  # every header read once, here
+    except BaseException:
+        if pre is not None:
+            pre.release(close_model=True)
+        raise
+    # The preload's thread does the pages when it opened this very file for this backend; it is waited for at the end.
+    pages_early = pre is not None and model.gguf is not None and pre.opened(model.gguf) and pre.backend == backend
+    if pre is not None and not pages_early:
+        pre.release(close_model=True)
+        pre = None
+    ahead = None if pages_early else _pages(model, backend, cancel)
     try:
         info = inspect_model(model, kv_cache_type=kv_cache_type)
         weights = load_weights(model, progress=progress, cancel=cancel)
@@ -79,42 +78,35 @@ def load(
         session = Session(path, weights, tokenizer, info, backend=backend, threads=threads,
                           context_length=context_length, progress=progress, prefix_cache_bytes=prefix_cache_bytes,
                           placement=placement, twin=twin, kv_cache_type=kv_cache_type)
+        if pre is not None:  # its populate done before the first forward; its read-ahead the session's
+            pre.wait()
+            ahead = pre.ahead if pre.pages_done else _pages(model, backend, cancel)
     except BaseException:
+        if pre is not None:
+            pre.release(close_model=True)
         if ahead is not None:
             ahead.stop()
         raise
+    if pre is not None:
+        pre.release()
     session.readahead = ahead
     return session
 
 
-def _read_in_place(gguf, backend: str) -> list[list[tuple[int, int]]] | None:
-    """Per part of a GGUF model, the (start, stop) byte ranges the loaded model reads through its map: everything but
-    the routed experts stored as floats (bf16, f16, f32). A native expert backend reads those only to pack them, and
-    not at all when their packs come from the packed-weight cache: a BF16 file's experts are 10.6 of its 11.2 GB, and
-    mapping them at every warm load cost ~0.2-0.5 s (populate) or a disk read of 10.6 GB (cold read-ahead) that
-    nothing used. Packing them (the first load) reads them by page faults instead. None (all of it) for the Torch
-    backend, which computes with them in place."""
-    from tessera.engine import quants
-    from tessera.engine.backends import TORCH, resolve
-
-    try:
-        if resolve(backend)[0] == TORCH:
-            return None
-    except TesseraError:
-        return None  # the load says what is wrong with the name
-    out = []
-    for part in gguf.files:
-        skip = sorted((t.offset, t.offset + t.nbytes) for t in part.tensors.values()
-                      if "_exps." in t.name and t.ggml_type not in quants.QUANT_TYPES)
-        ranges, at = [], 0
-        for a, b in skip:
-            if a > at:
-                ranges.append((at, a))
-            at = max(at, b)
-        if at < part.file_size:
-            ranges.append((at, part.file_size))
-        out.append(ranges)
-    return out
+def _pages(model, backend: str, cancel: threading.Event | None) -> readahead.ReadAhead | None:
+    """A GGUF file (nearly) all in the page cache: its pages into the map the weights are views of, now (CPU only,
+    ~0.07 s a GB: cheaper than the page faults decode would take on first touches; a nice-19 thread doing it beside
+    the first forward slowed decode on 2 cores). Otherwise the file into the page cache on a thread, in file order,
+    while the loader and the first forward walk it (returned: the session stops it when closed). Only the parts the
+    model reads through the map: not the routed experts a native backend packs (readahead.read_in_place)."""
+    if model.gguf is None:
+        return None
+    maps = [part.mapping for part in model.gguf.files]
+    ranges = readahead.read_in_place(model.gguf, backend)
+    if readahead.resident_fraction(maps, ranges) >= readahead.POPULATE_WHEN_CACHED:
+        readahead.populate(maps, cancel, ranges)
+        return None
+    return readahead.start((part.path for part in model.gguf.files), ranges)
 
 
 def _check_kv_cache_type(name: str) -> None:

@@ -70,9 +70,11 @@ class ModelFile:
         return "gguf" if self.gguf is not None else "hf"
 
 
-def open_model(path: str | os.PathLike[str]) -> ModelFile:
+def open_model(path: str | os.PathLike[str], gguf: GGUFModel | None = None) -> ModelFile:
     """Open a `.gguf` file (or the first of its split parts) or a Hugging Face folder (or a file in one) and check
-    it against the table. Reads headers only. Raises ModelFormatError naming the file and the problem."""
+    it against the table. Reads headers only. Raises ModelFormatError naming the file and the problem.
+    `gguf`: that file already opened (engine.preload opens it while torch is imported), checked here as if just
+    opened."""
     p = Path(path)
     if not p.is_dir() and p.suffix.lower() in PICKLE_SUFFIXES:
         raise refuse_pickle(p)
@@ -82,7 +84,7 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
         return ModelFile(folder, hf.config, check_hf_tensors(hf, str(folder)), hf=hf)
     if not p.exists():
         raise ModelFormatError(str(p), "does not exist")
-    f = open_gguf_model(p)
+    f = gguf if gguf is not None else open_gguf_model(p)
     cfg = ModelConfig.from_gguf(f.metadata, str(p), f.tensors.keys())
     return ModelFile(p, cfg, check_gguf_tensors(cfg, {n: t.shape for n, t in f.tensors.items()}, str(p)), gguf=f)
 

@@ -222,7 +222,7 @@ def bf16_gguf(tmp_path_factory):
 def test_a_native_load_leaves_out_the_float_experts_it_packs(bf16_gguf, tiny_gguf_model):
     """A bf16 (or f32) file's routed experts are read only to be packed: not populated nor read ahead at load. The Torch
     backend computes with them in place: all of the file."""
-    from tessera.engine.session import _read_in_place
+    from tessera.engine.readahead import read_in_place as _read_in_place
     from tessera.engine.weights import open_model
 
     for path in (bf16_gguf, tiny_gguf_model):
@@ -238,7 +238,7 @@ def test_a_native_load_leaves_out_the_float_experts_it_packs(bf16_gguf, tiny_ggu
 
 def test_a_quantized_file_s_experts_are_read_in_place_so_all_of_it_is_populated(tmp_path):
     from tessera.engine.make_model import make_model
-    from tessera.engine.session import _read_in_place
+    from tessera.engine.readahead import read_in_place as _read_in_place
     from tessera.engine.weights import open_model
 
     path = make_model(tmp_path / "q.gguf", preset="tiny-kquant", fmt="gguf", dtype="q8_0")

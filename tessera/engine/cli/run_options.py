@@ -115,6 +115,20 @@ def _print_load_notice(event) -> None:
         print(f"note: {event.detail}", file=sys.stderr)
 
 
+def start_preload(args) -> bool:
+    """For a command that loads a local model on the CPU (generate, chat, bench, serve: the load flags): begin the
+    torch-free part of its load on a thread (engine.preload), so that it runs while torch is imported. True when one
+    was begun (cli.main drops it if no load takes it). Not with a placement (rules file, --device, --gpu-experts,
+    --twin) or --remote: those loads are left as they were."""
+    if not hasattr(args, "kv_cache_type") or getattr(args, "remote", None) is not None or args.model is None:
+        return False
+    if args.placement is not None or args.device is not None or args.gpu_experts is not None or args.twin:
+        return False
+    from tessera.engine import preload
+
+    return preload.start(args.model, backend=args.backend) is not None
+
+
 def load_session(args):
     from tessera import engine
 
