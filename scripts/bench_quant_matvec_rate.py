@@ -4,17 +4,24 @@ read bandwidth probed beside it. If the in-cache rate of one thread is not well 
 kernel's instructions, not the memory, set decode's speed.
 
     python scripts/bench_quant_matvec_rate.py [--types Q4_K,Q6_K] [--threads 1,2] [--rounds 5] [--isa avx512_vnni]
+                                              [--file-map DIR]
 
 Sizes (rows x 2048 values): L2 (per thread ~0.4 MB), L3 (~8 MB), memory (~600 MB, several matrices in turn so no
 pass finds the previous one's rows in the L3). Prints one line per (type, threads, size): median GB/s of weight
 bytes over --rounds rounds, each round the best of batches over ~0.3 s. Figures only: no assertion.
+--file-map DIR adds "file map": the memory-size matrices written to a file in DIR, then read through a read-only
+shared map of it (the page cache's 4 KiB pages, as the model's GGUF map is read), populated first; numpy's own arrays
+(the other rows) are anonymous memory, which numpy advises onto transparent huge pages where the kernel allows.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -40,12 +47,32 @@ def _rate(ws, qtype: int, x, outs, pool, isa: str, seconds: float) -> float:
     return nbytes / best / 1e9
 
 
+def _file_mapped(ws, folder: str) -> list:
+    """The same matrices, read through a read-only shared map of a file holding them (page-cache pages), populated
+    by one read pass. The file is unlinked at once: the map keeps it alive until the process ends."""
+    fd, path = tempfile.mkstemp(dir=folder, suffix=".blocks")
+    with os.fdopen(fd, "wb") as f:
+        for w in ws:
+            f.write(w.numpy().tobytes())
+    m = np.memmap(path, dtype=np.uint8, mode="r")
+    os.unlink(path)
+    int(m[::4096].sum())  # fault every page into the map
+    out, off = [], 0
+    for w in ws:
+        with warnings.catch_warnings():  # read-only: the kernels never write their weights
+            warnings.simplefilter("ignore", UserWarning)
+            out.append(torch.from_numpy(np.asarray(m[off:off + w.nbytes]).reshape(w.shape)))
+        off += w.nbytes
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", default="Q4_K,Q6_K")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--isa", default="avx512_vnni")
+    p.add_argument("--file-map", metavar="DIR", help="also read the memory-size matrices from a file map in DIR")
     a = p.parse_args()
     rng = np.random.default_rng(0)
     x = torch.randn(1, K)
@@ -59,6 +86,8 @@ def main() -> None:
         }
         mats = {s: [torch.from_numpy(random_blocks(tname, 1, r, K, rng)[0]) for _ in range(n)]
                 for s, (r, n) in sizes.items()}
+        if a.file_map:
+            mats["file map"] = _file_mapped(mats["memory"], a.file_map)
         for th in [int(t) for t in a.threads.split(",")]:
             pool = nat.Pool(th)
             for s, ws in mats.items():

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "amx_vec.h"
+#include "vnni_asm.h"
 
 #include "isa_target.h"
 
@@ -43,47 +44,53 @@ inline __m512i two_digit_dot(__m512i hi, __m512i lo, int32_t corr) {
 // MR token rows x NB n-blocks from nb. The tiles of one n-block are consecutive, so its tile rows form one panel of
 // Kp / 4 rows of 64 bytes (row q: 16 lanes x K quad q), read front to back. VPDPBUSD with the stored (+128, unsigned)
 // weight row as the u8 operand and 4 activation bytes (hi or lo digit) broadcast as s8.
+// Registers: the 2 x MR x NB int32 accumulators (24 at 3 x 4), NB weight rows and 2 broadcasts fill the 32 zmm, so
+// every m/b loop is unrolled by pragma and each dot is vnni_asm.h's tied-register asm (GCC 12 kept the accumulator
+// arrays of the intrinsic form on the stack: a copy in, a copy out and a store around every vpdpbusd, as in
+// moe_avx512_int8.cpp before session 7). The f32 sums per (row, n-block) live in memory (facc), added to once per
+// group in the same order as before: bit-identical.
 template <int MR, int NB>
 void i8_block(const MatLayout& L, const uint8_t* W, const int8_t* A, int64_t lda, const float* ascale,
               const int32_t* corr, int64_t nb, float* C, int64_t ldc) {
   const size_t panel = static_cast<size_t>(L.kblocks) * kBTileBytes;
   const uint8_t* P = L.tile(W, nb, 0);
   const int64_t quads = L.group / 4;
-  __m512 facc[MR][NB];
-  for (int i = 0; i < MR; ++i)
-    for (int b = 0; b < NB; ++b) facc[i][b] = _mm512_setzero_ps();
+  alignas(64) float facc[MR][NB][16];
+  _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
+    _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) _mm512_store_ps(facc[i][b], _mm512_setzero_ps());
   for (int64_t g = 0; g < L.ngroups; ++g) {
     __m512i hi[MR][NB], lo[MR][NB];
-    for (int i = 0; i < MR; ++i)
-      for (int b = 0; b < NB; ++b) hi[i][b] = lo[i][b] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
+      _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) hi[i][b] = lo[i][b] = _mm512_setzero_si512();
     for (int64_t q = g * quads; q < (g + 1) * quads; ++q) {
       __m512i w[NB];
-      for (int b = 0; b < NB; ++b) {
+      _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
         const uint8_t* p = P + b * panel + q * 64;
         _mm_prefetch(reinterpret_cast<const char*>(p + 1024), _MM_HINT_T0);
         w[b] = _mm512_load_si512(p);
       }
-      for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
         const __m512i ah = bcast_quad(A + i * lda + 4 * q), al = bcast_quad(A + i * lda + L.Kp + 4 * q);
-        for (int b = 0; b < NB; ++b) {
-          hi[i][b] = _mm512_dpbusd_epi32(hi[i][b], w[b], ah);
-          lo[i][b] = _mm512_dpbusd_epi32(lo[i][b], w[b], al);
+        _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
+          TESSERA_VPDPBUSD_ZMM(hi[i][b], w[b], ah);  // u8 weight row . s8 activation quad
+          TESSERA_VPDPBUSD_ZMM(lo[i][b], w[b], al);
         }
       }
     }
-    for (int b = 0; b < NB; ++b) {
+    _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
       const __m512 ws = _mm512_load_ps(L.scales(W, nb + b) + g * kTileN);
-      for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i) {
         const __m512i d = two_digit_dot(hi[i][b], lo[i][b], corr[i * L.ngroups + g]);
         const __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), ws),
                                        _mm512_set1_ps(ascale[i * L.ngroups + g]));
-        facc[i][b] = _mm512_add_ps(facc[i][b], p);
+        _mm512_store_ps(facc[i][b], _mm512_add_ps(_mm512_load_ps(facc[i][b]), p));
       }
     }
   }
-  for (int b = 0; b < NB; ++b) {
+  _Pragma("GCC unroll 8") for (int b = 0; b < NB; ++b) {
     const __mmask16 mask = lane_mask(L, nb + b);
-    for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(C + i * ldc + (nb + b) * kTileN, mask, facc[i][b]);
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; ++i)
+      _mm512_mask_storeu_ps(C + i * ldc + (nb + b) * kTileN, mask, _mm512_load_ps(facc[i][b]));
   }
 }
 

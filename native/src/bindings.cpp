@@ -24,6 +24,7 @@
 #include "tessera/probe.h"
 #include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
 #include "tessera/quant_decode.h"  // fused decode mat-vecs (quant_decode_bindings.inc)
+#include "tessera/step_profile.h"  // decode-step phase timers (decode_layer_bindings.inc)
 #include "tessera/tuning.h"
 
 namespace nb = nanobind;
@@ -342,6 +343,7 @@ NB_MODULE(_native, m) {
     d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
     d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
     d["vnni_gemm_min_tokens"] = t.vnni_gemm_min_tokens.load();
+    d["decode_rows"] = t.decode_rows.load();
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
     return d;
@@ -372,9 +374,13 @@ NB_MODULE(_native, m) {
       if (value < 0) throw nb::value_error("vnni_gemm_min_tokens: must be >= 0 (0: the kernels' default)");
       return t.vnni_gemm_min_tokens.exchange(value);
     }
+    if (name == "decode_rows") {
+      if (value < 0) throw nb::value_error("decode_rows: must be >= 0 (0: about 256 KiB of blocks a task)");
+      return t.decode_rows.exchange(value);
+    }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
                            " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens, "
-                           "vnni_gemm_min_tokens)").c_str());
+                           "vnni_gemm_min_tokens, decode_rows)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");

@@ -13,28 +13,18 @@
 #include "tessera/bf16.h"
 #include "tessera/dense.h"
 #include "tessera/quant_decode.h"
+#include "tessera/step_profile.h"
 
 namespace tessera {
 namespace {
 
 constexpr int64_t kF32Rows = 16;  // rows of an f32 weight per pool task
-constexpr int kLanes = 16;        // independent partial sums per f32 dot (the compiler keeps them in vector registers)
 
-// out[n] = sum_j w[n, j] x[j], f32 weights.
+// out[n] = sum_j w[n, j] x[j], f32 weights: dense_matvec_f32_rows (one fixed summation order on every ISA).
 void matvec_f32(const float* w, int64_t N, int64_t K, const float* x, float* out, ThreadPool& pool) {
   pool.parallel_for((N + kF32Rows - 1) / kF32Rows, [&](int64_t task, int) {
-    const int64_t n1 = std::min(N, (task + 1) * kF32Rows);
-    for (int64_t n = task * kF32Rows; n < n1; ++n) {
-      const float* r = w + n * K;
-      float acc[kLanes] = {};
-      int64_t j = 0;
-      for (; j + kLanes <= K; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] += r[j + l] * x[j + l];
-      float s = 0.0f;
-      for (; j < K; ++j) s += r[j] * x[j];
-      for (int l = 0; l < kLanes; ++l) s += acc[l];
-      out[n] = s;
-    }
+    const int64_t n0 = task * kF32Rows, n1 = std::min(N, n0 + kF32Rows);
+    dense_matvec_f32_rows(w + n0 * K, n1 - n0, K, x, out + n0);
   });
 }
 
@@ -104,10 +94,13 @@ void decode_matvec(const DecodeWeight& w, QIsa isa, const float* x, float* out, 
 }
 
 void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool& pool) {
+  prof::Recorder recorder(pool);  // TESSERA_PROFILE: phase timers (inactive inside decode_stack_step's)
+  prof::mark(prof::kInputNorm);
   const int64_t H = P.H, nh = P.nh, nkv = P.nkv, hd = P.hd;
   const size_t nH = static_cast<size_t>(H), nq = static_cast<size_t>(nh * hd), nk = static_cast<size_t>(nkv * hd);
   std::vector<float> xn(nH), q(nq), k(nk), v(nk), att(nq), o(nH);
   rms_norm(S.x, P.input_norm, H, P.eps, xn.data());
+  prof::mark(prof::kQkv);
 
   // q/k/v: the quantized ones in one dispatch with x quantized once (engine.dense.FusedMatvec), the 16-bit ones in
   // one dispatch too (dense_matvec_multi: bit-identical to one call each), f32 ones one by one.
@@ -126,6 +119,7 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   }
   if (!parts.empty()) quant_matvec_multi(P.isa, xn.data(), H, parts.data(), int(parts.size()), pool);
   if (!parts16.empty()) dense_matvec_multi(parts16.data(), int(parts16.size()), xn.data(), H, pool);
+  prof::mark(prof::kQkRopeKv);
 
   // Per-head q/k norms and RoPE; this position's K/V into the cache (bf16, nearest even, as torch's copy rounds; or
   // q8_0 blocks, as engine.kv_q8.quantize_q8_0 writes them).
@@ -151,37 +145,46 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
     }
   }
 
+  prof::mark(prof::kAttention);
   const float scale = float(std::pow(double(hd), -0.5));  // Python's hd**-0.5, then float as the binding takes it
   if (S.k8)
     attention_q8(AttentionQ8Args{q.data(), S.k8, S.ks, S.v8, S.vs, 1, nh, nkv, hd, S.C, S.start, scale, att.data()},
                  pool);
   else
     attention_bf16(AttentionArgs{q.data(), S.kt, S.v, 1, nh, nkv, hd, S.C, S.start, scale, att.data()}, pool);
+  prof::mark(prof::kOProj);
   decode_matvec(P.o, P.isa, att.data(), o.data(), pool);
+  prof::mark(prof::kPostNorm);
   for (int64_t i = 0; i < H; ++i) S.h[i] = S.x[i] + o[size_t(i)];
   rms_norm(S.h, P.post_norm, H, P.eps, S.normed);
   if (!P.has_router) return;
 
   const int64_t E = P.router.N;
   std::vector<float> logits(static_cast<size_t>(E));
+  prof::mark(prof::kRouter);
   decode_matvec(P.router, P.isa, S.normed, logits.data(), pool);
+  prof::mark(prof::kRoute);
   route(logits.data(), E, P.top_k, P.norm_topk, S.ids, S.weights);
   if (!S.experts) return;
 
   const DecodeExperts& X = *S.experts;
   std::vector<float> moe(static_cast<size_t>(H));
   if (X.packed_ops) {  // the backend's packed copy (a bf16 file's experts): its own T = 1 kernel
+    prof::mark(prof::kMoePacked);
     X.packed_ops->forward(X.packed, 1, P.top_k, S.ids, S.weights, S.normed, moe.data(), pool);
   } else {
     const QMoeArgs a{X.E, H, X.I, 1, P.top_k, X.gate, X.up, X.down, S.ids, S.weights, S.normed, moe.data()};
-    quant_moe_forward(X.isa, a, pool);
+    quant_moe_forward(X.isa, a, pool);  // marks its own phases (kMoeSetup ..)
   }
+  prof::mark(prof::kResidual);
   for (int64_t i = 0; i < H; ++i) S.out[i] = S.h[i] + moe[size_t(i)];
+  prof::mark(prof::kOther);
 }
 
 void decode_stack_step(const DecodeStackLayer* layers, int n, const float* x, const float* cos, const float* sin,
                        int64_t C, int64_t start, float* out, ThreadPool& pool) {
   if (n <= 0) return;
+  prof::Recorder recorder(pool);  // TESSERA_PROFILE: phase timers over the whole stack
   const size_t nH = static_cast<size_t>(layers[0].plan->H);
   std::vector<float> h(nH), normed(nH), ping(nH), pong(nH);
   const float* cur = x;

@@ -69,6 +69,30 @@ void dense_matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int
   }
 }
 
+// The order every f32-rows kernel follows (dense.h); no ISA flags here, so no fused multiply-adds.
+void dense_matvec_f32_rows_reference(const float* w, int64_t rows, int64_t K, const float* x, float* out) {
+  constexpr int kLanes = 16;
+  for (int64_t n = 0; n < rows; ++n) {
+    const float* r = w + n * K;
+    float acc[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= K; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += r[j + l] * x[j + l];
+    float s = 0.0f;
+    for (; j < K; ++j) s += r[j] * x[j];
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    out[n] = s;
+  }
+}
+
+void dense_matvec_f32_rows(const float* w, int64_t rows, int64_t K, const float* x, float* out) {
+  switch (pick()) {
+    case DenseKernel::AVX512: dense_isa::matvec_f32_rows_avx512(w, rows, K, x, out); break;
+    case DenseKernel::AVX2: dense_isa::matvec_f32_rows_avx2(w, rows, K, x, out); break;
+    default: dense_matvec_f32_rows_reference(w, rows, K, x, out); break;
+  }
+}
+
 bool dense_gemm_bf16_available() {
   static const bool ok = [] {
     const CpuFeatures& c = cpu_features();

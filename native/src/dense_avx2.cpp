@@ -22,6 +22,9 @@ struct V256 {
   static f load(const float* p) { return _mm256_loadu_ps(p); }
   static f fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
   static f add(f a, f b) { return _mm256_add_ps(a, b); }
+  static f mul(f a, f b) { return _mm256_mul_ps(a, b); }
+  static void store(float* p, f v) { _mm256_storeu_ps(p, v); }
+  static void opaque(f& v) { __asm__("" : "+x"(v)); }  // the compiler cannot fuse across it
   static float hsum(f v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -44,6 +47,10 @@ struct V256 {
 void dense_isa::matvec_avx2(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V256, 4, 2>(a, pool); }
 void dense_isa::matvec_multi_avx2(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
   dense_body::matvec_multi<V256>(parts, n, x, K, pool);
+}
+
+void dense_isa::matvec_f32_rows_avx2(const float* w, int64_t rows, int64_t K, const float* x, float* out) {
+  dense_body::f32_rows<V256>(w, rows, K, x, out);
 }
 
 }  // namespace tessera

@@ -22,6 +22,9 @@ struct V512 {
   static f load(const float* p) { return _mm512_loadu_ps(p); }
   static f fma(f a, f b, f c) { return _mm512_fmadd_ps(a, b, c); }
   static f add(f a, f b) { return _mm512_add_ps(a, b); }
+  static f mul(f a, f b) { return _mm512_mul_ps(a, b); }
+  static void store(float* p, f v) { _mm512_storeu_ps(p, v); }
+  static void opaque(f& v) { __asm__("" : "+v"(v)); }  // the compiler cannot fuse across it
   static float hsum(f v) { return _mm512_reduce_add_ps(v); }
   static void widen_bf16(const uint16_t* p, f& even, f& odd) {  // 32 bf16 = 16 pairs
     __m512i r = _mm512_loadu_si512(p);
@@ -39,6 +42,10 @@ struct V512 {
 void dense_isa::matvec_avx512(const DenseArgs& a, ThreadPool& pool) { dense_body::matvec<V512, 4, 4>(a, pool); }
 void dense_isa::matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool) {
   dense_body::matvec_multi<V512>(parts, n, x, K, pool);
+}
+
+void dense_isa::matvec_f32_rows_avx512(const float* w, int64_t rows, int64_t K, const float* x, float* out) {
+  dense_body::f32_rows<V512>(w, rows, K, x, out);
 }
 
 }  // namespace tessera

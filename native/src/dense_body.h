@@ -200,6 +200,48 @@ void matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int64_t K
   });
 }
 
+// f32 rows (dense_matvec_f32_rows): out[r] = w[r] . x, each row summed exactly as the portable loop in dense.cpp sums
+// it: 16 lanes, lane l adding w[j + l] * x[j + l] over j in steps of 16 (a rounded product, then a rounded sum: never
+// a fused multiply-add), the K % 16 tail summed in order from 0, then the 16 lanes added to it in order. So the result
+// is the same bits on every ISA. R rows at a time for independent chains; V::opaque keeps the compiler from fusing.
+template <class V, int R>
+inline void f32_block(const float* w, int64_t K, const float* x, float* out) {
+  constexpr int NV = 16 / V::W;
+  typename V::f acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+  int64_t j = 0;
+  for (; j + 16 <= K; j += 16) {
+    typename V::f xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = V::load(x + j + v * V::W);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) {
+        typename V::f p = V::mul(V::load(w + r * K + j + v * V::W), xv[v]);
+        V::opaque(p);
+        acc[r][v] = V::add(acc[r][v], p);
+      }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = 0.0f;
+    for (int64_t i = j; i < K; ++i) {
+      float p = w[r * K + i] * x[i];
+      __asm__("" : "+x"(p));  // no fused multiply-add, as above
+      s += p;
+    }
+    float lanes[16];
+    for (int v = 0; v < NV; ++v) V::store(lanes + v * V::W, acc[r][v]);
+    for (int l = 0; l < 16; ++l) s += lanes[l];
+    out[r] = s;
+  }
+}
+
+template <class V>
+inline void f32_rows(const float* w, int64_t rows, int64_t K, const float* x, float* out) {
+  int64_t n = 0;
+  for (; n + 4 <= rows; n += 4) f32_block<V, 4>(w + n * K, K, x, out + n);
+  for (; n < rows; ++n) f32_block<V, 1>(w + n * K, K, x, out + n);
+}
+
 }  // namespace dense_body
 }  // namespace
 }  // namespace tessera

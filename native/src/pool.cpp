@@ -20,9 +20,17 @@ namespace {
 
 int spin_microseconds() { return tuning().spin_us.load(std::memory_order_relaxed); }
 
+// TESSERA_PROFILE only (ThreadPool::stats): the clock, and a counter only its own thread writes.
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+void add(std::atomic<uint64_t>& a, uint64_t v) { a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed); }
+
 }  // namespace
 
-ThreadPool::ThreadPool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
+ThreadPool::ThreadPool(int nthreads)
+    : nthreads_(nthreads < 1 ? 1 : nthreads), profile_(tuning().profile), slots_(new StatSlot[size_t(nthreads_)]) {
   for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -54,6 +62,7 @@ void ThreadPool::worker_loop(int ith) {
     while (generation_.load(std::memory_order_acquire) == seen) {
       TESSERA_PAUSE();
       if (++spins % 64 == 0 && std::chrono::steady_clock::now() > deadline) {
+        if (profile_) add(slots_[size_t(ith)].sleeps, 1);
         sleepers_.fetch_add(1);
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return generation_.load() != seen; });
@@ -71,11 +80,19 @@ void ThreadPool::worker_loop(int ith) {
         continue;
       }
     }
+    const uint64_t t0 = profile_ ? now_ns() : 0;
     try {
       (*job_)(ith, nthreads_);
     } catch (...) {
       std::lock_guard<std::mutex> lk(error_mu_);
       if (!run_error_) run_error_ = std::current_exception();
+    }
+    if (profile_) {
+      StatSlot& st = slots_[size_t(ith)];
+      const uint64_t t1 = now_ns(), pub = published_ns_.load(std::memory_order_relaxed);
+      add(st.busy_ns, t1 - t0);
+      add(st.wake_ns, t0 > pub ? t0 - pub : 0);
+      add(st.joined, 1);
     }
     if (optional) {
       entered_.fetch_sub(1);
@@ -96,13 +113,17 @@ void ThreadPool::publish(bool optional) {
 
 void ThreadPool::run(const std::function<void(int, int)>& fn) {
   if (nthreads_ == 1) {
+    const uint64_t t0 = profile_ ? now_ns() : 0;
     fn(0, 1);
+    if (profile_) add(slots_[0].busy_ns, now_ns() - t0);
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mu_);
   job_ = &fn;
   run_error_ = nullptr;
   pending_.store(nthreads_ - 1, std::memory_order_relaxed);
+  const uint64_t t0 = profile_ ? now_ns() : 0;
+  if (profile_) published_ns_.store(t0, std::memory_order_relaxed);
   publish(false);
   std::exception_ptr mine;
   try {
@@ -110,10 +131,16 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   } catch (...) {
     mine = std::current_exception();
   }
+  const uint64_t t1 = profile_ ? now_ns() : 0;
   int spins = 0;
   while (pending_.load(std::memory_order_acquire) != 0) {
     TESSERA_PAUSE();
     if (++spins > 4096) std::this_thread::yield();
+  }
+  if (profile_) {
+    add(slots_[0].busy_ns, t1 - t0);
+    add(slots_[0].tail_ns, now_ns() - t1);
+    add(slots_[0].dispatches, 1);
   }
   job_ = nullptr;
   if (mine) std::rethrow_exception(mine);
@@ -129,13 +156,17 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
       fn(t, ith);
   };
   if (nthreads_ == 1 || n_tasks == 1) {
+    const uint64_t t0 = profile_ ? now_ns() : 0;
     grab(0, nthreads_);
+    if (profile_) add(slots_[0].busy_ns, now_ns() - t0);
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mu_);
   job_ = &grab;
   run_error_ = nullptr;
   open_.store(true);
+  const uint64_t t0 = profile_ ? now_ns() : 0;
+  if (profile_) published_ns_.store(t0, std::memory_order_relaxed);
   publish(true);
   std::exception_ptr mine;
   try {
@@ -143,15 +174,34 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
   } catch (...) {
     mine = std::current_exception();
   }
+  const uint64_t t1 = profile_ ? now_ns() : 0;
   open_.store(false);  // seq_cst with entered_: a worker either sees the job closed or is counted below
   int spins = 0;
   while (entered_.load() != 0) {
     TESSERA_PAUSE();
     if (++spins > 4096) std::this_thread::yield();
   }
+  if (profile_) {
+    add(slots_[0].busy_ns, t1 - t0);
+    add(slots_[0].tail_ns, now_ns() - t1);
+    add(slots_[0].dispatches, 1);
+  }
   job_ = nullptr;
   if (mine) std::rethrow_exception(mine);
   if (run_error_) std::rethrow_exception(run_error_);
+}
+
+ThreadPool::ThreadStats ThreadPool::stats(int ith) const {
+  ThreadStats s;
+  if (ith < 0 || ith >= nthreads_) return s;
+  const StatSlot& st = slots_[size_t(ith)];
+  s.busy_ns = st.busy_ns.load(std::memory_order_relaxed);
+  s.tail_ns = st.tail_ns.load(std::memory_order_relaxed);
+  s.wake_ns = st.wake_ns.load(std::memory_order_relaxed);
+  s.joined = st.joined.load(std::memory_order_relaxed);
+  s.sleeps = st.sleeps.load(std::memory_order_relaxed);
+  s.dispatches = st.dispatches.load(std::memory_order_relaxed);
+  return s;
 }
 
 void ThreadPool::lead_loop() {

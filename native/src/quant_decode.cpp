@@ -34,8 +34,12 @@ void quant_matvec_multi(QIsa isa, const float* x, int64_t K, const QMatvecPart* 
   kr.quantize_row(x, K, q.data(), d256.data(), bs16.data(), s16.data());
   const quant::ActRow xr{q.data(), d256.data(), bs16.data(), s16.data()};
 
+  // Rows per task, per part: kRowGroup, or with dot_direct ~kDecodeTaskBytes of blocks (quant::decode_task_rows).
+  std::vector<int64_t> rows(static_cast<size_t>(n_parts));
+  for (int p = 0; p < n_parts; ++p) rows[size_t(p)] = kr.dot_direct ? quant::decode_task_rows(parts[p].row_bytes) : kRowGroup;
   std::vector<int64_t> start(size_t(n_parts) + 1, 0);  // first task of each part
-  for (int p = 0; p < n_parts; ++p) start[size_t(p) + 1] = start[size_t(p)] + (parts[p].N + kRowGroup - 1) / kRowGroup;
+  for (int p = 0; p < n_parts; ++p)
+    start[size_t(p) + 1] = start[size_t(p)] + (parts[p].N + rows[size_t(p)] - 1) / rows[size_t(p)];
   // The tile path's per-thread scratch (ISAs without dot_direct): codes, A per 4 values, B per 16.
   struct Tile {
     std::vector<uint8_t> u;
@@ -50,9 +54,9 @@ void quant_matvec_multi(QIsa isa, const float* x, int64_t K, const QMatvecPart* 
   pool.parallel_for(start.back(), [&](int64_t task, int ith) {
     const size_t pi = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
     const QMatvecPart& P = parts[pi];
-    const int64_t n0 = (task - start[pi]) * kRowGroup, n1 = std::min(P.N, n0 + kRowGroup);
+    const int64_t n0 = (task - start[pi]) * rows[pi], n1 = std::min(P.N, n0 + rows[pi]);
     if (kr.dot_direct) {
-      float res[kRowGroup];
+      float res[quant::kDecodeMaxRows];
       kr.dot_direct(P.type, P.w + n0 * P.row_bytes, P.row_bytes, int(n1 - n0), K, &xr, 1, res);
       std::copy(res, res + (n1 - n0), P.out + n0);
       return;

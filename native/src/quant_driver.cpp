@@ -12,6 +12,7 @@
 
 #include "quant_kernels.h"
 #include "tessera/quant_decode.h"
+#include "tessera/step_profile.h"
 #include "tessera/tuning.h"
 
 namespace tessera {
@@ -217,6 +218,16 @@ float* task_buffer(int which, size_t n) {
 
 }  // namespace
 
+namespace quant {
+static_assert(kDecodeMaxRows <= kRowGroup * kTokenBlock, "the one-token res buffers hold kDecodeMaxRows rows");
+int64_t decode_task_rows(size_t row_bytes) {
+  const int64_t knob = tuning().decode_rows.load(std::memory_order_relaxed);
+  if (knob > 0) return std::min(knob, kDecodeMaxRows);
+  const int64_t rows = int64_t(kDecodeTaskBytes / std::max<size_t>(row_bytes, 1)) / 16 * 16;
+  return std::clamp(rows, kRowGroup, kDecodeMaxRows);
+}
+}  // namespace quant
+
 int quant_gemm_min_tokens(QIsa isa, QType t) {
   switch (isa) {
     case QIsa::AVX512VNNI: return vnni_gemm_min_tokens();
@@ -280,6 +291,7 @@ void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QM
 }
 
 void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
+  prof::mark(prof::kMoeSetup);  // TESSERA_PROFILE inside a decode step (tessera/step_profile.h); else nothing
   const Kernels& kr = kernels_for(isa);
   const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
   const bool wide_g = qtype_info(a.gate.type).wide, wide_u = qtype_info(a.up.type).wide,
@@ -312,6 +324,11 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
   // Tokens per pass: a runtime knob (tessera/tuning.h quant_moe_chunk_tokens, default 256, measured by the calibration).
   const int64_t chunk = std::max<int64_t>(1, tuning().quant_moe_chunk_tokens.load(std::memory_order_relaxed));
+  // Rows per task of each phase: kRowGroup, or at T = 1 on a direct-read kernel ~kDecodeTaskBytes of blocks
+  // (decode_task_rows; the res buffers below hold kDecodeMaxRows rows at nt = 1).
+  const bool decode_direct = a.T == 1 && kr.dot_direct;
+  const int64_t rows_gu = decode_direct ? quant::decode_task_rows(a.gate.row_bytes) : kRowGroup;
+  const int64_t rows_d = decode_direct ? quant::decode_task_rows(a.down.row_bytes) : kRowGroup;
   for (int64_t c0 = 0; c0 < a.T; c0 += chunk) {
     const int64_t T = std::min(chunk, a.T - c0);
     const int64_t* ids = a.ids + c0 * k;
@@ -323,6 +340,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     for (int64_t e = 0; e < E; ++e)
       if (!slots[size_t(e)].empty()) active.push_back(e);
 
+    prof::mark(prof::kMoeQuantX);
     xa.resize(T, H);
     pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
     if (prefill_vnni) {
@@ -333,25 +351,26 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     const ExpertPacking& pu = share_gu ? pk_g : pk_u;
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
+    prof::mark(prof::kMoeGateUp);
     act.resize(size_t(T * k * I));
     auto block_of = [&](int64_t e) {  // tokens per task
       return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
     };
-    auto tasks_of = [&](int64_t rows, int64_t e) {
+    auto tasks_of = [&](int64_t rows, int64_t rg_rows, int64_t e) {
       const int64_t tb = block_of(e);
-      return ((rows + kRowGroup - 1) / kRowGroup) * ((int64_t(slots[size_t(e)].size()) + tb - 1) / tb);
+      return ((rows + rg_rows - 1) / rg_rows) * ((int64_t(slots[size_t(e)].size()) + tb - 1) / tb);
     };
     std::vector<int64_t> start(active.size() + 1, 0);
-    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(I, active[i]);
+    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(I, rows_gu, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
-      const int64_t e = active[ai], local = task - start[ai], n_rg = (I + kRowGroup - 1) / kRowGroup;
+      const int64_t e = active[ai], local = task - start[ai], n_rg = (I + rows_gu - 1) / rows_gu;
       const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
       const int nt = int(s1 - s0);
-      const int64_t i0 = rg * kRowGroup;
-      const int R = int(std::min(I, i0 + kRowGroup) - i0);
+      const int64_t i0 = rg * rows_gu;
+      const int R = int(std::min(I, i0 + rows_gu) - i0);
       if (prefill_vnni && pk_g.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* g = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         float* u = task_buffer(1, size_t(kRowGroup * kGemmBlock));
@@ -388,6 +407,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     });
 
     // Quantize the activations of the used slots.
+    prof::mark(prof::kMoeQuantAct);
     std::vector<int64_t> used;
     for (int64_t i = 0; i < T * k; ++i)
       if (ids[i] >= 0) used.push_back(i);
@@ -400,17 +420,18 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
                    pool);
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
+    prof::mark(prof::kMoeDown);
     y.resize(size_t(T * k * H));
-    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, active[i]);
+    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, rows_d, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
-      const int64_t e = active[ai], local = task - start[ai], n_rg = (H + kRowGroup - 1) / kRowGroup;
+      const int64_t e = active[ai], local = task - start[ai], n_rg = (H + rows_d - 1) / rows_d;
       const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
       const int nt = int(s1 - s0);
-      const int64_t h0 = rg * kRowGroup;
-      const int R = int(std::min(H, h0 + kRowGroup) - h0);
+      const int64_t h0 = rg * rows_d;
+      const int R = int(std::min(H, h0 + rows_d) - h0);
       if (prefill_vnni && pk_d.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         quant::gemm_avx512_vnni_packed(a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R,
@@ -442,6 +463,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     });
 
     // Reduce: out[t] = sum_j weights[t, j] * y[t * k + j] over the slots that ran here.
+    prof::mark(prof::kMoeReduce);
     const float* wts = a.weights + c0 * k;
     float* out = a.out + c0 * H;
     pool.parallel_for(T, [&](int64_t t, int) {

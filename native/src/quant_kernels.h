@@ -28,6 +28,14 @@ constexpr int kTileRows = 4;
 constexpr int64_t kTokenBlock = 64;
 constexpr int64_t kRowGroup = 32;  // rows per driver task
 
+// Decode (one token) on a kernel with dot_direct: rows per pool task, so that a task streams ~kDecodeTaskBytes of
+// blocks in one sequential run (a multiple of 16 rows, at least kRowGroup, at most kDecodeMaxRows); the
+// TESSERA_DECODE_ROWS knob overrides it. dot_direct's one-token results do not depend on how many rows a call gets, so
+// the outputs are the same bits whatever the task size. Defined in quant_driver.cpp.
+constexpr size_t kDecodeTaskBytes = size_t(256) << 10;
+constexpr int64_t kDecodeMaxRows = 2048;
+int64_t decode_task_rows(size_t row_bytes);
+
 inline int64_t padded_k(int64_t K) { return (K + 63) / 64 * 64; }
 inline int64_t padded_k256(int64_t K) { return (K + 255) / 256 * 256; }
 inline int64_t padded_s16(int64_t K) { return padded_k256(K) / 16; }

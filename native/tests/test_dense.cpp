@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/bf16.h"
@@ -90,6 +91,40 @@ int tessera_dense_tests() {
           }
     }
   }
+  // f32 rows (the router at decode): every ISA kernel gives the reference loop's bits, on row counts around the 4-row
+  // blocks and K around the 16 lanes, in exactly-sized buffers; a NaN and an infinity stay where the reference puts them.
+  using F32Rows = void (*)(const float*, int64_t, int64_t, const float*, float*);
+  const std::pair<const char*, F32Rows> f32_kernels[] = {
+      {"AVX2", c.avx2 && c.fma && c.os_avx ? dense_isa::matvec_f32_rows_avx2 : nullptr},
+      {"AVX512", c.avx512f && c.os_avx512 ? dense_isa::matvec_f32_rows_avx512 : nullptr},
+      {"dispatch", dense_matvec_f32_rows}};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t rows : {1, 3, 4, 5, 9, 128})
+    for (int64_t K : {1, 15, 16, 17, 100, 2048, 2063}) {
+      std::vector<float> w(static_cast<size_t>(rows * K)), x(static_cast<size_t>(K)), want(static_cast<size_t>(rows));
+      for (auto& v : w) v = nd(rng);
+      for (auto& v : x) v = nd(rng) * 4.0f;
+      if (rows == 9 && K > 16) {
+        w[size_t(2 * K + 5)] = NAN;
+        w[size_t(6 * K + K - 1)] = INFINITY;
+      }
+      dense_matvec_f32_rows_reference(w.data(), rows, K, x.data(), want.data());
+      for (const auto& [name, fn] : f32_kernels) {
+        if (!fn) continue;
+        std::vector<float> got(size_t(rows), -1.0f);
+        fn(w.data(), rows, K, x.data(), got.data());
+        ++cases;
+        if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+          ++failures;
+          for (int64_t r = 0; r < rows; ++r)
+            if (std::memcmp(&got[size_t(r)], &want[size_t(r)], sizeof(float)) != 0) {
+              std::fprintf(stderr, "FAIL f32 rows %s rows=%lld K=%lld: out[%lld] = %.9g, reference %.9g\n", name,
+                           (long long)rows, (long long)K, (long long)r, got[size_t(r)], want[size_t(r)]);
+              break;
+            }
+        }
+      }
+    }
   std::printf("dense: %d cases, %d failed (dispatch picks %s)\n", cases, failures, dense_kernel_name());
   return failures;
 }

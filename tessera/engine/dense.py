@@ -35,6 +35,7 @@ Letters: T tokens, K input features, N output features.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -205,12 +206,43 @@ class FusedLinears:
         return outs
 
 
+# From how many tokens embedding_rows asks the kernel for all of a call's rows before reading any (prefill; decode's
+# one row a step gains nothing from it).
+ROWS_AHEAD_MIN_TOKENS = 16
+_MADV_WILLNEED = 3  # include/uapi/asm-generic/mman-common.h
+
+
+def _rows_ahead(base: int, row_bytes: int, n_rows: int, ids: torch.Tensor) -> None:
+    """madvise(WILLNEED) on the pages of rows `ids` of a table at address `base`: the kernel starts reading those of
+    them that are not in the page cache, all at once, and returns. A model's table is a view of the file's map (a BF16
+    file's: 622 MB for Qwen3-30B-A3B), populated at load, but on a machine whose page cache cannot hold the file and
+    its packed experts the rows a prompt picks may have been dropped since: then the gather below faulted them in one
+    at a time (BF16 8 layers on 24 GB, a 128-token prefill of random tokens: ~100 major faults, 70-190 ms of a
+    420-670 ms prefill, docs/BENCHMARKS.md session 8). Asked for together, the reads overlap. Cached pages cost a
+    lookup each; an error (no madvise, not a map) only costs the speed-up. The rows read are the same either way."""
+    from tessera.engine import readahead
+
+    for i in torch.unique(ids).tolist():
+        if not 0 <= i < n_rows:
+            continue  # the lookup itself says what is wrong with it
+        start = base + i * row_bytes
+        aligned = start - start % mmap.PAGESIZE
+        readahead.madvise(aligned, start + row_bytes - aligned, _MADV_WILLNEED)
+
+
 def embedding_rows(table: torch.Tensor | QuantizedMatrix, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` [T] of an embedding table [V, H] as float32 [T, H], on the table's device: a QuantizedMatrix
     dequantizes only those rows (exactly gguf.quants.dequantize, on the dense pool); a float table converts the rows
-    it picks (exact for f16/bf16)."""
+    it picks (exact for f16/bf16). On the CPU, from ROWS_AHEAD_MIN_TOKENS tokens on, the rows' pages are asked for
+    first, all at once (`_rows_ahead`)."""
     if isinstance(table, QuantizedMatrix):
+        raw = table.raw
+        if ids.numel() >= ROWS_AHEAD_MIN_TOKENS and raw.ndim == 2 and raw.flags["C_CONTIGUOUS"]:
+            _rows_ahead(raw.ctypes.data, raw.strides[0], raw.shape[0], ids.reshape(-1).cpu())
         return table.rows(ids, dense_pool())  # [T, H]
+    if (ids.numel() >= ROWS_AHEAD_MIN_TOKENS and table.device.type == "cpu" and table.dim() == 2
+            and table.is_contiguous()):
+        _rows_ahead(table.data_ptr(), table.stride(0) * table.element_size(), table.shape[0], ids.reshape(-1).cpu())
     return table[ids.to(table.device)].to(torch.float32)  # [T, H]
 
 

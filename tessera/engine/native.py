@@ -46,7 +46,8 @@ def physical_cores() -> int:
 
 def set_tuning_knob(name: str, value: int) -> int:
     """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
-    quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate) and returns its previous value;
+    quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate; decode_rows: rows per task of
+    the one-token mat-vecs, 0 = ~256 KiB of blocks) and returns its previous value;
     an unknown name is a ValueError naming it."""
     return int(_native.set_tuning_knob(name, int(value)))
 
@@ -632,6 +633,14 @@ def decode_stack_step(plans, experts, x, cos, sin, kts, vs, start: int, ids, wei
     counts int64 [L, E] (tokens routed to each expert) and out f32 [1, H] (the last layer's output). A q8_0 cache:
     `kts`/`vs` its int8 keys and values, `kss`/`vss` their float16 scales."""
     _native.decode_stack_step(plans, experts, x, cos, sin, kts, vs, start, ids, weights, counts, out, pool, kss, vss)
+
+
+def decode_profile(reset: bool = False) -> dict:
+    """TESSERA_PROFILE's timers inside the native decode step (native/include/tessera/step_profile.h), summed since the
+    last reset: {"enabled", "steps", "step_ms", "threads", "phases": {name: {"wall_ms", "marks", "dispatches",
+    "busy_ms" [per pool thread, 0 = the caller], "tail_ms", "wake_ms", "joined", "sleeps"}}}. With TESSERA_PROFILE unset
+    when the module was first used, "enabled" is False and nothing is counted (the timers cost nothing then)."""
+    return dict(_native.decode_profile(bool(reset)))
 
 
 def quant_moe_forward(gate_type, gate, up_type, up, down_type, down, expert_ids, weights, x, out, pool,

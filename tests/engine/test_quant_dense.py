@@ -196,3 +196,36 @@ def test_logits_agree_with_the_dequantized_f32_twin(quantized_file):
     r = compare_logits(twin, blocks)  # KL(twin || blocks), as convert --verify judges it
     assert r.top1_agreement >= 0.90, r
     assert r.mean_kl <= 0.01, r
+
+
+@pytest.mark.parametrize("qtype", [None, *TYPES], ids=lambda t: "bf16" if t is None else t.name)
+def test_embedding_rows_read_ahead_on_a_mapped_table_returns_the_same_rows(qtype, tmp_path, monkeypatch):
+    """From ROWS_AHEAD_MIN_TOKENS tokens on, the rows' pages are asked for first (madvise WILLNEED on the map): the
+    rows are the same as without it, every id is asked for once, and a bad id still fails in the lookup itself."""
+
+    if qtype is None:
+        w = torch.randn(300, 256).to(torch.bfloat16)
+        path = tmp_path / "table.bin"
+        w.view(torch.int16).numpy().tofile(path)
+        mapped = np.memmap(path, dtype=np.int16, mode="c", shape=(300, 256))
+        table, want = torch.from_numpy(mapped).view(torch.bfloat16), w.to(torch.float32)
+    else:
+        qm, want = _matrix(qtype, n=300, k=256)
+        path = tmp_path / "table.bin"
+        qm.raw.tofile(path)
+        table = QuantizedMatrix(np.memmap(path, dtype=np.uint8, mode="c", shape=qm.raw.shape), qtype, (300, 256),
+                                "token_embd.weight")
+    asked = []
+    from tessera.engine import readahead
+
+    monkeypatch.setattr(readahead, "madvise", lambda a, n, adv: asked.append((a, n, adv)) or 0)
+    ids = torch.tensor([5, 299, 0, 5, 17] * 4)  # 20 >= ROWS_AHEAD_MIN_TOKENS, repeats
+    assert dense.ROWS_AHEAD_MIN_TOKENS <= 20
+    rows = dense.embedding_rows(table, ids)
+    assert rows.dtype == torch.float32 and torch.equal(rows, want[ids])
+    assert len(asked) == 4 and all(adv == 3 and a % 4096 == 0 for a, _, adv in asked)
+    asked.clear()
+    dense.embedding_rows(table, ids[:5])  # decode-sized calls ask for nothing
+    assert not asked
+    with pytest.raises(IndexError):
+        dense.embedding_rows(table, torch.tensor([300] * 20))

@@ -45,7 +45,15 @@ void dense_matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int
 bool dense_gemm_bf16_available();
 void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool);
 
+// f32 rows (the router's weight at decode, decode_layer.cpp): out[r] = sum_j w[r, j] x[j] for r < rows, each row
+// summed in one fixed order (16 lanes of products then sums, never fused; the K % 16 tail; the lanes in order), so
+// every kernel gives the same bits: the ISA ones only read faster. Single-threaded: the caller splits the rows.
+void dense_matvec_f32_rows(const float* w, int64_t rows, int64_t K, const float* x, float* out);
+void dense_matvec_f32_rows_reference(const float* w, int64_t rows, int64_t K, const float* x, float* out);
+
 namespace dense_isa {
+void matvec_f32_rows_avx512(const float* w, int64_t rows, int64_t K, const float* x, float* out);
+void matvec_f32_rows_avx2(const float* w, int64_t rows, int64_t K, const float* x, float* out);
 void matvec_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_avx512.cpp (AVX-512F)
 void matvec_avx2(const DenseArgs& a, ThreadPool& pool);    // dense_avx2.cpp (AVX2 + FMA + F16C)
 void matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,6 +32,19 @@ class ThreadPool {
   // the caller can do other work (the GPU half); sync() waits for it and rethrows its exception. One job at a time.
   void submit(std::function<void()> job);
   void sync();
+
+  // Per-thread counters, kept only under TESSERA_PROFILE (tessera/step_profile.h reads them at phase boundaries);
+  // otherwise all zero. ith 0 is the caller of run()/parallel_for().
+  struct ThreadStats {
+    uint64_t busy_ns = 0;     // inside jobs (the caller: its own share, including jobs run inline)
+    uint64_t tail_ns = 0;     // the caller: after its share, waiting for the workers that joined
+    uint64_t wake_ns = 0;     // a worker: from the job's publication to its start, summed over the jobs it joined
+    uint64_t joined = 0;      // a worker: jobs joined
+    uint64_t sleeps = 0;      // a worker: times it fell asleep on the condition variable
+    uint64_t dispatches = 0;  // the caller: jobs published to the workers
+  };
+  bool profiling() const { return profile_; }
+  ThreadStats stats(int ith) const;
 
  private:
   void worker_loop(int ith);
@@ -61,6 +75,13 @@ class ThreadPool {
   std::function<void()> lead_job_;
   bool lead_has_job_ = false, lead_busy_ = false;
   std::exception_ptr lead_error_;
+  // TESSERA_PROFILE counters (stats()): one cache line per thread, written by that thread only.
+  struct alignas(64) StatSlot {
+    std::atomic<uint64_t> busy_ns{0}, tail_ns{0}, wake_ns{0}, joined{0}, sleeps{0}, dispatches{0};
+  };
+  const bool profile_;
+  std::unique_ptr<StatSlot[]> slots_;
+  std::atomic<uint64_t> published_ns_{0};  // when the current job was published (profile_ only)
 };
 
 }  // namespace tessera

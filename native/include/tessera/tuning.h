@@ -50,6 +50,10 @@ struct Tuning {
   // 0: the kernels' default (quant_kernels.h kGemmMinTokens, 12); never below 2 (one token is decode). Atomic: measured
   // by the calibration like quant_moe_chunk_tokens (calibrate.py VNNI_GEMM_MIN).
   std::atomic<int64_t> vnni_gemm_min_tokens{0};
+  // TESSERA_DECODE_ROWS: rows per pool task of the decode mat-vecs that read the blocks directly (quant_matvec_multi,
+  // the quantized MoE at T = 1, on AVX-512 VNNI); 0 (default): quant::decode_task_rows's rule, ~256 KiB of blocks a
+  // task (docs/BENCHMARKS.md, session 8: 32-row tasks streamed 25-35 % slower on Zen 4). Atomic: tests switch it.
+  std::atomic<int64_t> decode_rows{0};
 };
 
 // Constants the kernels keep fixed, and why none of them is a per-CPU knob (issue 16 item 3: no constant claims to
