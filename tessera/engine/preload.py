@@ -69,9 +69,25 @@ def start(path: str | os.PathLike[str], *, backend: str = "Auto", cancel: thread
     with _lock:
         if key in _started:
             return None
+        _import_what_the_thread_uses()
         pre = _started[key] = Preload(p, backend, cancel, cache_root)
     pre._thread.start()
     return pre
+
+
+def _import_what_the_thread_uses() -> None:
+    """Every module the thread's work imports, imported here, on the caller's thread, before it starts.
+
+    The thread must import nothing while the caller imports torch: two threads importing modules that import each
+    other in opposite orders make Python's import locks break the cycle by handing one of them a partly initialized
+    module (CI once saw `partially initialized module 'typing' has no attribute 'ClassVar'` from a `serve` run).
+    tests/engine/test_preload.py checks that a preload's thread adds nothing to sys.modules."""
+    import mmap  # noqa: F401 - numpy.memmap's own import
+
+    import platformdirs  # noqa: F401 - pack_cache.default_root
+    import psutil  # noqa: F401 - readahead._available_memory
+
+    from tessera.engine import backends, errors, gguf_reader, pack_cache, quants, readahead  # noqa: F401
 
 
 def take(path: str | os.PathLike[str]) -> Preload | None:

@@ -129,15 +129,18 @@ def test_a_pack_of_another_size_than_expected_is_opened_again(tmp_path, monkeypa
 
 
 def test_the_preload_needs_no_torch_and_the_cli_starts_it_before_torch(tiny_gguf_model, tmp_path):
-    """In a fresh process: the preload opens the file without importing torch, and `tessera-cli generate` has it
-    running when torch is first imported."""
+    """In a fresh process: the preload opens the file without importing torch or anything else on its thread, and
+    `tessera-cli generate` has it running when torch is first imported."""
     script = textwrap.dedent(f"""
         import sys
         from tessera.engine import preload
         pre = preload.start({str(tiny_gguf_model)!r}, backend="Reference")
+        imported = set(sys.modules)
         pre.wait(60)
         assert pre.error is None and pre.gguf is not None and pre.pages_done, pre.error
         assert "torch" not in sys.modules
+        # the thread imports nothing (start() did): imports on two threads at once can meet half-made modules
+        assert set(sys.modules) == imported, sorted(set(sys.modules) - imported)
         preload.discard()
         assert pre.gguf is None and not preload._started
 

@@ -120,8 +120,8 @@ def start_preload(args) -> bool:
     torch-free part of its load on a thread (engine.preload), so that it runs while torch is imported. True when one
     was begun (cli.main drops it if no load takes it). Not with a placement (rules file, --device, --gpu-experts,
     --twin) or --remote: those loads are left as they were."""
-    if not hasattr(args, "kv_cache_type") or getattr(args, "remote", None) is not None or args.model is None:
-        return False
+    if not hasattr(args, "placement") or getattr(args, "remote", None) is not None or args.model is None:
+        return False  # not a command with the load flags (`check` has --kv-cache-type and a model, not these)
     if args.placement is not None or args.device is not None or args.gpu_experts is not None or args.twin:
         return False
     from tessera.engine import preload
