@@ -14,6 +14,8 @@ namespace {
 
 const quant::Kernels& decode_kernels(QIsa isa) {
   switch (isa) {
+    case QIsa::AMXInt8:
+    case QIsa::AMXInt8Emu:  // decode is the AVX-512 VNNI mat-vec on every AMX CPU
     case QIsa::AVX512VNNI: return quant::kernels_avx512_vnni();
     case QIsa::AVX2: return quant::kernels_avx2();
     default: return quant::kernels_reference();

@@ -29,10 +29,21 @@ using quant::kRowGroup;  // rows per task: 8 tiles
 
 const Kernels& kernels_for(QIsa isa) {
   switch (isa) {
+    case QIsa::AMXInt8:
+    case QIsa::AMXInt8Emu:  // the VNNI kernels, with the tile GEMM for the prefill of some types (packed_gemm)
     case QIsa::AVX512VNNI: return quant::kernels_avx512_vnni();
     case QIsa::AVX2: return quant::kernels_avx2();
     default: return quant::kernels_reference();
   }
+}
+
+// The packed prefill GEMM of `isa` (gemm_avx512_vnni_packed's contract): on AMXInt8 the tile GEMM for the types that
+// have one (quant_gemm_amx.cpp), else the AVX-512 VNNI register GEMM.
+void packed_gemm(QIsa isa, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                 int nt, float* out) {
+  if ((isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu) && quant::gemm_amx_has(t))
+    return quant::gemm_amx_packed(t, w, row_bytes, R, K, tokens, nt, out, isa == QIsa::AMXInt8Emu);
+  quant::gemm_avx512_vnni_packed(t, w, row_bytes, R, K, tokens, nt, out);
 }
 
 // Quantized activations of n rows of K values (quant_kernels.h: Q8_K-style, one scale per 256).
@@ -67,7 +78,7 @@ struct Acts {
 // gemm_avx512_vnni whatever the other parts are: bit-identical to one call per part.
 constexpr int64_t kGemmBlock = 256;
 
-void matmul_gemm_avx512(const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
+void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
                         int n_parts, ThreadPool& pool) {
   Acts acts;
   acts.resize(T, K);
@@ -109,8 +120,8 @@ void matmul_gemm_avx512(const Kernels& kr, const float* x, int64_t T, int64_t K,
     const int64_t t0 = tb * kGemmBlock, t1 = std::min(T, t0 + kGemmBlock);
     const int nt = int(t1 - t0), R = int(std::min(P.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
     std::vector<float> res(size_t(kRowGroup * kGemmBlock));  // [row, token]
-    quant::gemm_avx512_vnni_packed(P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
-                                   packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res.data());
+    packed_gemm(isa, P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
+                packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res.data());
     for (int64_t t = t0; t < t1; ++t)
       for (int r = 0; r < R; ++r) P.out[t * P.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
   });
@@ -230,6 +241,8 @@ int64_t decode_task_rows(size_t row_bytes) {
 
 int quant_gemm_min_tokens(QIsa isa, QType t) {
   switch (isa) {
+    case QIsa::AMXInt8:
+    case QIsa::AMXInt8Emu:
     case QIsa::AVX512VNNI: return vnni_gemm_min_tokens();
     case QIsa::AVX2: {
       const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
@@ -242,9 +255,9 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
-  if (isa == QIsa::AVX512VNNI && a.T >= vnni_gemm_min_tokens()) {
+  if (qisa_vnni(isa) && a.T >= vnni_gemm_min_tokens()) {
     const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
-    return matmul_gemm_avx512(kr, a.x, a.T, a.K, &part, 1, pool);
+    return matmul_gemm_avx512(isa, kr, a.x, a.T, a.K, &part, 1, pool);
   }
   const bool wide = qtype_info(a.type).wide;
   Acts acts;
@@ -283,8 +296,8 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
 void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
                         ThreadPool& pool) {
   if (T <= 0 || n_parts <= 0) return;
-  if (isa == QIsa::AVX512VNNI && T >= vnni_gemm_min_tokens())
-    return matmul_gemm_avx512(kernels_for(isa), x, T, K, parts, n_parts, pool);
+  if (qisa_vnni(isa) && T >= vnni_gemm_min_tokens())
+    return matmul_gemm_avx512(isa, kernels_for(isa), x, T, K, parts, n_parts, pool);
   if (T == 1) return quant_matvec_multi(isa, x, K, parts, n_parts, pool);  // quant_matmul at T = 1, bit for bit
   for (int p = 0; p < n_parts; ++p)  // the row paths: one call per weight
     quant_matmul(isa, {parts[p].type, parts[p].w, parts[p].row_bytes, parts[p].N, K, T, x, parts[p].out}, pool);
@@ -298,7 +311,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
              wide_d = qtype_info(a.down.type).wide;
   // Prefill on AVX-512 VNNI: experts with kGemmMinTokens tokens or more take the packed GEMM (ExpertPacking), and
   // SiLU is the vector one; decode (T = 1) keeps the mat-vec and the scalar SiLU.
-  const bool prefill_vnni = isa == QIsa::AVX512VNNI && a.T > 1;
+  const bool prefill_vnni = qisa_vnni(isa) && a.T > 1;
   const int64_t gemm_min = vnni_gemm_min_tokens();  // read once: one call, one threshold
   auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= gemm_min; };
   const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
@@ -374,10 +387,10 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       if (prefill_vnni && pk_g.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* g = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         float* u = task_buffer(1, size_t(kRowGroup * kGemmBlock));
-        quant::gemm_avx512_vnni_packed(a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H,
-                                       pk_g.base + pk_g.off[ai] + size_t(s0 / 16) * pk_g.group_bytes, nt, g);
-        quant::gemm_avx512_vnni_packed(a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H,
-                                       pu.base + pu.off[ai] + size_t(s0 / 16) * pu.group_bytes, nt, u);
+        packed_gemm(isa, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H,
+                    pk_g.base + pk_g.off[ai] + size_t(s0 / 16) * pk_g.group_bytes, nt, g);
+        packed_gemm(isa, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H,
+                    pu.base + pu.off[ai] + size_t(s0 / 16) * pu.group_bytes, nt, u);
         store_act(g, u, R, nt, sl, s0, i0);
         return;
       }
@@ -434,8 +447,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       const int R = int(std::min(H, h0 + rows_d) - h0);
       if (prefill_vnni && pk_d.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
-        quant::gemm_avx512_vnni_packed(a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R,
-                                       I, pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
+        packed_gemm(isa, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I,
+                    pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
         for (int s = 0; s < nt; ++s)
           for (int r = 0; r < R; ++r) y[size_t(sl[size_t(s0 + s)] * H + h0 + r)] = res[r * nt + s];
         return;

@@ -179,6 +179,8 @@ QBadBlock quant_find_nonfinite(QType t, const uint8_t* w, size_t row_bytes, int6
 
 const char* qisa_name(QIsa isa) {
   switch (isa) {
+    case QIsa::AMXInt8: return "amx_int8";
+    case QIsa::AMXInt8Emu: return "amx_int8_emu";
     case QIsa::AVX512VNNI: return "avx512_vnni";
     case QIsa::AVX2: return "avx2";
     default: return "reference";
@@ -192,6 +194,13 @@ bool qisa_available(QIsa isa, std::string* why) {
     return false;
   };
   switch (isa) {
+    case QIsa::AMXInt8:
+      if (!(c.amx_tile && c.amx_int8)) return no("CPU lacks amx_tile/amx_int8");
+      if (!c.os_amx) return no("OS does not enable AMX state (XCR0 bits 17/18)");
+      if (!c.amx_permitted) return no(c.amx_reason.empty() ? "kernel refused XTILEDATA permission" : c.amx_reason.c_str());
+      if (max_isa_cap() < IsaLevel::AMX) return no(("capped by TESSERA_MAX_ISA=" + max_isa_cap_text()).c_str());
+      return qisa_available(QIsa::AVX512VNNI, why);  // its decode and the other types' GEMM
+    case QIsa::AMXInt8Emu: return qisa_available(QIsa::AVX512VNNI, why);
     case QIsa::AVX512VNNI:
       if (!(c.avx512f && c.avx512bw && c.avx512vl && c.avx512dq)) return no("CPU lacks avx512f/bw/vl/dq");
       if (!c.avx512_vnni) return no("CPU lacks avx512_vnni");
@@ -210,6 +219,7 @@ bool qisa_available(QIsa isa, std::string* why) {
 }
 
 QIsa qisa_best() {
+  if (qisa_available(QIsa::AMXInt8, nullptr)) return QIsa::AMXInt8;
   if (qisa_available(QIsa::AVX512VNNI, nullptr)) return QIsa::AVX512VNNI;
   if (qisa_available(QIsa::AVX2, nullptr)) return QIsa::AVX2;
   return QIsa::Reference;

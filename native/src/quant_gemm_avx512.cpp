@@ -330,8 +330,6 @@ __attribute__((always_inline)) inline void micro8(const uint8_t* u, const float*
   }
 }
 
-inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
-
 // Prefetch the blocks of rows [r0, r1) (contiguous) into L1 (kHint _MM_HINT_T0) or L2 (_MM_HINT_T1).
 template <_mm_hint kHint>
 inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
@@ -339,16 +337,6 @@ inline void prefetch_rows(const uint8_t* w, size_t row_bytes, int r0, int r1) {
   const size_t n = size_t(std::max(0, r1 - r0)) * row_bytes;
   for (size_t i = 0; i < n; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), kHint);
 }
-
-// Packed tokens: per 16-token group, xt [Kq/4][16] int32, dx [nsb][16], sb [ng][16], z [ng][16] (pack_tokens), each
-// 64-byte aligned.
-struct TokenLayout {
-  size_t n_xt, n_dx, n_sb;
-  TokenLayout(int64_t Kq, int G)
-      : n_xt(align64(size_t(Kq) * kLanes)), n_dx(align64(size_t(Kq / 256) * kLanes * 4)),
-        n_sb(align64(size_t(Kq / G) * kLanes * 4)) {}
-  size_t group() const { return n_xt + n_dx + 2 * n_sb; }
-};
 
 inline int offset_of(QType t) {
   return t == QType::Q8_0 || t == QType::IQ4_XS ? 128 : t == QType::Q6_K ? 32 : t == QType::Q4_0 ? 8 : 0;

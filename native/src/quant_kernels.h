@@ -72,6 +72,20 @@ size_t gemm_avx512_vnni_packed_bytes(QType t, int64_t K, int nt);
 // Defined in quant_driver.cpp: baseline code, outside any ISA region (isa_target.h).
 uint8_t* gemm_scratch(size_t bytes);
 
+// The packing's layout: per 16-token group, xt [Kq/4][16] int32 (token l's int8 values 4i .. 4i + 3 in lane l of
+// row i: an AMX B tile's layout, 64 values of 16 tokens per 1024 bytes), dx [Kq/256][16] f32, sb [Kq/G][16] f32
+// (dx * sum(q) per G-value group) and z [Kq/G][16] int32 (-offset * sum(q)), each 64-byte aligned. G = 16 for Q6_K,
+// 32 for the other types.
+inline size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+struct TokenLayout {
+  size_t n_xt, n_dx, n_sb;
+  TokenLayout(int64_t Kq, int G)
+      : n_xt(align64(size_t(Kq) * 16)), n_dx(align64(size_t(Kq / 256) * 16 * 4)),
+        n_sb(align64(size_t(Kq / G) * 16 * 4)) {}
+  size_t group() const { return n_xt + n_dx + 2 * n_sb; }
+};
+inline int packing_group(QType t) { return t == QType::Q6_K ? 16 : 32; }
+
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
 // Whether two types' packings are the same bytes for the same tokens (one packing serves both).
 bool gemm_avx512_vnni_same_packing(QType a, QType b);
@@ -80,6 +94,14 @@ bool gemm_avx512_vnni_same_packing(QType a, QType b);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
 void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                              int nt, float* out);
+// The same contract on AMX int8 tiles (quant_gemm_amx.cpp) for the types gemm_amx_has (Q4_K, Q5_K, Q6_K, IQ4_XS):
+// codes times their integer sub-scales, exact, summed per super-block in int32 by TDPBSSD. emulate: the tile emulator
+// (amx_tile_emu.h) instead of the instructions (any CPU with AVX-512 VNNI); else only where CpuFeatures grants AMX.
+// Not bit-identical to the VNNI GEMM (f32 rounding order); each (row, token) result depends only on that row and that
+// token.
+bool gemm_amx_has(QType t);
+void gemm_amx_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens, int nt,
+                     float* out, bool emulate);
 
 // Prefill GEMM (quant_gemm_avx512.cpp), the contract of Kernels::dot_direct for 1 <= nt <= kTokenBlock tokens: rows
 // decoded once per call, 16 tokens per vector lane set. The driver sends it blocks of kGemmMinTokens tokens and more

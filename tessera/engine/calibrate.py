@@ -63,7 +63,7 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
         out.append(AMX_TILE_ROWS)
     if backend.startswith(("AVX512", "AVX2", "AMX")):
         out.append(QUANT_CHUNK)
-    if backend.startswith(("AVX512", "AMX")):  # their quantized ISA: avx512_vnni where the CPU has it (run() checks)
+    if backend.startswith(("AVX512", "AMX")):  # quantized ISA amx_int8 / avx512_vnni where the CPU has it (run checks)
         out.append(VNNI_GEMM_MIN)
     return [kn for kn in out if kn.on_load or not on_load]
 
@@ -215,7 +215,7 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     if any(kn.workload == "quant_prefill" for kn in todo) and (H % 256 or I % 256):
         say(f"quantized knobs: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
         todo = [kn for kn in todo if kn.workload != "quant_prefill"]
-    if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) != "avx512_vnni":
+    if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
         todo.remove(VNNI_GEMM_MIN)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
     shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
     if any(kn.workload == "quant_prefill" for kn in todo):

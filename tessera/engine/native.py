@@ -268,7 +268,7 @@ class LoadStats:
     in_place_layers: int = 0  # quantized GGUF experts read as the file's blocks: neither packed nor cached
     packed_bytes: int = 0  # bytes of packed copies (0 for layers read in place)
     cache_dir: str = ""
-    quant_isa: str = ""  # the block kernels' ISA when some layer is read in place ("avx512_vnni", "avx2", "reference")
+    quant_isa: str = ""  # the block kernels' ISA when some layer is read in place ("amx_int8", "avx512_vnni", ...)
     per_layer: dict[int, str] = field(default_factory=dict)  # layer -> "packed" | "cached" | "in place"
     digests_reused: int = 0  # layer digests (cache keys) taken from engine.source_digest's record, not computed
     notices: list[str] = field(default_factory=list)  # one-line notices: the packed-weight cache's, what widening costs
@@ -536,7 +536,7 @@ def make_backend(
 # Weights stay in the file's block layout (uint8 rows, e.g. a memory-mapped GGUF tensor): see docs/INTERFACES.md,
 # "Quantized weights". qtype: a gguf GGMLQuantizationType, its int id, or its name ("Q4_K", "q4_k").
 
-QUANT_ISAS = ("avx512_vnni", "avx2", "reference")
+QUANT_ISAS = ("amx_int8", "avx512_vnni", "avx2", "reference")  # best first; amx_int8_emu (tests only) is never chosen
 
 
 def _qtype_id(qtype, arg: str = "qtype") -> int:
@@ -562,13 +562,14 @@ def quant_isas() -> list[dict]:
 
 
 def quant_isa_for_backend(backend: str) -> str:
-    """The quantized ISA an expert backend runs: AMX*/AVX512* -> avx512_vnni (AMX tiles for quantized prefill are not
-    built yet), AVX2 -> avx2, Reference -> reference; the best available one at or below the backend's level."""
+    """The quantized ISA an expert backend runs: AMX* -> amx_int8 (AVX-512 VNNI decode, the prefill GEMM of Q4_K, Q5_K,
+    Q6_K and IQ4_XS on AMX int8 tiles), AVX512* -> avx512_vnni, AVX2 -> avx2, Reference -> reference; the best
+    available one at or below the backend's level (TESSERA_MAX_ISA=avx512 or a CPU without AMX: avx512_vnni)."""
     from tessera.engine import backends
 
     concrete, _ = resolve(backend)
     level = {b["name"]: b["isa_level"] for b in backends.compiled()}.get(concrete, "reference")
-    order = {"amx": QUANT_ISAS, "avx512": QUANT_ISAS, "avx2": QUANT_ISAS[1:]}.get(level, QUANT_ISAS[2:])
+    order = {"amx": QUANT_ISAS, "avx512": QUANT_ISAS[1:], "avx2": QUANT_ISAS[2:]}.get(level, QUANT_ISAS[3:])
     available = {i["name"] for i in quant_isas() if i["available"]}
     return next(i for i in order if i in available)
 
@@ -591,7 +592,8 @@ def quant_validate(qtype, w, name: str, pool) -> None:
 
 def quant_matmul(qtype, w, x, out, pool, isa: str = "auto") -> None:
     """out[T, N] = x[T, K] @ W[N, K].T with W given as its quantized rows w[N, row_bytes] uint8 (read in place),
-    x and out float32 C-contiguous (out overwritten). isa: auto | avx512_vnni | avx2 | reference."""
+    x and out float32 C-contiguous (out overwritten). isa: auto | amx_int8 | avx512_vnni | avx2 | reference, or
+    amx_int8_emu (amx_int8's tile GEMM on the tile emulator, for tests on CPUs without AMX; never chosen by auto)."""
     _native.quant_matmul(_qtype_id(qtype), w, x, out, pool, isa)
 
 

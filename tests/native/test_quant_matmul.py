@@ -80,7 +80,7 @@ def test_matmul_heavy_tailed_activations(pool, isa, qtype):
 
 def test_isa_names_and_backend_mapping():
     names = [i["name"] for i in N.quant_isas()]
-    assert names == ["avx512_vnni", "avx2", "reference"]
+    assert names == ["amx_int8", "amx_int8_emu", "avx512_vnni", "avx2", "reference"]
     assert "reference" in ISAS
     assert N.quant_isa_for_backend("Reference") == "reference"
     for b in backends.available_names():

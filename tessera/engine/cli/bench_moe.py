@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
                    help="expert weights: bf16 (packed per backend) or GGUF quantized blocks read in place by the "
                         "quantized kernels (q4_k_m / q5_k_m: down one type above gate/up) (default %(default)s)")
     p.add_argument("--isas", default=None, help="with a quantized --dtype: comma-separated quantized ISAs to run "
-                   "(avx512_vnni, avx2, reference; default: every available one)")
+                   "(amx_int8, avx512_vnni, avx2, reference; default: every available one)")
     p.add_argument("--rounds", type=int, default=5, help="with a quantized --dtype: interleaved decode rounds "
                    "(default %(default)s)")
 
