@@ -30,18 +30,18 @@ using quant::kRowGroup;  // rows per task: 8 tiles
 const Kernels& kernels_for(QIsa isa) {
   switch (isa) {
     case QIsa::AMXInt8:
-    case QIsa::AMXInt8Emu:  // the VNNI kernels, with the tile GEMM for the prefill of some types (packed_gemm)
+    case QIsa::AMXInt8Emu:  // the VNNI kernels, with the tile GEMM for prefill (packed_gemm)
     case QIsa::AVX512VNNI: return quant::kernels_avx512_vnni();
     case QIsa::AVX2: return quant::kernels_avx2();
     default: return quant::kernels_reference();
   }
 }
 
-// The packed prefill GEMM of `isa` (gemm_avx512_vnni_packed's contract): on AMXInt8 the tile GEMM for the types that
-// have one (quant_gemm_amx.cpp), else the AVX-512 VNNI register GEMM.
+// The packed prefill GEMM of `isa` (gemm_avx512_vnni_packed's contract): on AMXInt8 the tile GEMM
+// (quant_gemm_amx.cpp), else the AVX-512 VNNI register GEMM.
 void packed_gemm(QIsa isa, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                  int nt, float* out) {
-  if ((isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu) && quant::gemm_amx_has(t))
+  if (isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu)
     return quant::gemm_amx_packed(t, w, row_bytes, R, K, tokens, nt, out, isa == QIsa::AMXInt8Emu);
   quant::gemm_avx512_vnni_packed(t, w, row_bytes, R, K, tokens, nt, out);
 }
@@ -77,6 +77,13 @@ struct Acts {
 // kGemmBlock tokens; all parts' tasks go to one parallel_for. Per (row, token) the same arithmetic as
 // gemm_avx512_vnni whatever the other parts are: bit-identical to one call per part.
 constexpr int64_t kGemmBlock = 256;
+
+// Per-thread result buffers of a GEMM task ([row, token]), grown on demand.
+float* task_buffer(int which, size_t n) {
+  thread_local std::vector<float> buf[2];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
+}
 
 void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
                         int n_parts, ThreadPool& pool) {
@@ -119,9 +126,9 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     const int64_t rg = local % n_rg, tb = local / n_rg;
     const int64_t t0 = tb * kGemmBlock, t1 = std::min(T, t0 + kGemmBlock);
     const int nt = int(t1 - t0), R = int(std::min(P.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
-    std::vector<float> res(size_t(kRowGroup * kGemmBlock));  // [row, token]
+    float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
     packed_gemm(isa, P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
-                packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res.data());
+                packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res);
     for (int64_t t = t0; t < t1; ++t)
       for (int r = 0; r < R; ++r) P.out[t * P.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
   });
@@ -218,13 +225,6 @@ void pack_experts(QType t, int64_t K, const std::vector<int64_t>& active,
     for (int i = 0; i < n; ++i) xs[i] = act_row(sl[size_t(16 * g + i)]);
     quant::gemm_avx512_vnni_pack(t, K, xs, n, p.base + p.off[size_t(ai)] + size_t(g) * p.group_bytes);
   });
-}
-
-// Per-thread result buffers of a GEMM task ([row, token]), grown on demand.
-float* task_buffer(int which, size_t n) {
-  thread_local std::vector<float> buf[2];
-  if (buf[which].size() < n) buf[which].resize(n);
-  return buf[which].data();
 }
 
 }  // namespace

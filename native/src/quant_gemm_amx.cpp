@@ -1,15 +1,16 @@
 // Quantized prefill GEMM on AMX int8 tiles (TDPBSSD): gemm_avx512_vnni_packed's contract (R <= kRowGroup rows of the
-// file's blocks, nt <= 256 tokens packed by gemm_avx512_vnni_pack, out [R, nt]) for the super-block types Q4_K, Q5_K,
-// Q6_K and IQ4_XS. Decode (one token) never comes here.
+// file's blocks, nt <= 256 tokens packed by gemm_avx512_vnni_pack, out [R, nt]) for every type of quant.h. Decode (one
+// token) never comes here. Q8_0 / Q4_0 (an f16 scale per 32 values) are at the end of the file (gemm_blocks); the
+// super-block types Q4_K, Q5_K, Q6_K and IQ4_XS first (gemm_fold).
 //
-// The problem tiles have with these types: every 16 or 32 values of a row have their own integer sub-scale sc (and
+// The problem tiles have with the super-block types: every 16 or 32 values of a row have their own integer sub-scale sc (and
 // Q4_K/Q5_K a min m), so a tile's int32 sums would have to be scaled per sub-block, i.e. stored and multiplied in
 // vector registers after every K = 16/32 step. Instead each code is multiplied by its sub-scale at decode, exactly, in
 // 16 bits: v = sc * (u - off) (Q4_K/Q5_K: sc * u <= 63 * 31; Q6_K: sc * (u - 32), |v| <= 128 * 32; IQ4_XS:
 // (ls - 32) * kvalue, |v| <= 32 * 127), and v is split into two int8 codes lo = v & 127, hi = v >> 7 (arithmetic:
-// -32 <= hi <= 32, v = 128 hi + lo). A
-// row's lo and hi codes are rows r and r + 8 of one A tile (8 weight rows per tile), so one TDPBSSD of K = 64 gives
-// both halves of 8 rows x 16 tokens, and the int32 sums run over a whole 256-value super-block:
+// -32 <= hi <= 32, v = 128 hi + lo). A row's lo and hi codes are rows r and r + 8 of one A tile (8 weight rows per
+// tile), so one TDPBSSD of K = 64 gives both halves of 8 rows x 16 tokens, and the int32 sums run over a whole
+// 256-value super-block:
 //   S = C[r] + 128 C[r + 8] = sum_g sc_g sum_{i in g} (u_i - off) q_i      (exact: |S| < 2^31)
 // Per (row, token, super-block) one f32 step remains: acc += float(S) * (d * dx), d the super-block's f16 scale and dx
 // the token's Q8_K scale; Q4_K/Q5_K's mins are subtracted at the end as in the VNNI GEMM: acc -= sum_g (dmin m_g) *
@@ -373,18 +374,135 @@ void gemm_fold(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, co
   Tiles::release();
 }
 
-}  // namespace
+// ---- Q8_0 and Q4_0: an f16 scale d per 32 values, nothing to fold into integers, so each 32-value block is one
+// TDPBSSD of K = 32 (A: 16 rows x 32 int8 codes, q or nibble - 8; B: the packing's 8 xt rows of the block) and its C
+// tile goes through memory into f32 partial sums in registers, part += float(C) * d, and per 256 values acc += part *
+// dx: the VNNI GEMM's arithmetic (quant_gemm_avx512.cpp micro, with the integer offset folded into signed codes).
+// Pipelined like run_block, deeper (kLag).
 
-bool gemm_amx_has(QType t) {
-  return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K || t == QType::IQ4_XS;
+// Rows [0, rn) of a 16-row panel: codes [nb][16][32] int8 (zero past rn), d [nb][16] f32 (zero past rn).
+void decode_blocks(QType t, const uint8_t* w, size_t row_bytes, int rn, int64_t nb, int8_t* codes, float* d) {
+  const __m128i lo4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* src = w + size_t(r) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* dst = codes + (b * 16 + r) * 32;
+      if (r >= rn) {
+        std::memset(dst, 0, 32);
+        d[b * 16 + r] = 0.0f;
+      } else if (t == QType::Q8_0) {
+        const uint8_t* blk = src + 34 * b;
+        d[b * 16 + r] = f16_at(blk);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+      } else {  // Q4_0: low nibbles are values 0..15, high nibbles 16..31; value = (nibble - 8) * d
+        const uint8_t* blk = src + 18 * b;
+        d[b * 16 + r] = f16_at(blk);
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        _mm_store_si128(reinterpret_cast<__m128i*>(dst), _mm_sub_epi8(_mm_and_si128(v, lo4), eight));
+        _mm_store_si128(reinterpret_cast<__m128i*>(dst + 16),
+                        _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), eight));
+      }
+    }
+  }
 }
+
+// One 16-row panel x one 16-token group: acc [16 rows][16 tokens] f32. The f32 step of block b comes kLag - 1 blocks
+// after its tile instructions (C tiles and cbuf slots in rotation), so the tile stores have landed when it reads them.
+constexpr int kLag = 4;
+template <class Tiles>
+void run_blocks(const int8_t* codes, const float* d, int64_t nb, const uint8_t* tok, const TokenLayout& L,
+                int32_t* cbuf, float* acc) {
+  const float* dx = reinterpret_cast<const float*>(tok + L.n_xt);
+  __m512 part[16];
+  for (int r = 0; r < 16; ++r) {
+    part[r] = _mm512_setzero_ps();
+    _mm512_store_ps(acc + 16 * r, _mm512_setzero_ps());
+  }
+  // part += float(C) * d for block b (its C tile in c); at the end of a 256-value run, acc += part * dx.
+  auto combine = [&](int64_t b, const int32_t* c) __attribute__((always_inline)) {  // inlined: part stays in zmm
+    for (int r = 0; r < 16; ++r)
+      part[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_set1_ps(d[b * 16 + r]),
+                                part[r]);
+    if (b % 8 == 7 || b == nb - 1) {
+      const __m512 dxs = _mm512_load_ps(dx + (b / 8) * 16);
+      for (int r = 0; r < 16; ++r) {
+        _mm512_store_ps(acc + 16 * r, _mm512_fmadd_ps(part[r], dxs, _mm512_load_ps(acc + 16 * r)));
+        part[r] = _mm512_setzero_ps();
+      }
+    }
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t* c = cbuf + (b % kLag) * 256;
+    // C tiles in rotation (tmm0 .. tmm3), A and B alternating (tmm4 / tmm5, tmm6 / tmm7): a block's loads need not
+    // wait for the previous block's TDPBSSD to have read its operands.
+    const int8_t* a = codes + b * 512;
+    const uint8_t* x = tok + b * 512;
+    switch (b % kLag) {
+      case 0:
+        Tiles::template load<4>(a, 32), Tiles::template load<6>(x, 64), Tiles::template zero<0>();
+        Tiles::template dpbssd<0, 4, 6>(), Tiles::template store<0>(c, 64);
+        break;
+      case 1:
+        Tiles::template load<5>(a, 32), Tiles::template load<7>(x, 64), Tiles::template zero<1>();
+        Tiles::template dpbssd<1, 5, 7>(), Tiles::template store<1>(c, 64);
+        break;
+      case 2:
+        Tiles::template load<4>(a, 32), Tiles::template load<6>(x, 64), Tiles::template zero<2>();
+        Tiles::template dpbssd<2, 4, 6>(), Tiles::template store<2>(c, 64);
+        break;
+      default:
+        Tiles::template load<5>(a, 32), Tiles::template load<7>(x, 64), Tiles::template zero<3>();
+        Tiles::template dpbssd<3, 5, 7>(), Tiles::template store<3>(c, 64);
+        break;
+    }
+    if (b >= kLag - 1) combine(b - (kLag - 1), cbuf + ((b - (kLag - 1)) % kLag) * 256);
+  }
+  for (int64_t b = std::max<int64_t>(0, nb - (kLag - 1)); b < nb; ++b) combine(b, cbuf + (b % kLag) * 256);
+}
+
+template <class Tiles>
+void gemm_blocks(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tok, int nt,
+                 float* out) {
+  const int64_t nb = K / 32, Kq = padded_k256(K);
+  const TokenLayout L(Kq, packing_group(t));
+  const size_t n_codes = size_t(nb) * 512, n_d = align64(size_t(nb) * 16 * 4), n_c = kLag * kTileBytes;
+  uint8_t* s = gemm_scratch(n_codes + n_d + n_c + 16 * 16 * 4);
+  int8_t* codes = reinterpret_cast<int8_t*>(s);
+  float* d = reinterpret_cast<float*>(s + n_codes);
+  int32_t* cbuf = reinterpret_cast<int32_t*>(s + n_codes + n_d);
+  float* acc = reinterpret_cast<float*>(s + n_codes + n_d + n_c);
+  TileConfig cfg;
+  for (int i = 0; i < kLag; ++i) cfg.tile(i, 16, 64);  // C
+  cfg.tile(4, 16, 32).tile(5, 16, 32).tile(6, 8, 64).tile(7, 8, 64);  // A (K = 32), B (8 rows of 4 values)
+  Tiles::config(cfg);
+  const int ngroups = (nt + 15) / 16;
+  prefetch_rows(w, row_bytes, 0, std::min(R, 16));
+  for (int r0 = 0; r0 < R; r0 += 16) {
+    const int rn = std::min(16, R - r0);
+    decode_blocks(t, w + size_t(r0) * row_bytes, row_bytes, rn, nb, codes, d);
+    prefetch_rows(w, row_bytes, r0 + 16, std::min(R, r0 + 32));
+    for (int g = 0; g < ngroups; ++g) {
+      run_blocks<Tiles>(codes, d, nb, tok + size_t(g) * L.group(), L, cbuf, acc);
+      const int t0 = 16 * g, tn = std::min(16, nt - t0);
+      const __mmask16 m = __mmask16(tn >= 16 ? 0xFFFF : (1u << tn) - 1);
+      for (int r = 0; r < rn; ++r) _mm512_mask_storeu_ps(out + size_t(r0 + r) * nt + t0, m, _mm512_load_ps(acc + 16 * r));
+    }
+  }
+  Tiles::release();
+}
+
+}  // namespace
 
 void gemm_amx_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens, int nt,
                      float* out, bool emulate) {
+  const bool blocks = t == QType::Q8_0 || t == QType::Q4_0;
   if (emulate)
-    gemm_fold<EmuTiles>(t, w, row_bytes, R, K, tokens, nt, out);
+    blocks ? gemm_blocks<EmuTiles>(t, w, row_bytes, R, K, tokens, nt, out)
+           : gemm_fold<EmuTiles>(t, w, row_bytes, R, K, tokens, nt, out);
   else
-    gemm_fold<HwTiles>(t, w, row_bytes, R, K, tokens, nt, out);
+    blocks ? gemm_blocks<HwTiles>(t, w, row_bytes, R, K, tokens, nt, out)
+           : gemm_fold<HwTiles>(t, w, row_bytes, R, K, tokens, nt, out);
 }
 
 }  // namespace quant

@@ -94,12 +94,11 @@ bool gemm_avx512_vnni_same_packing(QType a, QType b);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
 void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                              int nt, float* out);
-// The same contract on AMX int8 tiles (quant_gemm_amx.cpp) for the types gemm_amx_has (Q4_K, Q5_K, Q6_K, IQ4_XS):
-// codes times their integer sub-scales, exact, summed per super-block in int32 by TDPBSSD. emulate: the tile emulator
-// (amx_tile_emu.h) instead of the instructions (any CPU with AVX-512 VNNI); else only where CpuFeatures grants AMX.
-// Not bit-identical to the VNNI GEMM (f32 rounding order); each (row, token) result depends only on that row and that
-// token.
-bool gemm_amx_has(QType t);
+// The same contract on AMX int8 tiles (quant_gemm_amx.cpp), every type: the super-block types' codes times their
+// integer sub-scales, exact, summed per 256-value super-block in int32 by TDPBSSD (one f32 step per super-block);
+// Q8_0 / Q4_0 one TDPBSSD per 32-value block and gemm_avx512_vnni_packed's f32 steps (bit-identical to it). emulate:
+// the tile emulator (amx_tile_emu.h) instead of the instructions (any CPU with AVX-512 VNNI); else only where
+// CpuFeatures grants AMX. Each (row, token) result depends only on that row and that token.
 void gemm_amx_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens, int nt,
                      float* out, bool emulate);
 

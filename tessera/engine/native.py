@@ -562,9 +562,9 @@ def quant_isas() -> list[dict]:
 
 
 def quant_isa_for_backend(backend: str) -> str:
-    """The quantized ISA an expert backend runs: AMX* -> amx_int8 (AVX-512 VNNI decode, the prefill GEMM of Q4_K, Q5_K,
-    Q6_K and IQ4_XS on AMX int8 tiles), AVX512* -> avx512_vnni, AVX2 -> avx2, Reference -> reference; the best
-    available one at or below the backend's level (TESSERA_MAX_ISA=avx512 or a CPU without AMX: avx512_vnni)."""
+    """The quantized ISA an expert backend runs: AMX* -> amx_int8 (AVX-512 VNNI decode, the prefill GEMM on AMX int8
+    tiles), AVX512* -> avx512_vnni, AVX2 -> avx2, Reference -> reference; the best available one at or below the
+    backend's level (TESSERA_MAX_ISA=avx512 or a CPU without AMX: avx512_vnni)."""
     from tessera.engine import backends
 
     concrete, _ = resolve(backend)

@@ -9,8 +9,9 @@ to the tile GEMM:
   IQ4_XS -32 * -127) the result still agrees with Reference (double accumulation of the same integer dots) to the
   NMSE bound of test_quant_gemm.py, 1e-10;
 - the instructions and the emulator give the same bits (the same blocking and f32 order; skipped without AMX);
-- decode (T = 1) and short blocks (T < 12) never reach the tiles: bit for bit avx512_vnni's mat-vec; and Q8_0 / Q4_0,
-  which have no tile kernel yet, take the VNNI GEMM, bit for bit;
+- decode (T = 1) and short blocks (T < 12) never reach the tiles: bit for bit avx512_vnni's mat-vec;
+- Q8_0 / Q4_0 (an f16 scale per 32 values: one TDPBSSD of K = 32 per block, then the VNNI GEMM's f32 steps in the
+  same order) equal avx512_vnni bit for bit at every token count, K not a multiple of 256 included;
 - dispatch: AMXInt8 (and Auto where it resolves to it) runs amx_int8 only where the CPU grants AMX;
   TESSERA_MAX_ISA=avx512 and the AVX512Int8 backend keep avx512_vnni.
 """
@@ -71,7 +72,7 @@ def test_fold_extremes_against_reference(pool, isa, qtype, T):
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU (or OS, or TESSERA_MAX_ISA) does not grant AMX")
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (*K_QUANTS, Q.Q8_0), ids=lambda t: t.name)
 def test_instructions_equal_the_emulator_bit_for_bit(qtype):
     rng = np.random.default_rng(40 + int(qtype))
     w = random_blocks(qtype, 53, K, rng)  # a 32-row task, then 21: a 16-row panel and a ragged 5
@@ -86,16 +87,31 @@ def test_instructions_equal_the_emulator_bit_for_bit(qtype):
 
 @pytest.mark.skipif("avx512_vnni" not in ISAS, reason="needs avx512_vnni to compare with")
 @pytest.mark.parametrize("isa", AMX_ISAS)
-def test_decode_short_blocks_and_untiled_types_are_vnni_bit_for_bit(pool, isa):
+def test_decode_and_short_blocks_are_vnni_bit_for_bit(pool, isa):
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((40, K)).astype(np.float32)
-    for qtype in (*K_QUANTS, Q.Q8_0, Q.Q4_0):
+    x = rng.standard_normal((11, K)).astype(np.float32)
+    for qtype in K_QUANTS:
         w = random_blocks(qtype, 37, K, rng)
-        counts = (1, 2, 11) if qtype in K_QUANTS else (1, 11, 12, 40)
-        for T in counts:
+        for T in (1, 2, 11):
             a = matmul(qtype, w, x[:T], pool, isa)
             v = matmul(qtype, w, x[:T], pool, "avx512_vnni")
             assert np.array_equal(a.view(np.uint32), v.view(np.uint32)), (qtype.name, T)
+
+
+@pytest.mark.skipif("avx512_vnni" not in ISAS, reason="needs avx512_vnni to compare with")
+@pytest.mark.parametrize("threads", (1, 3))
+@pytest.mark.parametrize("Kb", (96, 768, 2080), ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("qtype", (Q.Q8_0, Q.Q4_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("isa", AMX_ISAS)
+def test_q8_0_q4_0_tiles_equal_vnni_bit_for_bit(isa, qtype, Kb, threads):
+    rng = np.random.default_rng(int(qtype) + Kb)
+    pool = N.make_pool(threads)
+    w = random_blocks(qtype, 53, Kb, rng)
+    x = rng.standard_normal((513, Kb)).astype(np.float32)
+    for T in (1, 11, 12, 13, 16, 17, 33, 100, 256, 257, 513):
+        a = matmul(qtype, w, x[:T], pool, isa)
+        v = matmul(qtype, w, x[:T], pool, "avx512_vnni")
+        assert np.array_equal(a.view(np.uint32), v.view(np.uint32)), T
 
 
 def test_backend_mapping():

@@ -45,13 +45,12 @@ const QTypeInfo& qtype_info(QType t);
 const char* qtype_names();
 
 // The quantized-kernel ISAs. Each backend maps to one (tessera/engine/native.py: quant_isa_for_backend).
-// AMXInt8: AVX-512 VNNI, with the prefill GEMM of the super-block types (Q4_K, Q5_K, Q6_K, IQ4_XS) on AMX int8 tiles
-// (quant_gemm_amx.cpp); AMXInt8Emu: the same on the tile emulator, for tests on CPUs without AMX (never chosen by
-// qisa_best, nor by any backend).
+// AMXInt8: AVX-512 VNNI decode, the prefill GEMM on AMX int8 tiles (quant_gemm_amx.cpp); AMXInt8Emu: the same on the
+// tile emulator, for tests on CPUs without AMX (never chosen by qisa_best, nor by any backend).
 enum class QIsa : int32_t { Reference = 0, AVX2 = 1, AVX512VNNI = 2, AMXInt8Emu = 3, AMXInt8 = 4 };
 constexpr int kQIsaCount = 5;
 const char* qisa_name(QIsa isa);  // "reference", "avx2", "avx512_vnni", "amx_int8_emu", "amx_int8"
-// Whether `isa` runs the AVX-512 VNNI kernels (decode, and the prefill GEMM of the types without a tile kernel).
+// Whether `isa` runs the AVX-512 VNNI kernels (decode, short token blocks, quantization and token packing).
 inline bool qisa_vnni(QIsa isa) { return isa == QIsa::AVX512VNNI || isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu; }
 // Whether this CPU (under TESSERA_MAX_ISA) runs `isa`; on false *why says what is missing.
 bool qisa_available(QIsa isa, std::string* why);
