@@ -60,6 +60,20 @@ GEMM_MIN_TOKENS = 16  # bf16 weights from this many tokens on: the vdpbf16ps GEM
 QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 512
 WIDEN_ROWS = 4096  # rows of a quantized weight widened at a time beyond QUANT_NATIVE_MAX_TOKENS
 
+# The quantized ISA of the dense layers' block kernels (engine.native.quant_isa_for_dense of the session's expert
+# backend: AVX512Int8 keeps avx512_vnni on an AMX CPU, AMXInt8 takes the AMX tiles); "auto" (the best this CPU runs
+# under TESSERA_MAX_ISA) until a Session sets it. Process-wide, read at every call: one model is loaded at a time.
+_quant_isa = "auto"
+
+
+def set_quant_isa(isa: str) -> None:
+    global _quant_isa
+    _quant_isa = isa
+
+
+def quant_isa() -> str:
+    return _quant_isa
+
 _pools: dict[int, object] = {}
 _pools_lock = threading.Lock()
 
@@ -123,7 +137,7 @@ class Linear:
         if x.shape[0] > QUANT_NATIVE_MAX_TOKENS:  # a long call: torch's GEMM on rows widened per call
             return self._widened_matmul(x, out)
         if x.shape[0]:
-            native.quant_matmul(self.weight.qtype, self.weight.raw, x, out, self._pool)
+            native.quant_matmul(self.weight.qtype, self.weight.raw, x, out, self._pool, _quant_isa)
         return out
 
     def _widened_matmul(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -202,7 +216,7 @@ class FusedLinears:
         x = x.to(torch.float32).contiguous()  # [T, K]
         outs = [torch.empty(T, lin.out_features, dtype=torch.float32) for lin in self.linears]  # [T, N_i]
         call = native.quant_matvec_multi if T == 1 else native.quant_matmul_multi
-        call(x, self._qtypes, self._ws, outs, self.linears[0]._pool)
+        call(x, self._qtypes, self._ws, outs, self.linears[0]._pool, _quant_isa)
         return outs
 
 

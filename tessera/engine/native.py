@@ -574,6 +574,15 @@ def quant_isa_for_backend(backend: str) -> str:
     return next(i for i in order if i in available)
 
 
+def quant_isa_for_dense(backend: str) -> str:
+    """The quantized ISA of the dense layers beside expert backend `backend` (engine.dense.set_quant_isa): the
+    backend's own where it is a native one (so AVX512Int8 keeps avx512_vnni on an AMX CPU), else (Torch) "auto"."""
+    from tessera.engine import backends
+
+    concrete, _ = resolve(backend)
+    return quant_isa_for_backend(concrete) if concrete in {b["name"] for b in backends.compiled()} else "auto"
+
+
 def quant_row_bytes(qtype, K: int) -> int:
     """Bytes of one row of K values; ValueError when K is not a whole number of the type's blocks."""
     return int(_native.quant_row_bytes(_qtype_id(qtype), int(K)))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.engine import preload, readahead
+from tessera.engine import dense, native, preload, readahead
 from tessera.engine.chat_tokens import ChatPrompt
 from tessera.engine.errors import Cancelled, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
@@ -162,6 +162,7 @@ class Session:
         parts = build(self.placement, self._layers, self.config, threads=threads, model_id=self._model_key,
                       progress=progress, sources=self._sources)
         self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
+        dense.set_quant_isa(native.quant_isa_for_dense(self.backend_name))  # the dense blocks follow the backend
         if progress is not None:
             progress(ProgressEvent("prepare", 0, 1, "non-expert weights"))
         self.model = Qwen3MoeModel(weights, parts.experts, parts.devices, kv_dtype=KV_DTYPES[kv_cache_type])
@@ -194,6 +195,7 @@ class Session:
             self.model.set_experts(parts.experts)
             self.placement.experts_backend = parts.backend_name
             self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
+            dense.set_quant_isa(native.quant_isa_for_dense(self.backend_name))
             old.close()
         finally:
             self._busy.release()

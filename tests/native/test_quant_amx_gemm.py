@@ -138,3 +138,27 @@ def test_max_isa_avx512_keeps_vnni():
     assert auto != "amx_int8"
     if isas["avx512_vnni"][0]:
         assert auto == "avx512_vnni"
+
+
+def test_dense_layers_follow_the_expert_backend():
+    """engine.dense runs its quantized blocks on the ISA the session's expert backend maps to (Session sets it), so
+    AVX512Int8 keeps avx512_vnni on an AMX CPU; Torch experts leave it at auto."""
+    import torch
+
+    from tessera.engine import dense
+    from tessera.engine.quantized import QuantizedMatrix
+
+    assert N.quant_isa_for_dense("Torch") == "auto"
+    assert N.quant_isa_for_dense("Reference") == "reference"
+    rng = np.random.default_rng(9)
+    w = random_blocks(Q.Q4_K, 40, K, rng)
+    x = torch.from_numpy(rng.standard_normal((40, K)).astype(np.float32))  # [T, K]
+    lin = dense.Linear(QuantizedMatrix(w, Q.Q4_K, (40, K), "w"), "cpu", "w")
+    before = dense.quant_isa()
+    try:
+        for isa in (*AMX_ISAS, "avx512_vnni" if "avx512_vnni" in ISAS else "reference"):
+            dense.set_quant_isa(isa)
+            want = matmul(Q.Q4_K, w, x.numpy(), lin._pool, isa)
+            assert np.array_equal(lin(x).numpy().view(np.uint32), want.view(np.uint32)), isa
+    finally:
+        dense.set_quant_isa(before)
