@@ -64,8 +64,9 @@ struct Tuning {
 //   dense thresholds showed no measurable gain either way from T = 128 on, i.e. no CPU-dependent optimum to find.
 // - moe_panels.h kBf16MinTokens (16): a numerics boundary, not a speed one: below it activations stay f32 so decode
 //   matches Reference's greedy output on every CPU; a per-CPU value would make results depend on the machine.
-// - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kMaxTokensPerPass (512): bound scratch memory only; the
-//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes.
+// - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kGroupRows (2048 routed rows): bound scratch memory only; the
+//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes (the
+//   AMX backends' groups never re-read an expert's weights in a call either way).
 // - Register blockings and tile shapes (kMRC, kNBC, kMR, kLanes, AMX tile shapes): fixed by the ISA's register file
 //   and tile palette, not by the CPU model.
 // - Cache blockings (moe_body.inc kKC 128 pairs, quant_driver.cpp kGemmBlock 256 tokens / kRowGroup, dense GEMM kKc,
