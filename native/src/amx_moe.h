@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "amx_layout.h"
@@ -160,11 +161,16 @@ struct TileGemm {
 };
 
 // 64-byte aligned scratch carved from one growing buffer per calling thread (forward is not reentrant per thread).
+// Grown with a quarter to spare and left uninitialized: calls whose need differs by a few rows (the last group's size
+// follows the routing) would otherwise free, re-fault and zero ~100 MB each time (~25 ms at T = 4096).
 class Scratch {
  public:
   void reset(size_t bytes) {
-    if (buf_.size() < bytes + 64) buf_.assign(bytes + 64, 0);
-    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf_.data()) + 63) & ~uintptr_t(63));
+    if (cap_ < bytes) {
+      cap_ = bytes + bytes / 4;
+      buf_.reset(new uint8_t[cap_ + 64]);
+    }
+    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf_.get()) + 63) & ~uintptr_t(63));
     used_ = 0;
   }
   template <class T>
@@ -176,7 +182,8 @@ class Scratch {
   static size_t need(size_t n, size_t elem) { return round_up(n * elem, 64); }
 
  private:
-  std::vector<uint8_t> buf_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0;
   uint8_t* base_ = nullptr;
   size_t used_ = 0;
 };
