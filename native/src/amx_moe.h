@@ -30,14 +30,19 @@
 
 namespace tessera::amx {
 
-// Experts with at least this many rows use tiles (default 16, tessera/tuning.h); TESSERA_AMX_TILE_MIN_ROWS overrides it
-// and tests force either path with _native.set_amx_tile_min_rows.
-// Not measured on AMX hardware yet (none was available): below 16 rows a tile op runs partly empty while the vector
-// path, which shares each weight row among 4 token rows, is still bound by the same weight stream; KTransformers'
-// rule (tiles when qlen > 4*E/k) switches at a mean of 4 rows per expert. Measure with bench-moe on AMX and adjust.
+// Pieces of experts with at least this many rows use tiles; TESSERA_AMX_TILE_MIN_ROWS (or a stored calibration) sets
+// one value for both formats, tests force either path with _native.set_amx_tile_min_rows. Defaults measured on an AMX
+// Xeon, 2 cores, Qwen3-30B-A3B layer (docs/BENCHMARKS.md, issue 16 items 1-2, sweep of 1..32 at T = 1..512):
+// bf16: tiles win from 1 row (the f32 vector path is 1.4x slower at T = 32, 2.1x at T = 128 with 16); 2 keeps decode
+// (one row per expert) on f32 activations at <= 4 % of the time of 1 at any T. int8: the two-digit vector path is as
+// fast or faster below ~16 rows (1 row: decode 1.9 vs 1.45 ms); from 16 the two are within noise.
+constexpr int64_t kTileMinRowsBF16 = 2, kTileMinRowsInt8 = 16;
 constexpr int64_t kSlabBlocks = 4;  // n-blocks (16 outputs each) per task
 
-inline int64_t tile_min_rows() { return tuning().amx_tile_min_rows.load(std::memory_order_relaxed); }
+inline int64_t tile_min_rows(WeightFormat fmt) {
+  const int64_t v = tuning().amx_tile_min_rows.load(std::memory_order_relaxed);
+  return v > 0 ? v : fmt == WeightFormat::Int8 ? kTileMinRowsInt8 : kTileMinRowsBF16;
+}
 
 // Tiles 0,1: A rows m0..m0+15 and m0+16..m0+31; 2,3: B n-blocks nb, nb+1; 4..7: C = (A0|A1) x (B0|B1).
 inline TileConfig gemm_tile_config(int ra0, int ra1) {
@@ -213,7 +218,7 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   const MatLayout& D = L.down;      // [H, I]
   const int64_t E = L.E, H = L.H, I = L.I;
   const VecKernels& vec = vec_best();
-  const int64_t min_rows = tile_min_rows();
+  const int64_t min_rows = tile_min_rows(Fmt);
   constexpr bool kInt8 = Fmt == WeightFormat::Int8;
   const bool prof = tuning().profile;
   const double t_start = prof ? now_us() : 0.0;

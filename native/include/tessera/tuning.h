@@ -36,9 +36,11 @@ struct Tuning {
   std::string invalid;
   // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.
   std::string from_environment;
-  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. Atomic: a stored calibration sets
-  // it, and tests switch it while the process runs (set_amx_tile_min_rows).
-  std::atomic<int64_t> amx_tile_min_rows{16};
+  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles; 0 (default): per weight format,
+  // amx_moe.h kTileMinRowsBF16 (2) and kTileMinRowsInt8 (16), measured on an AMX Xeon (docs/BENCHMARKS.md, issue 16
+  // items 1-2). Atomic: a stored calibration sets it, and tests switch it while the process runs
+  // (set_amx_tile_min_rows).
+  std::atomic<int64_t> amx_tile_min_rows{0};
   // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
   // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
   // cost of scratch ~ T * k * I floats. Atomic: the calibration times candidates in one process (`tessera-cli tune`,
