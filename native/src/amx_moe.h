@@ -38,7 +38,7 @@ namespace tessera::amx {
 // fast or faster below ~16 rows (1 row: decode 1.9 vs 1.45 ms); from 16 the two are within noise.
 constexpr int64_t kTileMinRowsBF16 = 2, kTileMinRowsInt8 = 16;
 // n-blocks (16 outputs each) per task. 8 rather than 4: each task re-reads its piece's activation rows, so wider slabs
-// halve that traffic (AMX Xeon, 2 cores, Qwen3-30B-A3B layer: T=4096 bf16 974 -> 1060-1130 GFLOP/s, int8 574 -> 600-630
+// halve that traffic (AMX Xeon, 2 cores, Qwen3-30B-A3B layer: T=4096 bf16 974 -> 1060-1130 GFLOP/s, int8 574 -> 600+,
 // int8 T=512 413 -> 447-467; 12 and 16 within noise of 8; int8 decode 1.32 ms vs 1.38 ms). Decode keeps 48 gate/up and
 // 128 down tasks at k = 8.
 constexpr int64_t kSlabBlocks = 8;
