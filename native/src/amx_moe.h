@@ -13,9 +13,12 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "amx_layout.h"
@@ -27,14 +30,23 @@
 
 namespace tessera::amx {
 
-// Experts with at least this many rows use tiles (default 16, tessera/tuning.h); TESSERA_AMX_TILE_MIN_ROWS overrides it
-// and tests force either path with _native.set_amx_tile_min_rows.
-// Not measured on AMX hardware yet (none was available): below 16 rows a tile op runs partly empty while the vector
-// path, which shares each weight row among 4 token rows, is still bound by the same weight stream; KTransformers'
-// rule (tiles when qlen > 4*E/k) switches at a mean of 4 rows per expert. Measure with bench-moe on AMX and adjust.
-constexpr int64_t kSlabBlocks = 4;  // n-blocks (16 outputs each) per task
+// Pieces of experts with at least this many rows use tiles; TESSERA_AMX_TILE_MIN_ROWS (or a stored calibration) sets
+// one value for both formats, tests force either path with _native.set_amx_tile_min_rows. Defaults measured on an AMX
+// Xeon, 2 cores, Qwen3-30B-A3B layer (docs/BENCHMARKS.md, issue 16 items 1-2, sweep of 1..32 at T = 1..512):
+// bf16: tiles win from 1 row (the f32 vector path is 1.4x slower at T = 32, 2.1x at T = 128 with 16); 2 keeps decode
+// (one row per expert) on f32 activations at <= 4 % of the time of 1 at any T. int8: the two-digit vector path is as
+// fast or faster below ~16 rows (1 row: decode 1.9 vs 1.45 ms); from 16 the two are within noise.
+constexpr int64_t kTileMinRowsBF16 = 2, kTileMinRowsInt8 = 16;
+// n-blocks (16 outputs each) per task. 8 rather than 4: each task re-reads its piece's activation rows, so wider slabs
+// halve that traffic (AMX Xeon, 2 cores, Qwen3-30B-A3B layer: T=4096 bf16 974 -> 1060-1130 GFLOP/s, int8 574 -> 600+,
+// int8 T=512 413 -> 447-467; 12 and 16 within noise of 8; int8 decode 1.32 ms vs 1.38 ms). Decode keeps 48 gate/up and
+// 128 down tasks at k = 8.
+constexpr int64_t kSlabBlocks = 8;
 
-inline int64_t tile_min_rows() { return tuning().amx_tile_min_rows.load(std::memory_order_relaxed); }
+inline int64_t tile_min_rows(WeightFormat fmt) {
+  const int64_t v = tuning().amx_tile_min_rows.load(std::memory_order_relaxed);
+  return v > 0 ? v : fmt == WeightFormat::Int8 ? kTileMinRowsInt8 : kTileMinRowsBF16;
+}
 
 // Tiles 0,1: A rows m0..m0+15 and m0+16..m0+31; 2,3: B n-blocks nb, nb+1; 4..7: C = (A0|A1) x (B0|B1).
 inline TileConfig gemm_tile_config(int ra0, int ra1) {
@@ -158,11 +170,16 @@ struct TileGemm {
 };
 
 // 64-byte aligned scratch carved from one growing buffer per calling thread (forward is not reentrant per thread).
+// Grown with a quarter to spare and left uninitialized: calls whose need differs by a few rows (the last group's size
+// follows the routing) would otherwise free, re-fault and zero ~100 MB each time (~25 ms at T = 4096).
 class Scratch {
  public:
   void reset(size_t bytes) {
-    if (buf_.size() < bytes + 64) buf_.assign(bytes + 64, 0);
-    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf_.data()) + 63) & ~uintptr_t(63));
+    if (cap_ < bytes) {
+      cap_ = bytes + bytes / 4;
+      buf_.reset(new uint8_t[cap_ + 64]);
+    }
+    base_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf_.get()) + 63) & ~uintptr_t(63));
     used_ = 0;
   }
   template <class T>
@@ -174,21 +191,41 @@ class Scratch {
   static size_t need(size_t n, size_t elem) { return round_up(n * elem, 64); }
 
  private:
-  std::vector<uint8_t> buf_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0;
   uint8_t* base_ = nullptr;
   size_t used_ = 0;
 };
 
-// One pass over at most kMaxTokensPerPass tokens (moe_forward below splits longer inputs).
+// Routed rows per group of experts (see moe_forward): bounds the per-group scratch (about 25 KB a row on a
+// Qwen3-30B-A3B layer: ~50 MB at 2048 rows) while every expert's weights are still read once per call.
+constexpr int64_t kGroupRows = 2048;
+
+inline double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One layer forward (BackendOps::forward contract in tessera/backend.h).
+// All T tokens are routed at once: rows (t, j) grouped by expert, in token order within an expert. Each token's
+// activations are converted once (int8 digits or bf16) and copied to its rows. The experts' rows are then cut into
+// pieces of at most kGroupRows rows (one piece per expert unless it has more) and consecutive pieces into groups of at
+// most kGroupRows rows; a group runs gate/up, silu, down and adds its rows into out. So every expert's weights are
+// streamed from memory once per call (per piece: once for any expert with <= kGroupRows rows), however long the
+// prompt, while the scratch stays bounded: one group's rows plus one converted row per token (at most half of x).
+// The groups, pieces and every sum's order depend only on the routing: results do not depend on the thread count,
+// and with T * k <= kGroupRows (one group) each output is summed in slot order as before.
 template <class Tiles, WeightFormat Fmt>
-void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
-                      const float* weights, const float* x, float* out, ThreadPool& pool) {
+void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
+                 const float* weights, const float* x, float* out, ThreadPool& pool) {
+  const LayerLayout L = read_layer(blob, backend, Fmt);
   const MatLayout& GU = L.gate_up;  // [I, H]
   const MatLayout& D = L.down;      // [H, I]
   const int64_t E = L.E, H = L.H, I = L.I;
   const VecKernels& vec = vec_best();
-  const int64_t min_rows = tile_min_rows();
+  const int64_t min_rows = tile_min_rows(Fmt);
   constexpr bool kInt8 = Fmt == WeightFormat::Int8;
+  const bool prof = tuning().profile;
+  const double t_start = prof ? now_us() : 0.0;
 
   // Routing: rows (t, j) grouped by expert, in token order within an expert.
   std::vector<int64_t> offs(E + 1, 0), row_of(T * k, -1);
@@ -202,118 +239,180 @@ void moe_forward_pass(const LayerLayout& L, const uint8_t* blob, int64_t T, int6
       row_of[i] = fill[ids[i]]++;
       row_tok[row_of[i]] = i / k;
     }
-  std::vector<int64_t> active;  // experts with rows
+  // Pieces (expert, rows [r0, r1)) and groups of consecutive pieces [gstart[g], gstart[g + 1]): contiguous row ranges.
+  struct Piece {
+    int64_t e, r0, r1;
+  };
+  std::vector<Piece> pieces;
   for (int64_t e = 0; e < E; ++e)
-    if (offs[e + 1] > offs[e]) active.push_back(e);
-
-  // Scratch: A [R, Kp(H)], gate/up/h [R, I], h converted [R, Kp(I)], Y [R, H]. int8 rows take 2 bytes per element
-  // (hi digits, then lo digits: stride 2*Kp); bf16 rows 4: an expert on tiles reads its rows as bf16 (stride 2*Kp
-  // elements), one on vectors as f32 (stride Kp).
-  const size_t ab = kInt8 ? 2 : 4;
+    for (int64_t r = offs[e]; r < offs[e + 1]; r += kGroupRows)
+      pieces.push_back({e, r, std::min(offs[e + 1], r + kGroupRows)});
+  std::vector<size_t> gstart{0};
+  int64_t grows = 0, max_rows = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const int64_t n = pieces[i].r1 - pieces[i].r0;
+    if (grows + n > kGroupRows) {
+      gstart.push_back(i);
+      grows = 0;
+    }
+    grows += n;
+    max_rows = std::max(max_rows, grows);
+  }
+  if (!pieces.empty()) gstart.push_back(pieces.size());
+  // Which rows run on tiles: those of pieces with at least min_rows rows.
   std::vector<char> row_tiles(R);
-  for (int64_t e : active)
-    std::fill(row_tiles.begin() + offs[e], row_tiles.begin() + offs[e + 1], offs[e + 1] - offs[e] >= min_rows);
+  bool any_tiles = false;
+  for (const Piece& p : pieces) {
+    const bool t = p.r1 - p.r0 >= min_rows;
+    std::fill(row_tiles.begin() + p.r0, row_tiles.begin() + p.r1, t);
+    any_tiles |= t;
+  }
+
+  // Scratch: per token X [T, row] (int8: hi digits then lo digits, 2 Kp bytes, with scales and corrections; bf16: Kp
+  // bf16 for the rows on tiles; rows on vectors read x as f32). Per group of G rows: A [G, Kp(H)], gate/up/h [G, I],
+  // h converted [G, Kp(I)], Y [G, H]. int8 rows take 2 bytes per element (hi digits, then lo digits: stride 2*Kp);
+  // bf16 rows 4: an expert on tiles reads its rows as bf16 (stride 2*Kp elements), one on vectors as f32 (stride Kp).
+  const size_t ab = kInt8 ? 2 : 4;
+  // Row stride in bytes, 64 more than the row: a multiple of 4 KB (int8 H = 2048) would put the 16 rows of a tile
+  // load in one L1 set.
+  auto rowb = [&](const MatLayout& ML) -> int64_t { return ML.Kp * ab + 64; };
+  const int64_t TX = kInt8 || any_tiles ? T : 0;  // tokens converted once
+  const int64_t G = max_rows;
   thread_local Scratch scratch;
-  scratch.reset(Scratch::need(R * GU.Kp, ab) + 2 * Scratch::need(R * GU.ngroups, 4) + 2 * Scratch::need(R * I, 4) +
-                Scratch::need(R * D.Kp, ab) + 2 * Scratch::need(R * D.ngroups, 4) + Scratch::need(R * H, 4));
-  uint8_t* A = scratch.take<uint8_t>(R * GU.Kp * ab);
-  float* as = scratch.take<float>(R * GU.ngroups);
-  int32_t* acorr = scratch.take<int32_t>(R * GU.ngroups);
-  float* Hb = scratch.take<float>(R * I);  // gate, then silu(gate) * up
-  float* Ub = scratch.take<float>(R * I);
-  uint8_t* Hq = scratch.take<uint8_t>(R * D.Kp * ab);
-  float* hs = scratch.take<float>(R * D.ngroups);
-  int32_t* hcorr = scratch.take<int32_t>(R * D.ngroups);
-  float* Y = scratch.take<float>(R * H);
+  scratch.reset(Scratch::need(TX * GU.Kp, 2) + 2 * Scratch::need(TX * GU.ngroups, 4) + Scratch::need(G * rowb(GU), 1) +
+                2 * Scratch::need(G * GU.ngroups, 4) + 2 * Scratch::need(G * I, 4) + Scratch::need(G * rowb(D), 1) +
+                2 * Scratch::need(G * D.ngroups, 4) + Scratch::need(G * H, 4));
+  uint8_t* X = scratch.take<uint8_t>(TX * GU.Kp * 2);
+  float* xs = scratch.take<float>(TX * GU.ngroups);
+  int32_t* xcorr = scratch.take<int32_t>(TX * GU.ngroups);
+  uint8_t* A = scratch.take<uint8_t>(G * rowb(GU));
+  float* as = scratch.take<float>(G * GU.ngroups);
+  int32_t* acorr = scratch.take<int32_t>(G * GU.ngroups);
+  float* Hb = scratch.take<float>(G * I);  // gate, then silu(gate) * up
+  float* Ub = scratch.take<float>(G * I);
+  uint8_t* Hq = scratch.take<uint8_t>(G * rowb(D));
+  float* hs = scratch.take<float>(G * D.ngroups);
+  int32_t* hcorr = scratch.take<int32_t>(G * D.ngroups);
+  float* Y = scratch.take<float>(G * H);
 
   constexpr int64_t kRowChunk = 16;
-  auto convert_rows = [&](const MatLayout& ML, const float* src, int64_t ld, const int64_t* tok, uint8_t* dst,
-                          float* sc, int32_t* cr) {
-    pool.parallel_for((R + kRowChunk - 1) / kRowChunk, [&](int64_t c, int) {
-      for (int64_t r = c * kRowChunk; r < std::min(R, (c + 1) * kRowChunk); ++r) {
-        const float* v = src + (tok ? tok[r] : r) * ld;
-        if constexpr (kInt8)
-          vec.quantize_i8(ML, v, reinterpret_cast<int8_t*>(dst) + r * 2 * ML.Kp, sc + r * ML.ngroups,
-                          cr + r * ML.ngroups);
-        else if (row_tiles[r])
-          vec.convert_bf16(ML, v, reinterpret_cast<uint16_t*>(dst) + r * 2 * ML.Kp);
-        else
-          pad_row_f32(ML, v, reinterpret_cast<float*>(dst) + r * ML.Kp);
-      }
+  auto chunks = [&](int64_t n, auto&& fn) {  // fn(i) for i < n, in parallel chunks of kRowChunk
+    pool.parallel_for((n + kRowChunk - 1) / kRowChunk, [&](int64_t c, int) {
+      for (int64_t i = c * kRowChunk; i < std::min(n, (c + 1) * kRowChunk); ++i) fn(i);
     });
   };
-  // C[M, slab] for one expert's rows on tiles or vectors.
+  // C[M, slab] for one piece's rows on tiles or vectors.
   auto gemm = [&](const MatLayout& ML, const uint8_t* W, const uint8_t* Ain, const float* sc, const int32_t* cr,
                   int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
     if constexpr (kInt8) {
       const int8_t* a = reinterpret_cast<const int8_t*>(Ain);
       if (M >= min_rows)
-        TileGemm<Tiles>::i8(vec, ML, W, a, 2 * ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
+        TileGemm<Tiles>::i8(vec, ML, W, a, rowb(ML), sc, cr, M, nb0, nb1, C, ldc);
       else
-        vec.gemm_i8(ML, W, a, 2 * ML.Kp, sc, cr, M, nb0, nb1, C, ldc);
+        vec.gemm_i8(ML, W, a, rowb(ML), sc, cr, M, nb0, nb1, C, ldc);
     } else if (M >= min_rows) {
-      TileGemm<Tiles>::bf16(ML, W, reinterpret_cast<const uint16_t*>(Ain), 2 * ML.Kp, M, nb0, nb1, C, ldc);
+      TileGemm<Tiles>::bf16(ML, W, reinterpret_cast<const uint16_t*>(Ain), rowb(ML) / 2, M, nb0, nb1, C, ldc);
     } else {
-      vec.gemm_bf16(ML, W, reinterpret_cast<const float*>(Ain), ML.Kp, M, nb0, nb1, C, ldc);
+      vec.gemm_bf16(ML, W, reinterpret_cast<const float*>(Ain), rowb(ML) / 4, M, nb0, nb1, C, ldc);
     }
   };
-  // Tasks (active expert, slab of n-blocks) over a matrix with nblocks.
-  auto for_expert_slabs = [&](int64_t nblocks, auto&& fn) {
-    const int64_t slabs = (nblocks + kSlabBlocks - 1) / kSlabBlocks;
-    pool.parallel_for(static_cast<int64_t>(active.size()) * slabs, [&](int64_t task, int) {
-      const int64_t e = active[task / slabs], s = task % slabs;
-      fn(e, s * kSlabBlocks, std::min(nblocks, (s + 1) * kSlabBlocks));
+
+  // 1. each token's activations once: int8 digits with scales and corrections, or bf16 for the rows on tiles.
+  chunks(TX, [&](int64_t t) {
+    if constexpr (kInt8)
+      vec.quantize_i8(GU, x + t * H, reinterpret_cast<int8_t*>(X) + t * 2 * GU.Kp, xs + t * GU.ngroups,
+                      xcorr + t * GU.ngroups);
+    else
+      vec.convert_bf16(GU, x + t * H, reinterpret_cast<uint16_t*>(X) + t * GU.Kp);
+  });
+  double t_conv = 0, t_gu = 0, t_h = 0, t_down = 0, t_comb = 0, t_mark = prof ? now_us() : 0.0;
+  t_conv = t_mark - t_start;
+  auto lap = [&](double& acc) {
+    if (!prof) return;
+    const double now = now_us();
+    acc += now - t_mark;
+    t_mark = now;
+  };
+  if (pieces.empty()) chunks(T, [&](int64_t t) { std::fill(out + t * H, out + (t + 1) * H, 0.0f); });
+
+  for (size_t grp = 0; grp + 1 < gstart.size(); ++grp) {
+    const Piece* p0 = pieces.data() + gstart[grp];
+    const int64_t np = static_cast<int64_t>(gstart[grp + 1] - gstart[grp]);
+    const int64_t g0 = p0[0].r0, g1 = p0[np - 1].r1, GRn = g1 - g0;  // the group's rows [g0, g1)
+    // Tasks (piece, slab of n-blocks) over a matrix with nblocks; fn(piece, nb0, nb1).
+    auto for_piece_slabs = [&](int64_t nblocks, auto&& fn) {
+      const int64_t slabs = (nblocks + kSlabBlocks - 1) / kSlabBlocks;
+      pool.parallel_for(np * slabs, [&](int64_t task, int) {
+        const int64_t s = task % slabs;
+        fn(p0[task / slabs], s * kSlabBlocks, std::min(nblocks, (s + 1) * kSlabBlocks));
+      });
+    };
+    // 2. the group's rows of converted activations (f32 for bf16 rows on vectors).
+    chunks(GRn, [&](int64_t i) {
+      const int64_t r = g0 + i, t = row_tok[r];
+      if constexpr (kInt8) {
+        std::memcpy(A + i * rowb(GU), X + t * 2 * GU.Kp, 2 * GU.Kp);
+        std::memcpy(as + i * GU.ngroups, xs + t * GU.ngroups, GU.ngroups * 4);
+        std::memcpy(acorr + i * GU.ngroups, xcorr + t * GU.ngroups, GU.ngroups * 4);
+      } else if (row_tiles[r]) {
+        std::memcpy(A + i * rowb(GU), reinterpret_cast<uint16_t*>(X) + t * GU.Kp,
+                    GU.Kp * 2);
+      } else {
+        pad_row_f32(GU, x + t * H, reinterpret_cast<float*>(A + i * rowb(GU)));
+      }
     });
-  };
-
-  // 1. activations of every routed row: int8 per (row, group) with scales; bf16 (tiles) or f32 (vectors).
-  convert_rows(GU, x, H, row_tok.data(), A, as, acorr);
-  // 2. gate and up, then h = silu(gate) * up on the same slab.
-  for_expert_slabs(GU.nblocks, [&](int64_t e, int64_t nb0, int64_t nb1) {
-    const int64_t r0 = offs[e], M = offs[e + 1] - r0;
-    const uint8_t* a = A + r0 * GU.Kp * ab;
-    const float* sc = as + r0 * GU.ngroups;
-    const int32_t* cr = acorr + r0 * GU.ngroups;
-    gemm(GU, L.gate(blob, e), a, sc, cr, M, nb0, nb1, Hb + r0 * I, I);
-    gemm(GU, L.up(blob, e), a, sc, cr, M, nb0, nb1, Ub + r0 * I, I);
-    const int64_t c0 = nb0 * kTileN, c1 = std::min(I, nb1 * kTileN);
-    for (int64_t r = r0; r < r0 + M; ++r) vec.silu_mul(Hb + r * I + c0, Ub + r * I + c0, c1 - c0);
-  });
-  // 3. h rows converted for the down projection.
-  convert_rows(D, Hb, I, nullptr, Hq, hs, hcorr);
-  // 4. down: Y [R, H].
-  for_expert_slabs(D.nblocks, [&](int64_t e, int64_t nb0, int64_t nb1) {
-    const int64_t r0 = offs[e], M = offs[e + 1] - r0;
-    gemm(D, L.down_mat(blob, e), Hq + r0 * D.Kp * ab, hs + r0 * D.ngroups, hcorr + r0 * D.ngroups, M, nb0, nb1,
-         Y + r0 * H, H);
-  });
-  // 5. out[t] = sum_j weights[t, j] * Y[row(t, j)], in slot order.
-  pool.parallel_for(T, [&](int64_t t, int) {
-    float* o = out + t * H;
-    std::fill(o, o + H, 0.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t r = row_of[t * k + j];
-      if (r < 0) continue;
-      const float w = weights[t * k + j];
-      const float* y = Y + r * H;
-      for (int64_t h = 0; h < H; ++h) o[h] += w * y[h];
-    }
-  });
-}
-
-// Tokens are independent, so a long prefill runs in passes of this many: the scratch stays bounded (about 100 MB for
-// a Qwen3-30B-A3B layer, k = 8) while each expert still sees enough rows (~32 at E = 128) to fill its tiles.
-constexpr int64_t kMaxTokensPerPass = 512;
-
-// One layer forward (BackendOps::forward contract in tessera/backend.h).
-template <class Tiles, WeightFormat Fmt>
-void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k, const int64_t* ids,
-                 const float* weights, const float* x, float* out, ThreadPool& pool) {
-  const LayerLayout L = read_layer(blob, backend, Fmt);
-  for (int64_t t0 = 0; t0 < T; t0 += kMaxTokensPerPass) {
-    const int64_t n = std::min(kMaxTokensPerPass, T - t0);
-    moe_forward_pass<Tiles, Fmt>(L, blob, n, k, ids + t0 * k, weights + t0 * k, x + t0 * L.H, out + t0 * L.H, pool);
+    lap(t_conv);
+    // 3. gate and up, then h = silu(gate) * up on the same slab.
+    for_piece_slabs(GU.nblocks, [&](const Piece& p, int64_t nb0, int64_t nb1) {
+      const int64_t l0 = p.r0 - g0, M = p.r1 - p.r0;
+      const uint8_t* a = A + l0 * rowb(GU);
+      const float* sc = as + l0 * GU.ngroups;
+      const int32_t* cr = acorr + l0 * GU.ngroups;
+      gemm(GU, L.gate(blob, p.e), a, sc, cr, M, nb0, nb1, Hb + l0 * I, I);
+      gemm(GU, L.up(blob, p.e), a, sc, cr, M, nb0, nb1, Ub + l0 * I, I);
+      const int64_t c0 = nb0 * kTileN, c1 = std::min(I, nb1 * kTileN);
+      for (int64_t r = l0; r < l0 + M; ++r) vec.silu_mul(Hb + r * I + c0, Ub + r * I + c0, c1 - c0);
+    });
+    lap(t_gu);
+    // 4. h rows converted for the down projection.
+    chunks(GRn, [&](int64_t i) {
+      const float* v = Hb + i * I;
+      if constexpr (kInt8)
+        vec.quantize_i8(D, v, reinterpret_cast<int8_t*>(Hq + i * rowb(D)), hs + i * D.ngroups, hcorr + i * D.ngroups);
+      else if (row_tiles[g0 + i])
+        vec.convert_bf16(D, v, reinterpret_cast<uint16_t*>(Hq + i * rowb(D)));
+      else
+        pad_row_f32(D, v, reinterpret_cast<float*>(Hq + i * rowb(D)));
+    });
+    lap(t_h);
+    // 5. down: Y [G, H].
+    for_piece_slabs(D.nblocks, [&](const Piece& p, int64_t nb0, int64_t nb1) {
+      const int64_t l0 = p.r0 - g0;
+      gemm(D, L.down_mat(blob, p.e), Hq + l0 * rowb(D), hs + l0 * D.ngroups, hcorr + l0 * D.ngroups, p.r1 - p.r0,
+           nb0, nb1, Y + l0 * H, H);
+    });
+    lap(t_down);
+    // 6. out[t] (+)= sum_j weights[t, j] * Y[row(t, j)] over the token's rows in this group, in slot order; the first
+    // group writes every token (zero where it has no rows here).
+    chunks(T, [&](int64_t t) {
+      float* o = out + t * H;
+      if (grp == 0) std::fill(o, o + H, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = row_of[t * k + j];
+        if (r < g0 || r >= g1) continue;
+        const float w = weights[t * k + j];
+        const float* y = Y + (r - g0) * H;
+        for (int64_t h = 0; h < H; ++h) o[h] += w * y[h];
+      }
+    });
+    lap(t_comb);
   }
+  if (prof)
+    std::fprintf(stderr,
+                 "tessera %s T=%lld R=%lld groups=%lld: convert %.0f us, gate/up %.0f us, h %.0f us, down %.0f us, "
+                 "combine %.0f us\n",
+                 backend, (long long)T, (long long)R, (long long)(gstart.size() - 1), t_conv, t_gu, t_h, t_down,
+                 t_comb);
 }
 
 }  // namespace tessera::amx

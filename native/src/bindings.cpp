@@ -349,9 +349,10 @@ NB_MODULE(_native, m) {
     return d;
   }, "Every TESSERA_* tuning knob as the kernels use it (read once per process; tessera/tuning.h).");
   m.def("set_amx_tile_min_rows", [](int64_t rows) {
-    if (rows < 1) throw nb::value_error("rows: must be >= 1");
+    if (rows < 0) throw nb::value_error("rows: must be >= 0 (0: the per-format default)");
     return tuning().amx_tile_min_rows.exchange(rows);
-  }, nb::arg("rows"), "Tests: force the AMX tile path (1) or the vector path (huge); returns the previous value.");
+  }, nb::arg("rows"), "Tests: force the AMX tile path (1), the vector path (huge) or the per-format default (0); "
+     "returns the previous value.");
   m.def("set_tuning_knob", [](const std::string& name, int64_t value) -> int64_t {
     Tuning& t = tuning();
     if (name == "prefetch_bytes") {
@@ -363,7 +364,7 @@ NB_MODULE(_native, m) {
       return t.spin_us.exchange(int(value));
     }
     if (name == "amx_tile_min_rows") {
-      if (value < 1) throw nb::value_error("amx_tile_min_rows: must be >= 1");
+      if (value < 0) throw nb::value_error("amx_tile_min_rows: must be >= 0 (0: the per-format default)");
       return t.amx_tile_min_rows.exchange(value);
     }
     if (name == "quant_moe_chunk_tokens") {

@@ -46,7 +46,7 @@ class Knob:
 
 SPIN = Knob("spin_us", 50, (0, 10, 50, 200), "decode")
 PREFETCH = Knob("prefetch_bytes", -1, (-1, 0, 2048, 4096, 16384), "decode")  # -1: kKC * 64 = 8192 bytes
-AMX_TILE_ROWS = Knob("amx_tile_min_rows", 16, (1, 2, 4, 8, 16, 32), "prefill")
+AMX_TILE_ROWS = Knob("amx_tile_min_rows", 0, (0, 1, 2, 4, 8, 16, 32), "prefill")  # 0: per format (bf16 2, int8 16)
 # Values above QUANT_PREFILL_T act as QUANT_PREFILL_T on the engine's calls: not candidates.
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 256, (64, 128, 256, 512), "quant_prefill", on_load=False)
 # 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).

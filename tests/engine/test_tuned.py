@@ -101,7 +101,7 @@ def test_environment_wins_over_the_record(tmp_path):
     assert knobs["spin_us"] == {"value": 7, "source": "environment"}
     assert knobs["quant_moe_chunk_tokens"] == {"value": 64, "source": "environment"}
     assert knobs["prefetch_bytes"] == {"value": 4096, "source": "measured"}
-    assert knobs["amx_tile_min_rows"] == {"value": 16, "source": "default"}
+    assert knobs["amx_tile_min_rows"] == {"value": 0, "source": "default"}
     assert (native_now["spin_us"], native_now["quant_moe_chunk_tokens"], native_now["prefetch_bytes"]) == (7, 64, 4096)
 
 
@@ -119,7 +119,7 @@ def test_the_record_reaches_the_native_module(tmp_path):
     knobs, message, native_now = _apply_in_child(tmp_path)
     assert "measured with native build 'feedfacefeedface'" in message
     assert all(k["source"] == "default" for k in knobs.values())
-    assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 16,
+    assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 0,
                                                       "quant_moe_chunk_tokens": 256, "vnni_gemm_min_tokens": 0}
 
 

@@ -36,9 +36,11 @@ struct Tuning {
   std::string invalid;
   // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.
   std::string from_environment;
-  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles. Atomic: a stored calibration sets
-  // it, and tests switch it while the process runs (set_amx_tile_min_rows).
-  std::atomic<int64_t> amx_tile_min_rows{16};
+  // TESSERA_AMX_TILE_MIN_ROWS: experts with at least this many rows use AMX tiles; 0 (default): per weight format,
+  // amx_moe.h kTileMinRowsBF16 (2) and kTileMinRowsInt8 (16), measured on an AMX Xeon (docs/BENCHMARKS.md, issue 16
+  // items 1-2). Atomic: a stored calibration sets it, and tests switch it while the process runs
+  // (set_amx_tile_min_rows).
+  std::atomic<int64_t> amx_tile_min_rows{0};
   // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
   // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
   // cost of scratch ~ T * k * I floats. Atomic: the calibration times candidates in one process (`tessera-cli tune`,
@@ -64,8 +66,9 @@ struct Tuning {
 //   dense thresholds showed no measurable gain either way from T = 128 on, i.e. no CPU-dependent optimum to find.
 // - moe_panels.h kBf16MinTokens (16): a numerics boundary, not a speed one: below it activations stay f32 so decode
 //   matches Reference's greedy output on every CPU; a per-CPU value would make results depend on the machine.
-// - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kMaxTokensPerPass (512): bound scratch memory only; the
-//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes.
+// - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kGroupRows (2048 routed rows): bound scratch memory only; the
+//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes (the
+//   AMX backends' groups never re-read an expert's weights in a call either way).
 // - Register blockings and tile shapes (kMRC, kNBC, kMR, kLanes, AMX tile shapes): fixed by the ISA's register file
 //   and tile palette, not by the CPU model.
 // - Cache blockings (moe_body.inc kKC 128 pairs, quant_driver.cpp kGemmBlock 256 tokens / kRowGroup, dense GEMM kKc,
