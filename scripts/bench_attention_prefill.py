@@ -4,6 +4,7 @@ RMSNorm, RoPE, the KV append into the tiled cache, the causal kernel and the hea
 thread and the native pool at --threads, as a model step on native weights runs them (engine.dense.step_torch_threads).
 
     python scripts/bench_attention_prefill.py [--threads 2] [--tokens 512 4096] [--cached 0] [--reps 3]
+                                              [--kernels AMX_BF16 AVX512_BF16 ...]
 
 Each piece is timed on its own (best of --reps): torch's norms, rope and append (KVCache.write), the native pass that
 replaces the three (prepare), the kernel (engine.attention.attend), then the whole of Attention.__call__ with its
@@ -43,7 +44,7 @@ class _Given:
         return [o.clone() for o in self.outs]
 
 
-def row(T: int, cached: int, pool, reps: int) -> dict:
+def row(T: int, cached: int, pool, reps: int, kernels: list[str]) -> dict:
     from tessera.engine import model as M
     from tessera.engine import native
     from tessera.engine.attention import attend
@@ -109,6 +110,12 @@ def row(T: int, cached: int, pool, reps: int) -> dict:
     out["module_ms"] = round(out["module_ms"] - out.pop("given_ms"), 2)
     out["kernel_gflops"] = round(flops / out["kernel_ms"] / 1e6, 1)
     out["other_ms"] = round(out["module_ms"] - out["kernel_ms"], 2)  # everything in the module but the kernel
+    q_heads, o = qr.contiguous(), torch.empty(T, NH * HD)  # [nh, T, hd], [T, nh*hd]
+    for name in kernels:  # each named kernel alone on the same cache and queries
+        def named(name=name):
+            native.attention_bf16(q_heads, cache.k[0], cache.v[0], cached, HD**-0.5, o, pool, kernel=name)
+        ms = 1e3 * best_s(named, reps)
+        out[f"{name}_ms"], out[f"{name}_gflops"] = round(ms, 2), round(flops / ms / 1e6, 1)
     return out
 
 
@@ -118,6 +125,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--cached", type=int, default=0, help="positions already in the cache before the prompt")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--kernels", nargs="*", default=[],
+                    help="also time these kernels alone (AMX_BF16, AVX512_BF16, ...): NAME_ms, NAME_gflops")
     args = ap.parse_args()
     from tessera.engine.dense import dense_pool
 
@@ -125,7 +134,7 @@ def main() -> None:
     torch.set_num_threads(1)  # as a step on native weights runs torch (engine.dense.step_torch_threads)
     with torch.inference_mode():
         for T in args.tokens:
-            print(json.dumps(row(T, args.cached, pool, args.reps)), flush=True)
+            print(json.dumps(row(T, args.cached, pool, args.reps, args.kernels)), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,22 @@ bool avx512_bf16_ok(int64_t hd) {
   return cpu && avx512_ok(hd);
 }
 
+// AMX tiles for both block products: the CPU has AMX-BF16, the OS enables the tile state, Linux granted XTILEDATA, and
+// TESSERA_MAX_ISA does not cap below AMX.
+bool amx_bf16_ok(int64_t hd) {
+  static const bool cpu = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.amx_tile && c.amx_bf16 && c.os_amx && c.amx_permitted && max_isa_cap() >= IsaLevel::AMX;
+  }();
+  return cpu && avx512_bf16_ok(hd);
+}
+
 }  // namespace
 
 const char* attention_kernel_name(int64_t hd) { return avx512_ok(hd) ? "AVX512" : "Reference"; }
 
 const char* attention_prefill_kernel_name(int64_t hd) {
+  if (amx_bf16_ok(hd)) return "AMX_BF16";
   return avx512_bf16_ok(hd) ? "AVX512_BF16" : attention_kernel_name(hd);
 }
 
@@ -69,7 +80,8 @@ void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
 // tokens (docs/BENCHMARKS.md, "Attention prefill"), with errors of the size the bf16 cache already adds (as llama.cpp's
 // f16 cache and f16 flash attention do).
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
-  if (a.T > 1 && avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);
+  if (a.T > 1 && amx_bf16_ok(a.hd)) attention_isa::attention_amx_bf16(a, pool, false);
+  else if (a.T > 1 && avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);
   else if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
   else attention_bf16_reference(a, pool);
 }
@@ -78,8 +90,11 @@ void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::st
   if (kernel == "Reference") return attention_bf16_reference(a, pool);
   if (kernel == "AVX512" && avx512_ok(a.hd)) return attention_isa::attention_avx512(a, pool);
   if (kernel == "AVX512_BF16" && avx512_bf16_ok(a.hd)) return attention_isa::attention_avx512_bf16(a, pool);
+  if (kernel == "AMX_BF16" && amx_bf16_ok(a.hd)) return attention_isa::attention_amx_bf16(a, pool, false);
+  if (kernel == "AMX_BF16-emulated" && avx512_bf16_ok(a.hd)) return attention_isa::attention_amx_bf16(a, pool, true);
   throw std::invalid_argument("kernel: '" + kernel + "' is not an attention kernel this CPU runs for head dim " +
-                              std::to_string(a.hd) + " (AVX512_BF16, AVX512 or Reference)");
+                              std::to_string(a.hd) +
+                              " (AMX_BF16, AMX_BF16-emulated, AVX512_BF16, AVX512 or Reference)");
 }
 
 }  // namespace tessera

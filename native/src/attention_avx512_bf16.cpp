@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tile.h"
+#include "amx_tile_emu.h"
 #include "isa_target.h"
 #include "tessera/attention.h"
 
@@ -168,6 +170,7 @@ void pack_values(const uint16_t* v, int64_t hd, int nk, uint16_t* vp) {
 
 // The bf16 block products for attention_flash.inc.
 struct Bf16Kernel {
+  static constexpr int64_t kRowPad = 1;
   static __m512i key_lanes(int half) {  // scores in unpack order
     return _mm512_add_epi32(_mm512_load_si512(kUnpackLow), _mm512_set1_epi32(4 * half));
   }
@@ -241,10 +244,110 @@ struct Bf16Kernel {
   }
 };
 
+#include "amx_tiles_local.inc"  // HwTiles (inline asm) and EmuTiles, file-local
+
+// Prefetches the part `step` of `steps` of the `bytes` at p (whole lines) into L2, or nothing when p is null: a block
+// ahead's K tile or V rows spread over the steps of this block's products.
+inline void prefetch_part(const char* p, int64_t bytes, int64_t step, int64_t steps) {
+  if (!p) return;
+  const int64_t lines = bytes / 64, l0 = lines * step / steps, l1 = lines * (step + 1) / steps;
+  for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
+}
+
+// Both block products on AMX tiles (TDPBF16PS: 16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with AMX-BF16;
+// every other step (queries rounded to bf16 once, online softmax, probabilities rounded to bf16, store) is
+// Bf16Kernel's, and so are the operands' layouts, which are already what the tiles read:
+// - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs: row p of kp's half (lo / hi keys)
+//   is dims (2p, 2p + 1) of 16 keys in unpack order, so B_lo(c) = kp + c * 32, B_hi(c) = + 32, rows 128 bytes apart,
+//   and C = s[r][0..16) / [16..32) in the same unpack order as Bf16Kernel's.
+// - Values: A = 16 rows of pb (16 pairs of keys, pair_key's order); B = pack_values' pairs (row q: keys pair_key(q),
+//   +1 for 16 dims of a chunk in unpack order, rows 2 hd elements apart); C = acc's 16 x 16 floats of a chunk half,
+//   loaded, accumulated and stored back (acc keeps Bf16Kernel's unpack order, so store_row is shared).
+// Each product is exact (bf16 x bf16 in f32) and the sums f32, as vdpbf16ps gives; the order of the additions differs
+// (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the tolerance tests/engine/test_attention.py holds it to.
+// Tiles: 0 A, 2-3 B, 4-5 C; rows are padded to whole tiles (kRowPad), the pad rows' results never read.
+template <class Tiles>
+struct AmxKernel : Bf16Kernel {
+  static constexpr int64_t kRowPad = 16;
+  static void configure() {
+    amx::TileConfig c;
+    c.tile(0, 16, 64).tile(2, 16, 64).tile(3, 16, 64).tile(4, 16, 64).tile(5, 16, 64);
+    Tiles::config(c);
+  }
+  static void load_queries(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Scratch& w) {
+    Bf16Kernel::load_queries(a, h, t0, t1, g, w);
+    const size_t rows = size_t((t1 - t0) * g), padded = (rows + 15) / 16 * 16;
+    w.qb.resize(padded * size_t(a.hd));
+    std::fill(w.qb.begin() + rows * size_t(a.hd), w.qb.end(), uint16_t(0));  // pad rows: finite
+  }
+  static void scores(Scratch& w, int64_t rows, int64_t hd, const uint16_t* tile, int nk) {
+    w.kp.resize(size_t(hd * kKeys));
+    pack_keys(tile, hd, nk, w.kp.data());
+    const uint16_t* Q = w.qb.data();
+    const uint16_t* kp = w.kp.data();
+    float* s = w.s.data();
+    const int64_t steps = (rows + 15) / 16;
+    configure();
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      Tiles::template zero<4>();
+      Tiles::template zero<5>();
+      for (int64_t c = 0; c < hd; c += 32) {
+        Tiles::template load<0>(Q + r0 * hd + c, hd * 2);
+        Tiles::template load<2>(kp + c * kKeys, 128);
+        Tiles::template load<3>(kp + c * kKeys + 32, 128);
+        Tiles::template dpbf16ps<4, 0, 2>();
+        Tiles::template dpbf16ps<5, 0, 3>();
+      }
+      Tiles::template store<4>(s + r0 * kKeys, kKeys * 4);
+      Tiles::template store<5>(s + r0 * kKeys + 16, kKeys * 4);
+      prefetch_part(w.prefetch_k, hd * 64, r0 / 16, steps);
+    }
+    Tiles::release();
+  }
+  static void values(Scratch& w, int64_t rows, int64_t hd, const uint16_t* v, int nk) {
+    w.vp.resize(size_t(hd * kKeys));
+    if (nk < kKeys) std::fill(w.vp.begin(), w.vp.end(), uint16_t(0));  // pairs past nk: 0, never garbage x 0
+    pack_values(v, hd, nk, w.vp.data());
+    float* acc = w.acc.data();
+    for (int64_t r = 0; r < rows; ++r) {  // acc = alpha * acc (most blocks past the first leave every alpha at 1)
+      const float al = w.alpha[size_t(r)];
+      if (al == 1.0f) continue;
+      const __m512 f = _mm512_set1_ps(al);
+      for (int64_t i = 0; i < hd; i += 16)
+        _mm512_storeu_ps(acc + r * hd + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + i), f));
+    }
+    const uint16_t* p = w.pb.data();
+    const uint16_t* vp = w.vp.data();
+    const int64_t steps = (rows + 15) / 16;
+    configure();
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      Tiles::template load<0>(p + r0 * kKeys, kKeys * 2);
+      for (int64_t c = 0; c < hd; c += 32) {
+        float* a0 = acc + r0 * hd + c;
+        Tiles::template load<4>(a0, hd * 4);
+        Tiles::template load<5>(a0 + 16, hd * 4);
+        Tiles::template load<2>(vp + 2 * c, hd * 4);
+        Tiles::template load<3>(vp + 2 * c + 32, hd * 4);
+        Tiles::template dpbf16ps<4, 0, 2>();
+        Tiles::template dpbf16ps<5, 0, 3>();
+        Tiles::template store<4>(a0, hd * 4);
+        Tiles::template store<5>(a0 + 16, hd * 4);
+      }
+      prefetch_part(w.prefetch_v, hd * 64, r0 / 16, steps);
+    }
+    Tiles::release();
+  }
+};
+
 }  // namespace
 
 void attention_isa::attention_avx512_bf16(const AttentionArgs& a, ThreadPool& pool) {
   flash_attention<Bf16Kernel>(a, pool);
+}
+
+void attention_isa::attention_amx_bf16(const AttentionArgs& a, ThreadPool& pool, bool emulated) {
+  if (emulated) flash_attention<AmxKernel<EmuTiles>>(a, pool);
+  else flash_attention<AmxKernel<HwTiles>>(a, pool);
 }
 
 }  // namespace tessera

@@ -46,33 +46,7 @@ namespace {
 
 using amx::TileConfig;
 
-// The real instructions (file-local copies of amx_tile_hw.h's, which needs the AMX compiler flags: here only the
-// assembler sees them). The tile number is an immediate, printed by %c.
-struct HwTiles {
-  static void config(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory"); }
-  static void release() { __asm__ volatile("tilerelease" ::: "memory"); }
-  template <int T> static void zero() { __asm__ volatile("tilezero %%tmm%c0" ::"i"(T)); }
-  template <int T> static void load(const void* p, std::ptrdiff_t stride) {
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(p), "r"(static_cast<long>(stride)), "i"(T) : "memory");
-  }
-  template <int T> static void store(void* p, std::ptrdiff_t stride) {
-    __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(p), "r"(static_cast<long>(stride)), "i"(T) : "memory");
-  }
-  template <int C, int A, int B> static void dpbssd() {
-    __asm__ volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
-  }
-};
-
-// The emulator through its out-of-line functions (file-local, so no inline copy compiled here for AVX-512 is shared
-// with the baseline code that also uses amx_tile_emu.h).
-struct EmuTiles {
-  static void config(const TileConfig& c) { amx::emu::ldtilecfg(c); }
-  static void release() { amx::emu::tilerelease(); }
-  template <int T> static void zero() { amx::emu::tilezero(T); }
-  template <int T> static void load(const void* p, std::ptrdiff_t stride) { amx::emu::tileloadd(T, p, stride); }
-  template <int T> static void store(void* p, std::ptrdiff_t stride) { amx::emu::tilestored(T, p, stride); }
-  template <int C, int A, int B> static void dpbssd() { amx::emu::tdpbssd(C, A, B); }
-};
+#include "amx_tiles_local.inc"  // HwTiles (inline asm) and EmuTiles, file-local
 
 inline float f16_at(const uint8_t* p) {
   uint16_t h;

@@ -32,7 +32,9 @@ def _runs(kernel: str) -> bool:
     return True
 
 
-KERNELS = {kernel: _runs(kernel) for kernel in ("AVX512_BF16", "AVX512", "Reference")}
+KERNELS = {kernel: _runs(kernel) for kernel in ("AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16", "AVX512", "Reference")}
+# The kernels whose products round q and the probabilities to bf16 (held to bf16_products_ok); the AMX ones on tiles.
+BF16_PRODUCTS = ("AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16")
 
 
 def naive(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -100,16 +102,32 @@ def test_native_attention_equals_naive(nh, nkv, hd, start, T, kernel, threads):
         pytest.skip(f"no {kernel} attention kernel on this CPU")
     if kernel == "Reference" and (threads != 2 or start + T > 2048):
         pytest.skip("the scalar reference is checked once per shape, below 2048 positions")
+    if kernel == "AMX_BF16-emulated" and threads != 2:
+        pytest.skip("the tile emulator is checked once per shape (threads split rows the same way on every kernel)")
     cache, keys, values = filled_cache(nkv, hd, start, T, seed=start + T)
     q = torch.randn(nh, T, hd, generator=torch.Generator().manual_seed(7))  # [nh, T, hd]
     out = torch.full((T, nh * hd), float("nan"))
     native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, out, make_pool(threads), kernel=kernel)
-    if kernel == "AVX512_BF16":
+    if kernel in BF16_PRODUCTS:
         ok, why = bf16_products_ok(out, q, keys, values, start, hd**-0.5)
         assert ok, why
         return
     want = naive(q, keys, values, start)  # f32 sums: errors scale with the values, not the (averaged, small) outputs
     assert float((out.double() - want).abs().max()) < 2e-6 * float(values.abs().max())
+
+
+@pytest.mark.skipif(not KERNELS["AMX_BF16"], reason="this CPU does not run AMX tiles")
+@pytest.mark.parametrize("nh,nkv,hd,start,T", [(32, 4, 128, 0, 300), (32, 4, 128, 1000, 19), (6, 2, 96, 64, 65),
+                                              (3, 1, 32, 1, 16)])
+def test_amx_tiles_match_their_emulator_bit_for_bit(nh, nkv, hd, start, T):
+    """The real TDPBF16PS and the emulator (which follows the SDM's pseudocode) give the same bits, so the emulated
+    kernel's correctness, tested on every CPU with avx512_bf16, is the hardware kernel's."""
+    cache, _, _ = filled_cache(nkv, hd, start, T, seed=11)
+    q = torch.randn(nh, T, hd, generator=torch.Generator().manual_seed(12))
+    hw, emu = torch.empty(T, nh * hd), torch.empty(T, nh * hd)
+    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, hw, make_pool(2), kernel="AMX_BF16")
+    native.attention_bf16(q, cache.k[0], cache.v[0], start, hd**-0.5, emu, make_pool(2), kernel="AMX_BF16-emulated")
+    assert torch.equal(hw, emu)
 
 
 def test_bf16_kernel_check_catches_a_lost_key():
@@ -149,7 +167,7 @@ def test_torch_path_equals_naive_and_native(start, T):
     if native_kernel(hd) != "Reference":
         assert uses_native(cache, 0)
         got = attend(q, cache, 0, start, mask)
-        if T > 1 and native.attention_prefill_kernel(hd) == "AVX512_BF16":  # prefill's default where the CPU has it
+        if T > 1 and native.attention_prefill_kernel(hd) in BF16_PRODUCTS:  # prefill's default where the CPU has it
             ok, why = bf16_products_ok(got, q, keys, values, start, hd**-0.5)
             assert ok, why
         else:

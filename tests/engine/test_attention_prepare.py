@@ -82,7 +82,7 @@ def test_prepare_equals_torch_norm_rope_and_write(nh, nkv, hd, start, T, strided
 
 
 @pytest.mark.skipif(not NATIVE, reason="no native attention kernel on this CPU")
-@pytest.mark.parametrize("kernel", ["AVX512_BF16", "AVX512", "Reference"])
+@pytest.mark.parametrize("kernel", ["AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16", "AVX512", "Reference"])
 @pytest.mark.parametrize("start,T", [(0, 1), (0, 130), (300, 19), (2000, 1)])
 def test_token_major_q_gives_the_same_bits(kernel, start, T):
     nh, nkv, hd = 8, 2, 64

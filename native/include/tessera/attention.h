@@ -39,21 +39,25 @@ struct AttentionPrepareArgs {
 void attention_prepare(const AttentionPrepareArgs& a, ThreadPool& pool);
 
 // Decode (T = 1): AVX512 (f32 products) where the CPU (and TESSERA_MAX_ISA) allows it and hd is a multiple of 32 up
-// to 512, else the reference. Prefill (T > 1): AVX512_BF16 (vdpbf16ps; q and the probabilities rounded to bf16) where
-// the CPU has avx512_bf16 too (1.8x faster there; no faster at decode: docs/BENCHMARKS.md, "Attention prefill").
+// to 512, else the reference. Prefill (T > 1): AMX_BF16 (the same products on AMX tiles) where the CPU has AMX-BF16
+// and Linux grants it, else AVX512_BF16 (vdpbf16ps; q and the probabilities rounded to bf16) where the CPU has
+// avx512_bf16 (1.8x faster there; no faster at decode: docs/BENCHMARKS.md, "Attention prefill").
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool);
-// The named kernel ("AVX512_BF16", "AVX512" or "Reference"); throws std::invalid_argument if it cannot run here.
+// The named kernel ("AMX_BF16", "AMX_BF16-emulated" (the AMX kernel on the portable tile emulator: tests, any CPU
+// with avx512_bf16), "AVX512_BF16", "AVX512" or "Reference"); throws std::invalid_argument if it cannot run here.
 void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::string& kernel);
 // Scalar, double accumulation, two passes (max, then exp-sum): the yardstick the fast kernel is tested against.
 void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool);
 // "AVX512" or "Reference": what attention_bf16 runs for a head dim of hd on this CPU at decode (T = 1).
 const char* attention_kernel_name(int64_t hd);
-// "AVX512_BF16", "AVX512" or "Reference": what it runs at prefill (T > 1).
+// "AMX_BF16", "AVX512_BF16", "AVX512" or "Reference": what it runs at prefill (T > 1).
 const char* attention_prefill_kernel_name(int64_t hd);
 
 namespace attention_isa {
 void attention_avx512(const AttentionArgs& a, ThreadPool& pool);
 void attention_avx512_bf16(const AttentionArgs& a, ThreadPool& pool);
+// emulated: the tile emulator instead of the instructions (which run only where amx_bf16_usable()).
+void attention_amx_bf16(const AttentionArgs& a, ThreadPool& pool, bool emulated);
 }
 
 }  // namespace tessera
