@@ -183,10 +183,24 @@ def current(record: dict | None) -> dict:
     return out
 
 
+# What a knob's value means where the number alone does not say: the kernels read these as "their own default".
+VALUE_MEANINGS = {
+    ("amx_tile_min_rows", 0): "per weight format: bf16 2, int8 16 (amx_moe.h, measured on an AMX Xeon)",
+    ("prefetch_bytes", -1): "the kernel's default, 8192 bytes ahead",
+    ("vnni_gemm_min_tokens", 0): "the kernels' default, 12 tokens",
+}
+
+
+def value_meaning(name: str, value: int) -> str:
+    """What `value` of knob `name` stands for where it is a placeholder for the kernels' own default, else ""."""
+    return VALUE_MEANINGS.get((name, int(value)), "")
+
+
 def status(folder: str | os.PathLike | None = None) -> dict:
     """What `check` and the hardware wizard show: {cpu, build, path, measured_at, backend, seconds, message, knobs}
     (knobs as `current` gives them, with the stored record's values where the environment does not set them, and then
-    "median_ms": {candidate: ms}, the timings behind the value; nothing is applied or measured here)."""
+    "median_ms": {candidate: ms}, the timings behind the value, and "meaning": value_meaning's text, "" for a plain
+    number; nothing is applied or measured here)."""
     record, message = load(folder)
     path = record_path(folder)
     knobs = current(None)
@@ -198,7 +212,7 @@ def status(folder: str | os.PathLike | None = None) -> dict:
             "seconds": (record or {}).get("seconds"), "message": message or ("" if record else
                                                                              "not calibrated yet: defaults in use "
                                                                              "(tessera-cli tune)"),
-            "knobs": knobs}
+            "knobs": {name: {**k, "meaning": value_meaning(name, k["value"])} for name, k in knobs.items()}}
 
 
 def describe(st: dict) -> list[str]:
@@ -209,15 +223,22 @@ def describe(st: dict) -> list[str]:
     else:
         lines.append(st["message"])
     for name, k in st["knobs"].items():
-        lines.append(f"{name} = {k['value']} ({k['source']}{measured_text(k)})")
+        meaning = f": {k['meaning']}" if k.get("meaning") else ""
+        lines.append(f"{name} = {k['value']} ({k['source']}{meaning}{measured_text(k, name)})")
     return lines
 
 
-def measured_text(knob: dict) -> str:
-    """"; medians 0: 1.1 ms, 50: 1.2 ms, ..." for a measured knob of status() (each candidate's median), else ""."""
+def measured_text(knob: dict, name: str = "") -> str:
+    """"; medians 0: 1.1 ms, 50: 1.2 ms, ..." for a measured knob of status() (each candidate's median; with the
+    knob's `name`, a placeholder candidate says what it stands for: "0 (per weight format)"), else ""."""
     medians = knob.get("median_ms") or {}  # JSON keys: candidates as text, shown in numeric order
     order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
-    return ("; medians " + ", ".join(f"{c}: {medians[c]:g} ms" for c in order)) if medians else ""
+
+    def label(c: str) -> str:
+        meaning = value_meaning(name, int(c)) if c.lstrip("-").isdigit() else ""
+        return f"{c} ({meaning.split(':')[0].split(',')[0]})" if meaning else c
+
+    return ("; medians " + ", ".join(f"{label(c)}: {medians[c]:g} ms" for c in order)) if medians else ""
 
 
 def prepare_for_load(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None,

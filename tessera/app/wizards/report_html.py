@@ -101,7 +101,8 @@ def report_html(report: dict) -> str:
         h.append(_row("Measured", escape(f"{tuning['measured_at']} on {tuning['backend']} in {tuning['seconds']:.1f} s")
                       if tuning["stored"] else f'<span style="color:{MUTED}">{escape(tuning["message"])}</span>'))
         for name, k in tuning["knobs"].items():  # the value, where it came from and the medians behind it
-            h.append(_row(name, f"{k['value']} <small>({escape(k['source'] + _medians(k))})</small>"))
+            meaning = f": {k['meaning']}" if k.get("meaning") else ""  # what a placeholder value stands for
+            h.append(_row(name, f"{k['value']} <small>({escape(k['source'] + meaning + _medians(k))})</small>"))
         h.append("</table>")
     m = report.get("model")
     if m:
