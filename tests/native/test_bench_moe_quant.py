@@ -28,6 +28,15 @@ def test_bench_moe_quantized_json(capsys, dtype):
             assert r[key] > 0, (isa, key)
 
 
+def test_bench_moe_quantized_times_the_prompt_lengths_asked_for(capsys):
+    assert main(["bench-moe", "--shape", "tiny-q", "--dtype", "q4_k", "--threads", "2", "--seconds", "0.05",
+                 "--rounds", "3", "--prompt-lengths", "3,40", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for isa, r in out["isas"].items():
+        if isa != "reference":
+            assert {"prefill3_ms", "prefill40_ms", "prefill40_gflops"} <= set(r) and "prefill512_ms" not in r, isa
+
+
 def test_bench_moe_quantized_shape_must_hold_whole_blocks(capsys):
     assert main(["bench-moe", "--shape", "tiny", "--dtype", "q4_k"]) == 1
     assert "--shape: tiny has H=64, I=32: Q4_K rows need a multiple of 256 values" in capsys.readouterr().err

@@ -4,9 +4,9 @@ blocks: random bytes, finite f16 scales), run by the quantized kernels read in p
 
 Decode (T=1, k experts) as microseconds and GB/s of quantized weight bytes read (3 projections x k experts), also as a
 percentage of this machine's read bandwidth: median over rounds that each probe the bandwidth and time decode back to
-back, interleaved across ISAs. Prefill (T=128, 512) as milliseconds and GFLOP/s (2 * k * 3 * H * I per token), median
-of runs. Each decode step routes to fresh random experts, so weights come from memory, not cache. Reference is checked
-for error, not timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
+back, interleaved across ISAs. Prefill (each --prompt-lengths T) as milliseconds and GFLOP/s (2 * k * 3 * H * I per
+token), median of runs. Each decode step routes to fresh random experts, so weights come from memory, not cache.
+Reference is checked for error, not timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
     import torch
 
     import tessera.engine.native as N
+    from tessera.engine.cli.bench_moe import _prompt_lengths
     from tessera.engine.errors import TesseraError
+
+    lengths = _prompt_lengths(args.prompt_lengths)
 
     types = DTYPES[args.dtype]
     for t in types:
@@ -135,7 +138,7 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
         r["decode_gbs"] = decode_bytes / (r["decode_best_us"] * 1e-6) / 1e9
         r["decode_pct_of_bandwidth"] = 100 * statistics.median(decode_bytes / b / 1e9 / bw
                                                                for _, b, bw in per_round[isa])
-        for T in (128, 512):
+        for T in lengths:
             x, w, ids = torch.randn(T, H, generator=gen), torch.softmax(torch.randn(T, k, generator=gen), -1), draw(T)
             out = torch.empty(T, H)
             forward(isa, ids, w, x, out)  # warm-up
@@ -149,9 +152,9 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
             r[f"prefill{T}_gflops"] = flops_per_token * T / dt / 1e9
         log(f"{isa:>12}: decode {r['decode_best_us']:7.0f} us {r['decode_gbs']:6.1f} GB/s "
             f"({r['decode_pct_of_bandwidth']:4.0f} % "
-            f"of bandwidth, median of {rounds} interleaved rounds) | prefill T=128 {r['prefill128_ms']:6.0f} ms "
-            f"{r['prefill128_gflops']:6.1f} GFLOP/s, T=512 {r['prefill512_ms']:6.0f} ms {r['prefill512_gflops']:6.1f} "
-            f"GFLOP/s | rel err vs float64 {100 * r['rel_err_vs_float64']:.2f} %")
+            f"of bandwidth, median of {rounds} interleaved rounds) | prefill "
+            + ", ".join(f"T={T} {r[f'prefill{T}_ms']:6.0f} ms {r[f'prefill{T}_gflops']:6.1f} GFLOP/s" for T in lengths)
+            + f" | rel err vs float64 {100 * r['rel_err_vs_float64']:.2f} %")
     for isa in isas:
         if isa not in timed:
             results[isa]["not_timed"] = "scalar correctness twin"
