@@ -368,7 +368,7 @@ NB_MODULE(_native, m) {
       return t.amx_tile_min_rows.exchange(value);
     }
     if (name == "quant_moe_chunk_tokens") {
-      if (value < 1) throw nb::value_error("quant_moe_chunk_tokens: must be >= 1");
+      if (value < 0) throw nb::value_error("quant_moe_chunk_tokens: must be >= 0 (0: the per-ISA default)");
       return t.quant_moe_chunk_tokens.exchange(value);
     }
     if (name == "vnni_gemm_min_tokens") {

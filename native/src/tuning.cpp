@@ -42,7 +42,7 @@ void read_environment(Tuning& t) {
   if (const char* v = env("TESSERA_QUANT_MOE_CHUNK_T")) {
     char* end = nullptr;
     long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n < 1) t.invalid += std::string("TESSERA_QUANT_MOE_CHUNK_T=") + v + "\n";
+    if (*end != '\0' || n < 0) t.invalid += std::string("TESSERA_QUANT_MOE_CHUNK_T=") + v + "\n";
     else t.quant_moe_chunk_tokens = n;
   }
   if (const char* v = env("TESSERA_VNNI_GEMM_MIN_T")) {

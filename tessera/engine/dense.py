@@ -24,9 +24,10 @@ Where the computation happens is chosen here, never in the model:
   dequantize-per-call + torch 2-60x at T=1 and 2-9x at T=16; from T=128 on the two are within 0.6-1.7x of each other
   either way (its cost grows linearly with T: each token is a mat-vec), and end to end a 512-token prefill of a
   4-layer 30B-A3B-shaped Q4_K_M file ran at 184-204 tok/s with every call on the blocks vs 191-207 tok/s widening per
-  call above 128 or 256 tokens: no measurable gain, so the blocks serve every call up to the 512-token prefill chunk
-  (no call the model makes holds an f32 copy). A longer call (a caller's own, e.g. teacher forcing) dequantizes
-  `WIDEN_ROWS` rows at a time for torch's GEMM.
+  call above 128 or 256 tokens: no measurable gain, so the blocks serve every call up to the prefill chunk
+  (generate.PREFILL_CHUNK, 2048 tokens: no call the model makes holds an f32 copy; at 4096 tokens in one call,
+  widening per call took 3.2 s of a 4-layer prefill against 1.3 s on the blocks, AMX Xeon). A longer call (a
+  caller's own, e.g. teacher forcing) dequantizes `WIDEN_ROWS` rows at a time for torch's GEMM.
 - any weight on a CUDA device (hybrid placement): torch on that device in the weight's dtype; a QuantizedMatrix is
   widened once, at construction, to bf16 on that device (a few rows at a time: no f32 copy of it is ever made).
 
@@ -57,7 +58,7 @@ GEMM_AVAILABLE = native.dense_gemm_bf16_available()  # avx512_bf16 under the TES
 GEMM_MIN_TOKENS = 16  # bf16 weights from this many tokens on: the vdpbf16ps GEMM (docs/BENCHMARKS.md)
 
 
-QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 512
+QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 2048
 WIDEN_ROWS = 4096  # rows of a quantized weight widened at a time beyond QUANT_NATIVE_MAX_TOKENS
 
 # The quantized ISA of the dense layers' block kernels (engine.native.quant_isa_for_dense of the session's expert

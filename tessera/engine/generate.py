@@ -12,17 +12,20 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tessera.engine.errors import ContextOverflowError, TesseraError
+from tessera.engine.errors import Cancelled, ContextOverflowError, TesseraError
 from tessera.engine.events import DoneEvent, RequestMetrics, StepMetrics, TokenEvent
 from tessera.engine.finite import check_logits
 from tessera.engine.kv_cache import KVCache
 from tessera.engine.model import Qwen3MoeModel, RoutingStats
 from tessera.engine.sampling import SamplingParams, make_generator, sample
 
-# Prompt tokens per prefill forward step (bounds attention memory; cancellation point). Not a per-CPU knob: it is also
-# the longest call the MoE kernels see, and their own per-CPU split of it (tessera/tuning.h quant_moe_chunk_tokens) is
-# what the calibration measures (engine/calibrate.py QUANT_PREFILL_T).
-PREFILL_CHUNK = 512
+# Prompt tokens per prefill forward step: the longest call the kernels see. Longer calls let each expert's weights
+# serve more tokens per read (the quantized MoE on AMX tiles: a 4096-token prompt's experts 1.3x faster in 2048-token
+# calls than in 512-token ones, docs/BENCHMARKS.md "Long prompts on AMX"); the per-CPU split of a call into passes is
+# tessera/tuning.h quant_moe_chunk_tokens (measured by engine/calibrate.py at QUANT_PREFILL_T = this). Cancellation is
+# checked between decoder layers (model.forward's `cancelled`), so a long step still stops within one layer. Memory:
+# attention never holds a T x S score matrix (native kernels), the MoE's scratch grows ~T * k * I floats per pass.
+PREFILL_CHUNK = 2048
 
 
 class StopStrings:
@@ -109,7 +112,8 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
         nonlocal pairs_total, pairs_on_device
         stats = RoutingStats()
         ts = time.perf_counter()
-        logits = model.forward(torch.tensor(ids, dtype=torch.long), cache, stats=stats)  # [1, V]
+        stop = cancelled if phase == "prefill" else None  # a decode step is one token: it finishes
+        logits = model.forward(torch.tensor(ids, dtype=torch.long), cache, stats=stats, cancelled=stop)  # [1, V]
         history.extend(ids)
         check_logits(logits, model, history)  # NaN/Inf: a named error saying which tensor or layer, never a token
         seconds = time.perf_counter() - ts
@@ -138,7 +142,12 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
             m.prefill_s = time.perf_counter() - t0
             yield done("cancelled", "", [])
             return
-        logits = step("prefill", todo[i : i + PREFILL_CHUNK])
+        try:
+            logits = step("prefill", todo[i : i + PREFILL_CHUNK])
+        except Cancelled:  # stopped between two layers: the cache holds the chunks before this one
+            m.prefill_s = time.perf_counter() - t0
+            yield done("cancelled", "", [])
+            return
     m.prefill_s = time.perf_counter() - t0
 
     generator = make_generator(params.seed)

@@ -14,6 +14,7 @@ heads, hd head dim, E experts, k experts per token, Id dense intermediate size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,7 @@ from tessera.engine.dense import (
     step_torch_threads,
     torch_threads,
 )
+from tessera.engine.errors import Cancelled
 from tessera.engine.experts import ExpertBackend, LayerExperts
 from tessera.engine.kv_cache import KVCache
 
@@ -251,11 +253,16 @@ class Qwen3MoeModel:
         *,
         last_only: bool = True,
         stats: RoutingStats | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> torch.Tensor:  # [1, V] float32 (last position) or [T, V] when last_only is False
+        """`cancelled` is asked between decoder layers: when it says yes the step stops there and raises
+        errors.Cancelled, leaving `cache` as it was before the step (its length and tokens unchanged: what the
+        finished layers wrote past its length is never read and is overwritten by the next step)."""
         with torch_threads(self.step_threads):  # one torch thread when the heavy work is all native
-            return self._forward(input_ids, cache, last_only, stats)
+            return self._forward(input_ids, cache, last_only, stats, cancelled)
 
-    def _forward(self, input_ids, cache: KVCache, last_only: bool, stats: RoutingStats | None) -> torch.Tensor:
+    def _forward(self, input_ids, cache: KVCache, last_only: bool, stats: RoutingStats | None,
+                 cancelled: Callable[[], bool] | None = None) -> torch.Tensor:
         T, start = input_ids.shape[0], cache.length
         cache.reserve(start + T)
         positions = torch.arange(start, start + T)  # [T]
@@ -272,6 +279,8 @@ class Qwen3MoeModel:
                 if block.device not in on_device:
                     on_device[block.device] = tuple(None if a is None else a.to(block.device) for a in (cos, sin, mask))
                 c, s, m = on_device[block.device]
+                if cancelled is not None and cancelled():  # a long prefill step stops within one layer
+                    raise Cancelled("generation cancelled")
                 x = block(x, c, s, cache, m, self.experts, stats)  # [T, H]
         cache.commit(input_ids.tolist())
         if last_only:

@@ -188,6 +188,7 @@ VALUE_MEANINGS = {
     ("amx_tile_min_rows", 0): "per weight format: bf16 2, int8 16 (amx_moe.h, measured on an AMX Xeon)",
     ("prefetch_bytes", -1): "the kernel's default, 8192 bytes ahead",
     ("vnni_gemm_min_tokens", 0): "the kernels' default, 12 tokens",
+    ("quant_moe_chunk_tokens", 0): "per quantized ISA: 2048 tokens on AMX int8 tiles, 256 elsewhere",
 }
 
 

@@ -65,6 +65,33 @@ def test_cancel_stops_within_one_token(models):
     assert [s.phase for s in steps] == ["prefill", "decode", "decode"]  # no step computed after the cancel
 
 
+class CancelAfter:
+    """A cancel flag that reads as set from its n-th look on: the generate loop looks once before the prefill chunk,
+    then the model once before each decoder layer, so n = 2 stops a prefill step after its first layer."""
+
+    def __init__(self, n: int):
+        self.n, self.looks = n, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+
+def test_cancel_stops_a_prefill_step_between_layers_and_leaves_the_cache_as_it_was(models):
+    _, model = models
+    assert len(model.layers) >= 2
+    cache, steps = model.new_cache(16), []
+    cancel = CancelAfter(2)
+    events = list(generate(model, cache, PROMPT, SamplingParams(temperature=0, max_tokens=5), decoder=LetterDecoder(),
+                           context_length=512, cancel=cancel, on_step=steps.append))
+    assert len(events) == 1 and events[0].metrics.stop_reason == "cancelled" and events[0].token_ids == []
+    assert cancel.looks == 2 and steps == []  # stopped before the second layer: no step finished
+    assert cache.length == 0 and cache.tokens == []  # the unfinished step left nothing behind
+    again = list(generate(model, cache, PROMPT, SamplingParams(temperature=0, max_tokens=5), decoder=LetterDecoder(),
+                          context_length=512))[-1]
+    assert again.token_ids == run(model, SamplingParams(temperature=0, max_tokens=5))[1].token_ids
+
+
 def test_cancel_before_start_computes_nothing(models):
     _, model = models
     cancel, steps = threading.Event(), []

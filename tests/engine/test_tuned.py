@@ -135,14 +135,14 @@ def test_the_record_reaches_the_native_module(tmp_path):
     assert "measured with native build 'feedfacefeedface'" in message
     assert all(k["source"] == "default" for k in knobs.values())
     assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 0,
-                                                      "quant_moe_chunk_tokens": 256, "vnni_gemm_min_tokens": 0}
+                                                      "quant_moe_chunk_tokens": 0, "vnni_gemm_min_tokens": 0}
 
 
 def test_a_bad_chunk_in_the_environment_is_named():
-    env = dict(os.environ, TESSERA_QUANT_MOE_CHUNK_T="0")
+    env = dict(os.environ, TESSERA_QUANT_MOE_CHUNK_T="-1")
     r = subprocess.run([sys.executable, "-c", "from tessera.engine import native; native.tuning()"], env=env,
                        capture_output=True, text=True)
-    assert r.returncode != 0 and "TESSERA_QUANT_MOE_CHUNK_T: must be a whole number >= 0, got '0'" in r.stderr
+    assert r.returncode != 0 and "TESSERA_QUANT_MOE_CHUNK_T: must be a whole number >= 0, got '-1'" in r.stderr
 
 
 def test_pick_takes_the_best_median_and_keeps_the_default_on_a_near_tie():

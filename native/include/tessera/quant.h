@@ -83,6 +83,8 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool);
 // ones its row path; 0: the ISA has no GEMM (Reference). AVX2: per type, from where it measured faster
 // (docs/BENCHMARKS.md), or TESSERA_AVX2_GEMM_MIN_T for every type.
 int quant_gemm_min_tokens(QIsa isa, QType t);
+// Tokens per pass of quant_moe_forward on `isa` when the knob (tessera/tuning.h quant_moe_chunk_tokens) is 0.
+int64_t quant_moe_default_chunk(QIsa isa);
 
 // One projection of a layer's experts: E * rows_per_expert rows of `row_bytes`.
 struct QWeights {

@@ -25,7 +25,7 @@ struct Tuning {
   // TESSERA_DENSE_NATIVE_MAX_T: engine.dense multiplies bf16/f16 weights natively for steps of up to this many tokens
   // (more: torch on an f32 upcast). Read here so every knob has one reader; tessera/engine/dense.py uses it.
   int64_t dense_native_max_tokens = 512;
-  int64_t dense_quant_max_tokens = 512;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
+  int64_t dense_quant_max_tokens = 2048;  // TESSERA_DENSE_QUANT_MAX_T: engine.dense, quantized weights on the blocks
   // TESSERA_AVX2_GEMM_MIN_T: on the AVX2 quantized kernels, token blocks of at least this many tokens (2 at least:
   // decode keeps the row tiles) take the GEMM (quant_gemm_avx2.cpp) for every type, shorter ones the row tiles; above
   // 64 (kTokenBlock) the GEMM never runs (the row path alone, for before/after timings). 0 (default): per type, from
@@ -43,10 +43,11 @@ struct Tuning {
   std::atomic<int64_t> amx_tile_min_rows{0};
   // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
   // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
-  // cost of scratch ~ T * k * I floats. Atomic: the calibration times candidates in one process (`tessera-cli tune`,
-  // calibrate.py QUANT_CHUNK; docs/BENCHMARKS.md "Self-tuning, second pass"). The engine's calls hold at most
-  // generate.PREFILL_CHUNK (512) tokens, so values above 512 act as 512 there.
-  std::atomic<int64_t> quant_moe_chunk_tokens{256};
+  // cost of scratch ~ T * k * I floats. 0 (default): per quantized ISA, quant_moe_default_chunk (2048 on AMX int8
+  // tiles, whose GEMM needs ~32+ tokens per expert to beat VNNI; 256 elsewhere). Atomic: the calibration times
+  // candidates in one process (`tessera-cli tune`, calibrate.py QUANT_CHUNK; docs/BENCHMARKS.md "Self-tuning, second
+  // pass", "Long prompts on AMX"). The engine's calls hold at most generate.PREFILL_CHUNK (2048) tokens.
+  std::atomic<int64_t> quant_moe_chunk_tokens{0};
   // TESSERA_VNNI_GEMM_MIN_T: on AVX-512 VNNI, token blocks (an expert's tokens in a quantized MoE pass, a quant_matmul
   // call) of at least this many tokens take the GEMM (quant_gemm_avx512.cpp), shorter ones the mat-vec per token.
   // 0: the kernels' default (quant_kernels.h kGemmMinTokens, 12); never below 2 (one token is decode). Atomic: measured
@@ -67,8 +68,8 @@ struct Tuning {
 // - moe_panels.h kBf16MinTokens (16): a numerics boundary, not a speed one: below it activations stay f32 so decode
 //   matches Reference's greedy output on every CPU; a per-CPU value would make results depend on the machine.
 // - moe_panels.h kMaxChunkTokens (1024) and amx_moe.h kGroupRows (2048 routed rows): bound scratch memory only; the
-//   engine's calls hold at most 512 tokens (generate.PREFILL_CHUNK), so they never split a call the model makes (the
-//   AMX backends' groups never re-read an expert's weights in a call either way).
+//   engine's calls hold at most 2048 tokens (generate.PREFILL_CHUNK): the bf16 panel backends read an expert's weights
+//   at most twice per call, the AMX backends' groups once either way.
 // - Register blockings and tile shapes (kMRC, kNBC, kMR, kLanes, AMX tile shapes): fixed by the ISA's register file
 //   and tile palette, not by the CPU model.
 // - Cache blockings (moe_body.inc kKC 128 pairs, quant_driver.cpp kGemmBlock 256 tokens / kRowGroup, dense GEMM kKc,
