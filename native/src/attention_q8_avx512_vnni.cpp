@@ -381,8 +381,10 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
                        kQ8ChunkKeys, r == 0 ? pfk : nullptr);
         });
       }
-      for (int64_t r = 0; r < rows; ++r)
-        w.visible[size_t(r)] = std::clamp<int64_t>(a.start + t0 + r / g + 1 - c0, 0, nk);
+      for (int64_t t = 0, r = 0; t < t1 - t0; ++t) {  // row r = t * g + j: token t0 + t (no division per row)
+        const int64_t seen = std::clamp<int64_t>(a.start + t0 + t + 1 - c0, 0, nk);
+        for (int64_t j = 0; j < g; ++j, ++r) w.visible[size_t(r)] = seen;
+      }
       softmax_and_weights(w, rows, nb, nblk, vst, nk);
       // the V tiles kQ8PrefetchBlocks ahead that are in the range (fetched by the first row group)
       const int64_t nfetch = std::clamp<int64_t>((kend - c0 + kKeys - 1) / kKeys - kQ8PrefetchBlocks, 0, nblk);

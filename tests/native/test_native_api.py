@@ -77,7 +77,7 @@ def test_tuning_knobs_are_read_once_in_the_native_module():
 
     knobs, packing = json.loads(out)
     assert knobs["int8_group"] == 32 and knobs["spin_us"] == 7 and knobs["amx_tile_min_rows"] == 0
-    assert knobs["dense_native_max_tokens"] == 512 and knobs["dense_quant_max_tokens"] == 512
+    assert knobs["dense_native_max_tokens"] == 512 and knobs["dense_quant_max_tokens"] == 2048
     assert "invalid" not in knobs
     assert set(knobs["from_environment"]) >= {"TESSERA_INT8_GROUP", "TESSERA_SPIN_US", "TESSERA_AMX_TILE_MIN_ROWS"}
     assert "TESSERA_PF" not in knobs["from_environment"]
