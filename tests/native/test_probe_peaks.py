@@ -38,9 +38,13 @@ def test_amx_tile_peaks_on_real_amx():
     reason = _amx_reason()
     if reason is not None:
         pytest.skip(f"AMXBF16: {reason}")
-    bf16_tile = N.peak_gflops("amx_bf16", threads=1, seconds=0.1)
-    int8_tile = N.peak_gflops("amx_int8", threads=1, seconds=0.1)
-    bf16_vec = N.peak_gflops("bf16_dot", threads=1, seconds=0.1)
+    # Best of three interleaved probes each: one 0.1 s probe on a shared VM can land in a slow moment (seen once:
+    # int8 1979 vs bf16 1842 GOP/s), which says nothing about the instructions' rates.
+    probes = {w: [] for w in ("amx_bf16", "amx_int8", "bf16_dot")}
+    for _ in range(3):
+        for w, runs in probes.items():
+            runs.append(N.peak_gflops(w, threads=1, seconds=0.1))
+    bf16_tile, int8_tile, bf16_vec = (max(probes[w]) for w in ("amx_bf16", "amx_int8", "bf16_dot"))
     # One tdpbf16ps is 16x16x32 pairs (16 cycles on Sapphire Rapids: 1024 FLOP/cycle); vdpbf16ps 16x2 pairs per
     # port-cycle. Tiles beat the vector unit several times over, and int8 tiles run at twice the bf16 rate.
     assert bf16_tile > 2 * bf16_vec
