@@ -184,24 +184,27 @@ def current(record: dict | None) -> dict:
 
 
 # What a knob's value means where the number alone does not say: the kernels read these as "their own default".
+# (knob, value) -> (short label for a list of candidates, the whole meaning).
 VALUE_MEANINGS = {
-    ("amx_tile_min_rows", 0): "per weight format: bf16 2, int8 16 (amx_moe.h, measured on an AMX Xeon)",
-    ("prefetch_bytes", -1): "the kernel's default, 8192 bytes ahead",
-    ("vnni_gemm_min_tokens", 0): "the kernels' default, 12 tokens",
-    ("quant_moe_chunk_tokens", 0): "per quantized ISA: 2048 tokens on AMX int8 tiles, 256 elsewhere",
+    ("amx_tile_min_rows", 0): ("per weight format", "per weight format: bf16 2, int8 16 (amx_moe.h, measured on an "
+                                                    "AMX Xeon)"),
+    ("prefetch_bytes", -1): ("the kernel's default", "the kernel's default, 8192 bytes ahead"),
+    ("vnni_gemm_min_tokens", 0): ("the kernels' default", "the kernels' default, 12 tokens"),
+    ("quant_moe_chunk_tokens", 0): ("per quantized ISA", "per quantized ISA: 2048 tokens on AMX int8 tiles, 256 "
+                                                         "elsewhere"),
 }
 
 
 def value_meaning(name: str, value: int) -> str:
     """What `value` of knob `name` stands for where it is a placeholder for the kernels' own default, else ""."""
-    return VALUE_MEANINGS.get((name, int(value)), "")
+    return VALUE_MEANINGS.get((name, int(value)), ("", ""))[1]
 
 
 def status(folder: str | os.PathLike | None = None) -> dict:
     """What `check` and the hardware wizard show: {cpu, build, path, measured_at, backend, seconds, message, knobs}
     (knobs as `current` gives them, with the stored record's values where the environment does not set them, and then
-    "median_ms": {candidate: ms}, the timings behind the value, and "meaning": value_meaning's text, "" for a plain
-    number; nothing is applied or measured here)."""
+    "median_ms": {candidate: ms}, the timings behind the value; every knob also has "meaning": value_meaning's text, ""
+    for a plain number, and "medians_text": measured_text's; nothing is applied or measured here)."""
     record, message = load(folder)
     path = record_path(folder)
     knobs = current(None)
@@ -213,7 +216,8 @@ def status(folder: str | os.PathLike | None = None) -> dict:
             "seconds": (record or {}).get("seconds"), "message": message or ("" if record else
                                                                              "not calibrated yet: defaults in use "
                                                                              "(tessera-cli tune)"),
-            "knobs": {name: {**k, "meaning": value_meaning(name, k["value"])} for name, k in knobs.items()}}
+            "knobs": {name: {**k, "meaning": value_meaning(name, k["value"]), "medians_text": measured_text(k, name)}
+                      for name, k in knobs.items()}}
 
 
 def describe(st: dict) -> list[str]:
@@ -225,7 +229,7 @@ def describe(st: dict) -> list[str]:
         lines.append(st["message"])
     for name, k in st["knobs"].items():
         meaning = f": {k['meaning']}" if k.get("meaning") else ""
-        lines.append(f"{name} = {k['value']} ({k['source']}{meaning}{measured_text(k, name)})")
+        lines.append(f"{name} = {k['value']} ({k['source']}{meaning}{k['medians_text']})")
     return lines
 
 
@@ -236,8 +240,8 @@ def measured_text(knob: dict, name: str = "") -> str:
     order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
 
     def label(c: str) -> str:
-        meaning = value_meaning(name, int(c)) if c.lstrip("-").isdigit() else ""
-        return f"{c} ({meaning.split(':')[0].split(',')[0]})" if meaning else c
+        short = VALUE_MEANINGS.get((name, int(c)), ("", ""))[0] if c.lstrip("-").isdigit() else ""
+        return f"{c} ({short})" if short else c
 
     return ("; medians " + ", ".join(f"{label(c)}: {medians[c]:g} ms" for c in order)) if medians else ""
 

@@ -40,7 +40,8 @@ def test_status_shows_the_medians_behind_each_measured_value(tmp_path):
     tuned.save(rec, tmp_path)
     st = tuned.status(tmp_path)
     assert st["stored"] and st["knobs"]["quant_moe_chunk_tokens"] == {
-        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25, "64": 99.0}, "meaning": ""}
+        "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25, "64": 99.0}, "meaning": "",
+        "medians_text": "; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms"}
     lines = tuned.describe(st)  # candidates in numeric order, whatever order the JSON holds them in
     assert "quant_moe_chunk_tokens = 512 (measured; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms)" in lines
     assert "spin_us = 50 (default)" in lines  # not in the record: the kernels' default
@@ -59,6 +60,12 @@ def test_placeholder_values_say_what_they_stand_for(tmp_path, monkeypatch):
     assert "measured: per weight format: bf16 2, int8 16" in line
     assert "medians 0 (per weight format): 14.5 ms, 1: 13.7 ms, 16: 14.4 ms" in line
     assert tuned.value_meaning("amx_tile_min_rows", 16) == "" and tuned.value_meaning("spin_us", 0) == ""
+
+
+def test_the_quantized_chunk_is_calibrated_on_the_engines_longest_call():
+    from tessera.engine import generate
+
+    assert calibrate.QUANT_PREFILL_T == generate.PREFILL_CHUNK
 
 
 def test_records_are_keyed_by_cpu_and_build(tmp_path):

@@ -7,13 +7,6 @@ from html import escape
 OK, BAD, MUTED = "#2e7d32", "#c62828", "#757575"
 
 
-def _medians(knob: dict) -> str:
-    """"; medians 0: 1.1 ms, 50: 1.2 ms" for a measured knob of the report's tuning (engine.tuned.status), else ""."""
-    medians = knob.get("median_ms") or {}  # JSON keys: candidates as text, shown in numeric order
-    order = sorted(medians, key=lambda c: int(c) if c.lstrip("-").isdigit() else 0)
-    return ("; medians " + ", ".join(f"{c}: {medians[c]:g} ms" for c in order)) if medians else ""
-
-
 def _count(n: float) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= scale:
@@ -102,7 +95,8 @@ def report_html(report: dict) -> str:
                       if tuning["stored"] else f'<span style="color:{MUTED}">{escape(tuning["message"])}</span>'))
         for name, k in tuning["knobs"].items():  # the value, where it came from and the medians behind it
             meaning = f": {k['meaning']}" if k.get("meaning") else ""  # what a placeholder value stands for
-            h.append(_row(name, f"{k['value']} <small>({escape(k['source'] + meaning + _medians(k))})</small>"))
+            detail = k["source"] + meaning + k.get("medians_text", "")  # engine.tuned.measured_text's medians
+            h.append(_row(name, f"{k['value']} <small>({escape(detail)})</small>"))
         h.append("</table>")
     m = report.get("model")
     if m:

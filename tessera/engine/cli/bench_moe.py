@@ -104,7 +104,7 @@ def run(args) -> int:
     if getattr(args, "dtype", "bf16") != "bf16":  # quantized GGUF blocks: tessera/engine/cli/bench_moe_quant.py
         from tessera.engine.cli import bench_moe_quant
 
-        result = bench_moe_quant.run(args, E, H, I, k, threads, log)
+        result = bench_moe_quant.run(args, E, H, I, k, threads, lengths, log)
         if args.json:
             print(json.dumps(result))
         return 0

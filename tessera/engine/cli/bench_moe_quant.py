@@ -38,14 +38,11 @@ def random_blocks(type_name: str, E: int, rows: int, K: int, rng: np.random.Gene
     return raw.reshape(E, rows, -1)
 
 
-def run(args, E: int, H: int, I: int, k: int, threads: int, log) -> dict:
+def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, ...], log) -> dict:
     import torch
 
     import tessera.engine.native as N
-    from tessera.engine.cli.bench_moe import _prompt_lengths
     from tessera.engine.errors import TesseraError
-
-    lengths = _prompt_lengths(args.prompt_lengths)
 
     types = DTYPES[args.dtype]
     for t in types:
