@@ -368,7 +368,7 @@ NB_MODULE(_native, m) {
       return t.amx_tile_min_rows.exchange(value);
     }
     if (name == "quant_moe_chunk_tokens") {
-      if (value < 0) throw nb::value_error("quant_moe_chunk_tokens: must be >= 0 (0: the per-ISA default)");
+      if (value < 0) throw nb::value_error("quant_moe_chunk_tokens: must be >= 0 (0: the kernels' default, 2048)");
       return t.quant_moe_chunk_tokens.exchange(value);
     }
     if (name == "vnni_gemm_min_tokens") {

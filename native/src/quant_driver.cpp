@@ -46,7 +46,18 @@ void packed_gemm(QIsa isa, QType t, const uint8_t* w, size_t row_bytes, int R, i
   quant::gemm_avx512_vnni_packed(t, w, row_bytes, R, K, tokens, nt, out);
 }
 
-// Quantized activations of n rows of K values (quant_kernels.h: Q8_K-style, one scale per 256).
+// Grows v to at least n elements and never shrinks it: the prefill's scratch (activations, packed tokens, per-slot
+// results: up to ~190 MB for a 2048-token pass of a 30B-A3B layer) is kept thread_local from call to call, so a layer
+// neither zero-fills it nor faults its pages in again (a fresh vector of that size costs both at every layer: measured
+// in docs/BENCHMARKS.md, "Prefill scratch kept"). Every element a call reads it has written in the same call.
+template <class V>
+auto* grown(V& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// Quantized activations of n rows of K values (quant_kernels.h: Q8_K-style, one scale per 256); storage grown, not
+// reallocated (grown), so one thread_local Acts serves every layer.
 struct Acts {
   int64_t K = 0, Kq = 0, S16 = 0;
   std::vector<int8_t> q;
@@ -56,10 +67,10 @@ struct Acts {
     K = k;
     Kq = quant::padded_k256(k);
     S16 = padded_s16(k);
-    q.resize(size_t(n * Kq));
-    d256.resize(size_t(n * Kq / 256));
-    bs16.resize(size_t(n * S16));
-    s16.resize(size_t(n * S16));
+    grown(q, size_t(n * Kq));
+    grown(d256, size_t(n * Kq / 256));
+    grown(bs16, size_t(n * S16));
+    grown(s16, size_t(n * S16));
   }
   ActRow row(int64_t i) const {
     return {q.data() + i * Kq, d256.data() + i * (Kq / 256), bs16.data() + i * S16, s16.data() + i * S16};
@@ -87,7 +98,8 @@ float* task_buffer(int which, size_t n) {
 
 void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
                         int n_parts, ThreadPool& pool) {
-  Acts acts;
+  thread_local Acts acts_of_thread;
+  Acts& acts = acts_of_thread;  // the caller's: a pool lambda naming a thread_local would get its own thread's
   acts.resize(T, K);
   pool.parallel_for(T, [&](int64_t t, int) { acts.quantize(kr, t, x + t * K); });
   std::vector<QType> packings;  // one representative type per distinct packing
@@ -104,8 +116,9 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     group_bytes[j] = quant::gemm_avx512_vnni_packed_bytes(packings[j], K, 16);
     start_of[j + 1] = start_of[j] + size_t(n_groups) * group_bytes[j];
   }
-  std::vector<uint8_t> buf(start_of.back() + 64);  // 64-byte aligned below
-  uint8_t* packed = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  thread_local std::vector<uint8_t> buf;
+  uint8_t* base = grown(buf, start_of.back() + 64);  // the caller's buffer; the lambdas capture only `packed`
+  uint8_t* packed = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;  // 64-byte aligned
   pool.parallel_for(int64_t(packings.size()) * n_groups, [&](int64_t task, int) {
     const size_t j = size_t(task / n_groups);
     const int64_t g = task % n_groups;
@@ -239,11 +252,15 @@ int64_t decode_task_rows(size_t row_bytes) {
 }
 }  // namespace quant
 
-int64_t quant_moe_default_chunk(QIsa isa) {
-  // AMX int8 tiles: at T = 4096 on a Qwen3-30B-A3B Q4_K_M layer (AMX Xeon, 2 cores) passes of 512 tokens ran 1073-1220
-  // ms, 1024-4096 tokens 778-968 ms (each expert sees ~8x more tokens per read of its weights; the tile GEMM beats
-  // VNNI from ~20 tokens per expert on). Elsewhere 256, the default before (`tessera-cli tune` measures it per CPU).
-  return isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu ? 2048 : 256;
+int64_t quant_moe_default_chunk(QIsa) {
+  // 2048 tokens (the engine's whole prefill step) on every ISA: each pass decodes every active expert's rows once, so a
+  // longer pass reuses them over more tokens. AMX int8 tiles, T = 4096, Qwen3-30B-A3B Q4_K_M layer (AMX Xeon, 2 cores):
+  // passes of 512 tokens 1073-1220 ms, 1024-4096 tokens 778-968 ms. AVX-512 VNNI and AVX2 (Zen 4, 2 cores), once the
+  // pass's scratch stopped being allocated and zero-filled at every call (grown): bench-moe at T = 2048 1.3-1.9x
+  // (VNNI) and 1.3-1.4x (AVX2) faster than with 256, and the 8-layer Q4_K_M file's 4096-token prefill 1.07-1.09x
+  // (docs/BENCHMARKS.md "Prefill scratch kept"). Before, 256 had won on Zen 4 because every pass's fresh scratch
+  // (~190 MB at 2048 tokens) cost more than the longer pass saved. `tessera-cli tune` measures it per CPU.
+  return 2048;
 }
 
 int quant_gemm_min_tokens(QIsa isa, QType t) {
@@ -267,7 +284,8 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     return matmul_gemm_avx512(isa, kr, a.x, a.T, a.K, &part, 1, pool);
   }
   const bool wide = qtype_info(a.type).wide;
-  Acts acts;
+  thread_local Acts acts_of_thread;
+  Acts& acts = acts_of_thread;  // the caller's (see matmul_gemm_avx512)
   acts.resize(a.T, a.K);
   pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
   Tiles tiles(pool.size(), a.K);
@@ -323,8 +341,12 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= gemm_min; };
   const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
   Tiles tiles_g(pool.size(), H), tiles_u(pool.size(), H), tiles_d(pool.size(), I);
-  Acts xa, ha;
-  std::vector<float> act, y;
+  // This pass's quantized x and hidden activations, act [slot, I] and y [slot, H]: the calling thread's grown
+  // scratch, named by references, since a pool lambda naming a thread_local would get its own thread's instance.
+  thread_local Acts xa_of_thread, ha_of_thread;
+  thread_local std::vector<float> act_of_thread, y_of_thread;
+  Acts &xa = xa_of_thread, &ha = ha_of_thread;
+  std::vector<float>&act = act_of_thread, &y = y_of_thread;
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // per expert: slots (t * k + j, t local to the chunk)
   thread_local std::vector<uint8_t> buf_g, buf_u, buf_d;  // packed tokens (grown on demand, kept for the next call)
   ExpertPacking pk_g, pk_u, pk_d;
@@ -374,7 +396,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
     prof::mark(prof::kMoeGateUp);
-    act.resize(size_t(T * k * I));
+    grown(act, size_t(T * k * I));
     auto block_of = [&](int64_t e) {  // tokens per task
       return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
     };
@@ -443,7 +465,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
     prof::mark(prof::kMoeDown);
-    y.resize(size_t(T * k * H));
+    grown(y, size_t(T * k * H));
     for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, rows_d, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);

@@ -10,8 +10,8 @@ What is tuned, and on which work (only knobs the chosen backend reads are measur
   quant_moe_chunk_tokens  tokens per pass of the quantized (GGUF blocks) MoE: a QUANT_PREFILL_T-token prefill call on
                           random Q4_K blocks, every backend with a SIMD quantized ISA (AVX512*, AMX*, AVX2). Only
                           `tessera-cli tune` measures it (a prefill call takes ~0.5 s here; the first load's
-                          calibration stays ~2 s): until then the default (0: per quantized ISA, 2048 on AMX int8
-                          tiles, 256 elsewhere) is used.
+                          calibration stays ~2 s): until then the default (0: 2048 tokens, quant_driver.cpp's
+                          quant_moe_default_chunk) is used.
   vnni_gemm_min_tokens    from how many tokens an expert's block takes the AVX-512 VNNI GEMM instead of the mat-vec per
                           token (0: the kernels' 12): the same quantized prefill, backends on avx512_vnni; `tune` only.
 The synthetic layer has the real H, I and k and only as many experts as fit in LAYER_BYTES (weights still far larger
@@ -49,7 +49,7 @@ SPIN = Knob("spin_us", 50, (0, 10, 50, 200), "decode")
 PREFETCH = Knob("prefetch_bytes", -1, (-1, 0, 2048, 4096, 16384), "decode")  # -1: kKC * 64 = 8192 bytes
 AMX_TILE_ROWS = Knob("amx_tile_min_rows", 0, (0, 1, 2, 4, 8, 16, 32), "prefill")  # 0: per format (bf16 2, int8 16)
 # Values above QUANT_PREFILL_T act as QUANT_PREFILL_T on the engine's calls: not candidates.
-# 0: per quantized ISA (quant_driver.cpp quant_moe_default_chunk: 2048 on AMX int8 tiles, 256 elsewhere).
+# 0: the kernels' default (quant_driver.cpp quant_moe_default_chunk: 2048 tokens on every quantized ISA).
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 0, (0, 128, 256, 512, 1024, 2048), "quant_prefill", on_load=False)
 # 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).
 VNNI_GEMM_MIN = Knob("vnni_gemm_min_tokens", 0, (0, 4, 8, 16, 24), "quant_prefill", on_load=False)

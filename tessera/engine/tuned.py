@@ -190,8 +190,7 @@ VALUE_MEANINGS = {
                                                     "AMX Xeon)"),
     ("prefetch_bytes", -1): ("the kernel's default", "the kernel's default, 8192 bytes ahead"),
     ("vnni_gemm_min_tokens", 0): ("the kernels' default", "the kernels' default, 12 tokens"),
-    ("quant_moe_chunk_tokens", 0): ("per quantized ISA", "per quantized ISA: 2048 tokens on AMX int8 tiles, 256 "
-                                                         "elsewhere"),
+    ("quant_moe_chunk_tokens", 0): ("the kernels' default", "the kernels' default, 2048 tokens"),
 }
 
 

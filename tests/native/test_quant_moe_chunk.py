@@ -48,7 +48,7 @@ def test_the_kernel_passes_the_knobs_token_count(pool, knob, isa):
     T, c = 64, 4
     raw, ids, weights, x = _case(T)
     default = N.tuning()[KNOB]
-    assert default == 0  # per ISA (256 tokens, 2048 on AMX int8 tiles): the whole 64-token call is one pass
+    assert default == 0  # the kernels' default (2048 tokens): the whole 64-token call is one pass
     one_pass = _moe(raw, ids, weights, x, pool, isa)
     sliced = np.concatenate([_moe(raw, ids[t:t + c], weights[t:t + c], x[t:t + c], pool, isa)
                              for t in range(0, T, c)])
@@ -72,5 +72,5 @@ def test_every_chunk_agrees_with_reference(pool, knob, c):
 
 
 def test_bad_values_are_refused(knob):
-    with pytest.raises(ValueError, match=r"quant_moe_chunk_tokens: must be >= 0 \(0: the per-ISA default\)"):
+    with pytest.raises(ValueError, match=r"quant_moe_chunk_tokens: must be >= 0 \(0: the kernels' default, 2048\)"):
         N.set_tuning_knob(KNOB, -1)

@@ -43,8 +43,8 @@ struct Tuning {
   std::atomic<int64_t> amx_tile_min_rows{0};
   // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
   // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
-  // cost of scratch ~ T * k * I floats. 0 (default): per quantized ISA, quant_moe_default_chunk (2048 on AMX int8
-  // tiles, whose GEMM needs ~32+ tokens per expert to beat VNNI; 256 elsewhere). Atomic: the calibration times
+  // cost of scratch ~ T * k * (I + H) floats, kept from call to call. 0 (default): quant_moe_default_chunk, 2048
+  // tokens on every quantized ISA (measured on AMX, AVX-512 VNNI and AVX2). Atomic: the calibration times
   // candidates in one process (`tessera-cli tune`, calibrate.py QUANT_CHUNK; docs/BENCHMARKS.md "Self-tuning, second
   // pass", "Long prompts on AMX"). The engine's calls hold at most generate.PREFILL_CHUNK (2048) tokens.
   std::atomic<int64_t> quant_moe_chunk_tokens{0};
