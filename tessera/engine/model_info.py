@@ -153,10 +153,24 @@ class RamEstimate:
     kv_bytes: int  # the KV cache (bf16 or q8_0) at context_length, plus its float32 scratch of one layer
     transient_bytes: int  # the largest temporary while loading: one layer of quantized experts widened for packing
     # (0 when they are read in place)
+    prefill_bytes: int = 0  # the expert layer's working buffers for one prefill step (prefill_scratch_bytes)
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.packed_bytes + self.kv_bytes + self.transient_bytes
+        return self.weights_bytes + self.packed_bytes + self.kv_bytes + self.transient_bytes + self.prefill_bytes
+
+
+def prefill_scratch_bytes(info: ModelInfo, context_length: int) -> int:
+    """The expert layer's buffers for one prefill step of min(generate.PREFILL_CHUNK, context_length) tokens: each
+    routed slot's hidden activation and output in float32, T * k * (I + H) * 4 bytes (184.5 MB for Qwen3-30B-A3B at
+    2048 tokens). The native kernels keep them on the calling thread from step to step (quant_driver.cpp `grown`,
+    moe_body.inc `scratch`); the torch path makes tensors of the same sizes during the step."""
+    from tessera.engine.generate import PREFILL_CHUNK
+
+    if info.num_hidden_layers == len(info.dense_layers) or not info.num_experts:
+        return 0
+    T = min(PREFILL_CHUNK, context_length)
+    return T * info.num_experts_per_tok * (info.moe_intermediate_size + info.hidden_size) * 4
 
 
 def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: str = "Auto",
@@ -166,7 +180,8 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
     engine.weights holds them (the same held_bytes rule), the packed copy from engine.native's own packed-size function
     and its in-place rule (quantized experts that the block kernels read take no packed copy and no float32 layer; a
     file where only some layers have a type without a block kernel is sized as if every layer were widened), the KV
-    cache (of `kv_cache_type`: "bf16" or "q8_0") from engine.kv_cache's, as the loaded model's cache reports it."""
+    cache (of `kv_cache_type`: "bf16" or "q8_0") from engine.kv_cache's, as the loaded model's cache reports it, and the
+    expert layer's prefill buffers (prefill_scratch_bytes)."""
     import torch
 
     from tessera.engine.backends import TORCH, resolve
@@ -194,4 +209,4 @@ def estimate_ram(info: ModelInfo, context_length: int | None = None, backend: st
             dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(info.expert_type, torch.float32)
             packed = moe_layers * packed_nbytes_for(concrete, E, I, H, dtype)
             transient = widened_layer_nbytes(E, I, H) if quantized else 0
-    return RamEstimate(concrete, ctx, info.loaded_bytes, packed, kv, transient)
+    return RamEstimate(concrete, ctx, info.loaded_bytes, packed, kv, transient, prefill_scratch_bytes(info, ctx))

@@ -67,6 +67,7 @@ def ram_parts(ram: Mapping[str, int | str]) -> list[tuple[str, int]]:
         (f"packed experts for {ram['backend']}", int(ram["packed_bytes"])),
         (f"KV cache for {int(ram['context_length']):,} tokens", int(ram["kv_bytes"])),
         ("loading peak", int(ram["transient_bytes"])),
+        ("prefill buffers", int(ram["prefill_bytes"])),
     ]
     return [(label, n) for label, n in parts if n > 0]
 

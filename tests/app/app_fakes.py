@@ -111,6 +111,7 @@ class FakeApi:
         self.inspected_for = (context_length, backend)
         ram = {"backend": "AVX512" if backend == "Auto" else backend, "context_length": context_length or 2048,
                "weights_bytes": 5_000_000, "packed_bytes": 2_000_000, "kv_bytes": 1_000_000, "transient_bytes": 0,
+               "prefill_bytes": 0,
                "total_bytes": 8_000_000}
         return {"architecture": "qwen3moe", "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
                 "num_key_value_heads": 2, "head_dim": 16, "total_bytes": 5_000_000, "loaded_bytes": 5_000_000,

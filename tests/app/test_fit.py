@@ -1,5 +1,6 @@
-"""The pre-flight fit estimate is the engine's RAM estimate for the load the settings ask for (packed copy, KV cache and
-loading peak included), read from the worker's dict of a real inspected model; nothing is recomputed in the app."""
+"""The pre-flight fit estimate is the engine's RAM estimate for the load the settings ask for (packed copy, KV cache,
+loading peak and prefill buffers included), read from the worker's dict of a real inspected model; nothing is
+recomputed in the app."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_the_estimate_is_the_engines_and_counts_the_packed_copy(info):
     fit = estimate(info, ram_available=100 * 2**30)
     # the one function: what the loader's estimate says for this backend and context, not weights + KV alone
     assert fit.needed_bytes == estimate_ram(inspect_model(info["path"]), 512, ram["backend"]).total_bytes
-    assert fit.needed_bytes == ram["weights_bytes"] + ram["packed_bytes"] + ram["kv_bytes"] + ram["transient_bytes"]
+    assert fit.needed_bytes == (ram["weights_bytes"] + ram["packed_bytes"] + ram["kv_bytes"] + ram["transient_bytes"]
+                                + ram["prefill_bytes"])
     assert fit.needed_bytes > info["loaded_bytes"] + ram["kv_bytes"]
 
 

@@ -131,7 +131,8 @@ def test_inspect_reports_the_type_mix_and_a_ram_estimate(q4km):
     assert ram is not None and ram.backend == "Torch" and ram.packed_bytes == ram.transient_bytes == 0
     cfg = (info.num_hidden_layers, info.num_key_value_heads, info.head_dim)
     assert ram.kv_bytes == 2 * cfg[0] * cfg[1] * cfg[2] * 300 * 2 + 2 * cfg[1] * cfg[2] * 300 * 4  # bf16 + f32 scratch
-    assert ram.total_bytes == ram.weights_bytes + ram.kv_bytes
+    assert ram.prefill_bytes == 300 * info.num_experts_per_tok * (info.moe_intermediate_size + info.hidden_size) * 4
+    assert ram.total_bytes == ram.weights_bytes + ram.kv_bytes + ram.prefill_bytes  # a 300-token step at most
     native = [n for n in backends.available_names() if n not in ("Auto", "Torch")]
     if native:
         est = estimate_ram(info, 300, native[0])  # reads the blocks in place
