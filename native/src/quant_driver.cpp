@@ -4,9 +4,12 @@
 // Tiling: a task owns up to kRowGroup rows of one weight matrix and up to kTokenBlock tokens. It unpacks 4 rows at a
 // time from the file's blocks into its thread's L1 tile (u8 codes + f32 scales) and runs every token of its block
 // over that tile, so a weight block is read from memory once per 64 tokens (prefill) and once per call (decode).
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -55,6 +58,40 @@ auto* grown(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
 }
+
+// The MoE pass's per-slot results (act [slot, I], y [slot, H]), grown like `grown` and kept by the calling thread, but
+// 2 MiB aligned and advised onto transparent huge pages from 8 MiB on: each token's row of a task's results lands in
+// another 4 KiB page (rows are I or H floats apart and the slots of a task are scattered), so on small pages nearly
+// every row written costs a TLB miss (docs/BENCHMARKS.md "Prefill scratch kept"). Contents are not kept on growth:
+// each pass writes every element it reads.
+class SlotBuffer {
+ public:
+  SlotBuffer() = default;
+  SlotBuffer(const SlotBuffer&) = delete;
+  SlotBuffer& operator=(const SlotBuffer&) = delete;
+  ~SlotBuffer() { std::free(p_); }
+  float* grow(size_t n) {
+    if (n <= cap_) return p_;
+    std::free(p_);
+    p_ = nullptr;
+    cap_ = 0;
+    const size_t bytes = std::max<size_t>(n * sizeof(float), 64);
+    const size_t align = bytes >= (size_t(8) << 20) ? (size_t(2) << 20) : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of the alignment
+    void* p = std::aligned_alloc(align, rounded);
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (align > 64) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: where THP is off, 4 KiB pages as before
+#endif
+    p_ = static_cast<float*>(p);
+    cap_ = rounded / sizeof(float);
+    return p_;
+  }
+
+ private:
+  float* p_ = nullptr;
+  size_t cap_ = 0;
+};
 
 // Quantized activations of n rows of K values (quant_kernels.h: Q8_K-style, one scale per 256); storage grown, not
 // reallocated (grown), so one thread_local Acts serves every layer.
@@ -142,8 +179,9 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
     packed_gemm(isa, P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
                 packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res);
-    for (int64_t t = t0; t < t1; ++t)
-      for (int r = 0; r < R; ++r) P.out[t * P.N + rg * kRowGroup + r] = res[size_t(r * nt + (t - t0))];
+    float* dst[kGemmBlock];  // token-major: each token's R outputs are contiguous
+    for (int s = 0; s < nt; ++s) dst[s] = P.out + (t0 + s) * P.N + rg * kRowGroup;
+    quant::rows_to_tokens_avx512(res, R, nt, dst);
   });
 }
 
@@ -344,9 +382,10 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   // This pass's quantized x and hidden activations, act [slot, I] and y [slot, H]: the calling thread's grown
   // scratch, named by references, since a pool lambda naming a thread_local would get its own thread's instance.
   thread_local Acts xa_of_thread, ha_of_thread;
-  thread_local std::vector<float> act_of_thread, y_of_thread;
+  thread_local SlotBuffer act_of_thread, y_of_thread;
   Acts &xa = xa_of_thread, &ha = ha_of_thread;
-  std::vector<float>&act = act_of_thread, &y = y_of_thread;
+  float* act = nullptr;  // this pass's act_of_thread / y_of_thread storage (set per pass)
+  float* y = nullptr;
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // per expert: slots (t * k + j, t local to the chunk)
   thread_local std::vector<uint8_t> buf_g, buf_u, buf_d;  // packed tokens (grown on demand, kept for the next call)
   ExpertPacking pk_g, pk_u, pk_d;
@@ -356,8 +395,9 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
                        int64_t i0) {
     if (prefill_vnni) {
       quant::silu_mul_avx512(g, u, int64_t(R) * nt);
-      for (int s = 0; s < nt; ++s)  // token-major: each slot's R outputs are contiguous
-        for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = g[r * nt + s];
+      float* dst[kGemmBlock];  // token-major: each slot's R outputs are contiguous
+      for (int s = 0; s < nt; ++s) dst[s] = act + sl[size_t(s0 + s)] * I + i0;
+      quant::rows_to_tokens_avx512(g, R, nt, dst);
       return;
     }
     for (int s = 0; s < nt; ++s)
@@ -396,7 +436,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
     prof::mark(prof::kMoeGateUp);
-    grown(act, size_t(T * k * I));
+    act = act_of_thread.grow(size_t(T * k * I));
     auto block_of = [&](int64_t e) {  // tokens per task
       return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
     };
@@ -444,7 +484,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
           const ActRow xr = xa.row(sl[size_t(s)] / k);
           tg.dot(kr, Rt, H, xr, wide_g, g);
           tu.dot(kr, Rt, H, xr, wide_u, u);
-          float* dst = act.data() + sl[size_t(s)] * I + r0;
+          float* dst = act + sl[size_t(s)] * I + r0;
           for (int r = 0; r < Rt; ++r) dst[r] = silu(g[r]) * u[r];
         }
       }
@@ -457,7 +497,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       if (ids[i] >= 0) used.push_back(i);
     ha.resize(T * k, I);
     pool.parallel_for(int64_t(used.size()), [&](int64_t n, int) {
-      ha.quantize(kr, used[size_t(n)], act.data() + used[size_t(n)] * I);
+      ha.quantize(kr, used[size_t(n)], act + used[size_t(n)] * I);
     });
     if (prefill_vnni)
       pack_experts(a.down.type, I, active, slots, is_gemm, [&](int64_t slot) { return ha.row(slot); }, buf_d, pk_d,
@@ -465,7 +505,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
     prof::mark(prof::kMoeDown);
-    grown(y, size_t(T * k * H));
+    y = y_of_thread.grow(size_t(T * k * H));
     for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, rows_d, active[i]);
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
@@ -480,8 +520,9 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         packed_gemm(isa, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I,
                     pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
-        for (int s = 0; s < nt; ++s)
-          for (int r = 0; r < R; ++r) y[size_t(sl[size_t(s0 + s)] * H + h0 + r)] = res[r * nt + s];
+        float* dst[kGemmBlock];
+        for (int s = 0; s < nt; ++s) dst[s] = y + sl[size_t(s0 + s)] * H + h0;
+        quant::rows_to_tokens_avx512(res, R, nt, dst);
         return;
       }
       if (block_path(kr, a.down.type, nt)) {
@@ -500,7 +541,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         td.unpack(kr, a.down, e * H + r0, Rt, I);
         for (int64_t s = s0; s < s1; ++s) {
           td.dot(kr, Rt, I, ha.row(sl[size_t(s)]), wide_d, res);
-          float* dst = y.data() + sl[size_t(s)] * H + r0;
+          float* dst = y + sl[size_t(s)] * H + r0;
           for (int r = 0; r < Rt; ++r) dst[r] = res[r];
         }
       }
@@ -516,7 +557,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       for (int64_t j = 0; j < k; ++j) {
         if (ids[t * k + j] < 0) continue;
         const float wj = wts[t * k + j];
-        const float* yr = y.data() + (t * k + j) * H;
+        const float* yr = y + (t * k + j) * H;
         for (int64_t h = 0; h < H; ++h) o[h] += wj * yr[h];
       }
     });

@@ -463,6 +463,23 @@ void silu_mul_avx512(float* g, const float* u, int64_t n) {
   }
 }
 
+void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst) {
+  for (int s0 = 0; s0 < nt; s0 += 16) {
+    const int ns = std::min(16, nt - s0);
+    const __mmask16 smask = __mmask16((1u << ns) - 1);
+    for (int r0 = 0; r0 < R; r0 += 16) {
+      const int nr = std::min(16, R - r0);
+      __m512i v[16];  // v[i] lane j: res[r0 + i][s0 + j]; rows past R and tokens past nt are zero (never stored)
+      for (int i = 0; i < 16; ++i)
+        v[i] = i < nr ? _mm512_castps_si512(_mm512_maskz_loadu_ps(smask, res + size_t(r0 + i) * nt + s0))
+                      : _mm512_setzero_si512();
+      transpose16(v);  // v[j] lane i: res[r0 + i][s0 + j]
+      const __mmask16 rmask = __mmask16((1u << nr) - 1);
+      for (int j = 0; j < ns; ++j) _mm512_mask_storeu_ps(dst[s0 + j] + r0, rmask, _mm512_castsi512_ps(v[j]));
+    }
+  }
+}
+
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {
   if (t == QType::Q6_K)
     pack_g<16>(t, K, xs, nt, dst);
