@@ -59,6 +59,9 @@ auto* grown(V& v, size_t n) {
   return v.data();
 }
 
+// The first 64-byte boundary at or after p (a buffer grown 64 bytes longer than it needs holds its data from there).
+inline uint8_t* aligned64(uint8_t* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; }
+
 // The MoE pass's per-slot results (act [slot, I], y [slot, H]), grown like `grown` and kept by the calling thread, but
 // 2 MiB aligned and advised onto transparent huge pages from 8 MiB on: each token's row of a task's results lands in
 // another 4 KiB page (rows are I or H floats apart and the slots of a task are scattered), so on small pages nearly
@@ -129,8 +132,7 @@ constexpr int64_t kGemmBlock = 256;
 // Per-thread result buffers of a GEMM task ([row, token]), grown on demand.
 float* task_buffer(int which, size_t n) {
   thread_local std::vector<float> buf[2];
-  if (buf[which].size() < n) buf[which].resize(n);
-  return buf[which].data();
+  return grown(buf[which], n);
 }
 
 void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
@@ -154,8 +156,7 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     start_of[j + 1] = start_of[j] + size_t(n_groups) * group_bytes[j];
   }
   thread_local std::vector<uint8_t> buf;
-  uint8_t* base = grown(buf, start_of.back() + 64);  // the caller's buffer; the lambdas capture only `packed`
-  uint8_t* packed = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;  // 64-byte aligned
+  uint8_t* packed = aligned64(grown(buf, start_of.back() + 64));  // the caller's buffer; the lambdas capture `packed`
   pool.parallel_for(int64_t(packings.size()) * n_groups, [&](int64_t task, int) {
     const size_t j = size_t(task / n_groups);
     const int64_t g = task % n_groups;
@@ -266,8 +267,7 @@ void pack_experts(QType t, int64_t K, const std::vector<int64_t>& active,
     for (int64_t g = 0; g * 16 < n; ++g) groups.emplace_back(int64_t(ai), g);
     total += size_t((n + 15) / 16) * p.group_bytes;
   }
-  if (buf.size() < total + 64) buf.resize(total + 64);
-  p.base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  p.base = aligned64(grown(buf, total + 64));
   pool.parallel_for(int64_t(groups.size()), [&](int64_t task, int) {
     const auto [ai, g] = groups[size_t(task)];
     const auto& sl = slots[size_t(active[size_t(ai)])];
