@@ -138,13 +138,11 @@ def _run(model, cache, prompt_ids, params, decoder, eos_token_ids, context_lengt
     todo = prompt_ids[cache.length :]
     logits = None
     for i in range(0, len(todo), PREFILL_CHUNK):
-        if cancelled():
-            m.prefill_s = time.perf_counter() - t0
-            yield done("cancelled", "", [])
-            return
         try:
+            if cancelled():
+                raise Cancelled("generation cancelled")
             logits = step("prefill", todo[i : i + PREFILL_CHUNK])
-        except Cancelled:  # stopped between two layers: the cache holds the chunks before this one
+        except Cancelled:  # before this step or between two of its layers: the cache holds the steps before it
             m.prefill_s = time.perf_counter() - t0
             yield done("cancelled", "", [])
             return

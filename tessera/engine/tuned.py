@@ -203,7 +203,8 @@ def status(folder: str | os.PathLike | None = None) -> dict:
     """What `check` and the hardware wizard show: {cpu, build, path, measured_at, backend, seconds, message, knobs}
     (knobs as `current` gives them, with the stored record's values where the environment does not set them, and then
     "median_ms": {candidate: ms}, the timings behind the value; every knob also has "meaning": value_meaning's text, ""
-    for a plain number, and "medians_text": measured_text's; nothing is applied or measured here)."""
+    for a plain number, "medians_text": measured_text's, and "detail": the source, meaning and medians as one text, the
+    one check and the wizard's report show; nothing is applied or measured here)."""
     record, message = load(folder)
     path = record_path(folder)
     knobs = current(None)
@@ -215,8 +216,14 @@ def status(folder: str | os.PathLike | None = None) -> dict:
             "seconds": (record or {}).get("seconds"), "message": message or ("" if record else
                                                                              "not calibrated yet: defaults in use "
                                                                              "(tessera-cli tune)"),
-            "knobs": {name: {**k, "meaning": value_meaning(name, k["value"]), "medians_text": measured_text(k, name)}
-                      for name, k in knobs.items()}}
+            "knobs": {name: _shown(name, k) for name, k in knobs.items()}}
+
+
+def _shown(name: str, knob: dict) -> dict:
+    """A knob of `current` with what status() adds for display: meaning, medians_text and detail."""
+    meaning, medians = value_meaning(name, knob["value"]), measured_text(knob, name)
+    detail = knob["source"] + (f": {meaning}" if meaning else "") + medians
+    return {**knob, "meaning": meaning, "medians_text": medians, "detail": detail}
 
 
 def describe(st: dict) -> list[str]:
@@ -227,8 +234,7 @@ def describe(st: dict) -> list[str]:
     else:
         lines.append(st["message"])
     for name, k in st["knobs"].items():
-        meaning = f": {k['meaning']}" if k.get("meaning") else ""
-        lines.append(f"{name} = {k['value']} ({k['source']}{meaning}{k['medians_text']})")
+        lines.append(f"{name} = {k['value']} ({k['detail']})")
     return lines
 
 

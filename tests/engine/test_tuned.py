@@ -41,7 +41,8 @@ def test_status_shows_the_medians_behind_each_measured_value(tmp_path):
     st = tuned.status(tmp_path)
     assert st["stored"] and st["knobs"]["quant_moe_chunk_tokens"] == {
         "value": 512, "source": "measured", "median_ms": {"256": 90.5, "512": 80.25, "64": 99.0}, "meaning": "",
-        "medians_text": "; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms"}
+        "medians_text": "; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms",
+        "detail": "measured; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms"}
     lines = tuned.describe(st)  # candidates in numeric order, whatever order the JSON holds them in
     assert "quant_moe_chunk_tokens = 512 (measured; medians 64: 99 ms, 256: 90.5 ms, 512: 80.25 ms)" in lines
     assert "spin_us = 50 (default)" in lines  # not in the record: the kernels' default

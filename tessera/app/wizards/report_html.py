@@ -94,9 +94,7 @@ def report_html(report: dict) -> str:
         h.append(_row("Measured", escape(f"{tuning['measured_at']} on {tuning['backend']} in {tuning['seconds']:.1f} s")
                       if tuning["stored"] else f'<span style="color:{MUTED}">{escape(tuning["message"])}</span>'))
         for name, k in tuning["knobs"].items():  # the value, where it came from and the medians behind it
-            meaning = f": {k['meaning']}" if k.get("meaning") else ""  # what a placeholder value stands for
-            detail = k["source"] + meaning + k.get("medians_text", "")  # engine.tuned.measured_text's medians
-            h.append(_row(name, f"{k['value']} <small>({escape(detail)})</small>"))
+            h.append(_row(name, f"{k['value']} <small>({escape(k['detail'])})</small>"))  # engine.tuned.status's
         h.append("</table>")
     m = report.get("model")
     if m:
