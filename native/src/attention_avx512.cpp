@@ -16,6 +16,7 @@
 
 #include "isa_target.h"
 #include "tessera/attention.h"
+#include "thread_scratch.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512)
 

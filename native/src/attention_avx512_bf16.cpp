@@ -24,6 +24,7 @@
 #include "amx_tile_emu.h"
 #include "isa_target.h"
 #include "tessera/attention.h"
+#include "thread_scratch.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_BF16)
 

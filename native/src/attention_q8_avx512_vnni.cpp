@@ -25,6 +25,7 @@
 #include "isa_target.h"
 #include "tessera/attention.h"
 #include "tessera/attention_q8.h"
+#include "thread_scratch.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
 
@@ -338,7 +339,8 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   const int64_t wqb = wq_bytes(nb);
 
   pool.parallel_for(units * splits, [&](int64_t task, int) {
-    thread_local Q8Scratch w;
+    thread_local Q8Scratch scratch_of_thread;
+    Q8Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
     constexpr int64_t CB = kQ8ChunkBlocks;
     const int64_t unit = task / splits, split = task % splits;
     const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;  // the longest (last) query blocks first
@@ -412,7 +414,8 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   // Merge: out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s with M the largest m_s (a range the row does not
   // reach has m = -inf, l = 0, acc = 0 and weighs 0; every row sees key 0, so M is finite).
   pool.parallel_for(units, [&](int64_t unit, int) {
-    thread_local std::vector<float> scale;
+    thread_local std::vector<float> scale_of_thread;
+    std::vector<float>& scale = opaque_ref(scale_of_thread);
     const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;
     const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
     const float* p = parts + unit * splits * slot;
