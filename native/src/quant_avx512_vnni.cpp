@@ -161,9 +161,13 @@ __attribute__((always_inline)) inline void reduce_tokens(const __m512* acc, cons
 
 // Decode reads one row after the other (one sequential stream per thread: two rows interleaved, even as two
 // sequential streams, measured slower on Zen 4) and prefetches this far ahead, into the next rows of the stream.
+// A short token block (prefill's experts with few tokens) reads its rows the same way and prefetches them into L2
+// only (T1), leaving L1 to its tokens' activations: bench-moe Q4_K_M on Zen 4, 32 / 128 tokens a layer 8-12 % faster
+// than without a prefetch (into L1: about half that gain); 512 tokens (mostly the GEMM) unchanged.
 constexpr int kPrefetchBytes = 3072;
+template <_mm_hint hint = _MM_HINT_T0>
 __attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* p, int bytes) {
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), _MM_HINT_T0);
+  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), hint);
 }
 
 // Block-32 super-chunk: codes, f32 A per vpdpbusd lane, B per 16-group.
@@ -424,7 +428,9 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
       acc[i] = _mm512_setzero_ps();
       macc[i] = _mm256_setzero_ps();
     }
+    const int sbb = int(row_bytes / nsb);
     for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
       SuperInt s;
       load_super<t>(row, sb, s);
       for (int i = 0; i < nt; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
@@ -462,7 +468,9 @@ void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const A
   for (int r = 0; r < R; ++r) {
     const uint8_t* row = w + size_t(r) * row_bytes;
     for (int i = 0; i < nt; ++i) acc[i] = _mm512_setzero_ps();
+    const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
     for (int64_t sb = 0; sb < nsb; ++sb) {
+      prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
       Chunk32 s;
       load_block32<t>(row, K, sb, 1.0f, s);
       for (int i = 0; i < nt; ++i) {
