@@ -11,6 +11,7 @@
 
 #include "quant_kernels.h"
 #include "tessera/bf16.h"
+#include "thread_scratch.h"
 
 #include "isa_target.h"
 
@@ -77,6 +78,149 @@ void dot_rows_avx2(const uint8_t* u, const float* a4, const float* b16, int R, i
   else dot_rows_w<false>(u, a4, b16, R, K, x, out);
 }
 
+// ---- Decode straight from the blocks (dot_direct) ----
+// One token: Q4_K and Q6_K rows (the Q4_K_M mix: gate/up Q4_K; down, attn_v and the output Q6_K) are read from their
+// blocks into registers, with no tile in memory between: per 32 codes one maddubs (u8 code x s8 activation -> int16
+// pairs) and one madd by the sub-scale (int16 -> int32), summed in int32 over the super-block, then one f32 multiply-add
+// per 256 values (d * dx) and one for the mins (Q4_K) or the codes' offset 32 (Q6_K) against the activations' 16-value
+// sums (bs16). The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
+// AVX-512 decode). Other types and token blocks keep the row tiles (unpack_rows + dot_rows: the same bits as before).
+
+inline float f16_to_f32(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+constexpr int kDirectPrefetchBytes = 3072;
+inline void prefetch_stream(const uint8_t* p, int bytes) {
+  for (int o = 0; o < bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kDirectPrefetchBytes + o), _MM_HINT_T0);
+}
+
+// 16 int16 lanes from the bytes of `bytes16` that `idx` picks, zero- or sign-extended.
+inline __m256i pick_u16(__m128i bytes16, __m128i idx) { return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(bytes16, idx)); }
+inline __m256i pick_s16(__m128i bytes16, __m128i idx) { return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(bytes16, idx)); }
+inline __m128i bytes_idx(int a, int b) {  // 8 x byte a, then 8 x byte b
+  const char x = char(a), y = char(b);
+  return _mm_setr_epi8(x, x, x, x, x, x, x, x, y, y, y, y, y, y, y, y);
+}
+
+// Q4_K row . x. Block (144 bytes): d (f16), dmin (f16), 12 bytes of 6-bit sub-scales and mins, 128 bytes of codes:
+// the low nibbles of qs[32j .. 32j + 31] are values 64j .. 64j + 31 (sub-block 2j), their high nibbles the next 32
+// (sub-block 2j + 1). value = d * sc[sub] * code - dmin * m[sub].
+float row_dot_q4_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m128i dup_mins = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = row + sb * 144;
+    prefetch_stream(blk, 144);
+    // The 12 scale bytes -> sub-scales 0-7 and mins 0-7, a byte each (ggml's get_scale_min_k4, 4 at a time).
+    uint32_t u0, u1, s2;
+    std::memcpy(&u0, blk + 4, 4);
+    std::memcpy(&u1, blk + 8, 4);
+    std::memcpy(&s2, blk + 12, 4);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    const uint64_t sc = uint64_t(u0 & k1) | uint64_t((s2 & k2) | (((u0 >> 6) & k3) << 4)) << 32;
+    const uint64_t mn = uint64_t(u1 & k1) | uint64_t(((s2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) << 32;
+    const __m128i scv = _mm_cvtsi64_si128(int64_t(sc)), mnv = _mm_cvtsi64_si128(int64_t(mn));
+    const uint8_t* qs = blk + 16;
+    const int8_t* xq = x.q + 256 * sb;
+    __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 8 * 4 * 15 * 127 * 63
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * j)));
+      const __m256i phi =
+          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * j + 32)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, pick_u16(scv, bytes_idx(2 * j, 2 * j))));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, pick_u16(scv, bytes_idx(2 * j + 1, 2 * j + 1))));
+    }
+    const float dx = x.d256[sb];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16_to_f32(blk) * dx), acc);
+    // mins: lane k = m[k] * (bs16[2k] + bs16[2k + 1])
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs16 + 16 * sb));
+    const __m256i mterm = _mm256_madd_epi16(pick_u16(mnv, dup_mins), bs);
+    macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mterm), _mm256_set1_ps(f16_to_f32(blk + 2) * dx), macc);
+  }
+  return hsum(acc) - hsum(macc);
+}
+
+// Q6_K row . x. Block (210 bytes): ql (128: low 4 bits), qh (64: high 2 bits), 16 int8 sub-scales (16 values each),
+// d (f16). In half h, for l < 32: the low / high nibble of ql[64h + l] are values 128h + l / 128h + 64 + l, of
+// ql[64h + 32 + l] values 128h + 32 + l / 128h + 96 + l; their high bits are bits 0-1 / 4-5 / 2-3 / 6-7 of qh[32h + l].
+// value = d * sc[value / 16] * (code - 32): the 32 is taken off against the activations' 16-value sums.
+float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc = _mm256_setzero_ps(), oacc = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = row + sb * 210;
+    prefetch_stream(blk, 210);
+    const __m128i scb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));  // [16] int8
+    const int8_t* xq = x.q + 256 * sb;
+    __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 16 * 2 * 63 * 127 * 128
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      __m256i q[4];  // q[k]: codes of values 128h + 32k + l, l < 32
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;  // the 16-value groups of these 32 values: g, g + 1
+        const __m256i p = _mm256_maddubs_epi16(
+            q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * k)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, pick_s16(scb, bytes_idx(g, g + 1))));
+      }
+    }
+    const float ddx = f16_to_f32(blk + 208) * x.d256[sb];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(ddx), acc);
+    // the offset: 32 * sum_g sc[g] * bs16[g]
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bs16 + 16 * sb));
+    const __m256i oterm = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scb), bs);
+    oacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(oterm), _mm256_set1_ps(32.0f * ddx), oacc);
+  }
+  return hsum(acc) - hsum(oacc);
+}
+
+// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token of Q4_K / Q6_K straight from the blocks, everything
+// else through the row tiles (this thread's, kept between calls).
+void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                     float* out) {
+  if (nt == 1 && (t == QType::Q4_K || t == QType::Q6_K)) {
+    const int64_t nsb = K / 256;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + size_t(r) * row_bytes;
+      out[r] = t == QType::Q4_K ? row_dot_q4_k(row, nsb, xs[0]) : row_dot_q6_k(row, nsb, xs[0]);
+    }
+    return;
+  }
+  struct TileBuffers {
+    std::vector<uint8_t> u;
+    std::vector<float> a4, b16;
+  };
+  thread_local TileBuffers tile_of_thread;
+  TileBuffers& tile = opaque_ref(tile_of_thread);
+  const size_t Kp = size_t(padded_k(K));
+  tile.u.resize(kTileRows * Kp);
+  tile.a4.resize(kTileRows * Kp / 4);
+  tile.b16.resize(size_t(kTileRows * padded_s16(K)));
+  const bool wide = qtype_info(t).wide;
+  float res[kTileRows];
+  for (int r0 = 0; r0 < R; r0 += kTileRows) {
+    const int Rt = std::min(kTileRows, R - r0);
+    unpack_rows_body(t, w + size_t(r0) * row_bytes, row_bytes, Rt, K, tile.u.data(), tile.a4.data(), tile.b16.data());
+    for (int i = 0; i < nt; ++i) {
+      dot_rows_avx2(tile.u.data(), tile.a4.data(), tile.b16.data(), Rt, K, xs[i], wide, res);
+      for (int r = 0; r < Rt; ++r) out[(r0 + r) * nt + i] = res[r];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace quant
 }  // namespace tessera
@@ -86,7 +230,7 @@ TESSERA_ISA_END
 namespace tessera {
 namespace quant {
 namespace {
-const Kernels kAvx2 = {QIsa::AVX2, quantize_row_body, unpack_rows_body, dot_rows_avx2, nullptr};
+const Kernels kAvx2 = {QIsa::AVX2, quantize_row_body, unpack_rows_body, dot_rows_avx2, dot_direct_avx2};
 }  // namespace
 const Kernels& kernels_avx2() { return kAvx2; }
 }  // namespace quant

@@ -224,14 +224,13 @@ bool block_path(const Kernels& kr, QType t, int64_t nt) {
   return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t));
 }
 
-// A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI takes the GEMM
-// (quant_gemm_avx512.cpp), decode and the other ISAs their dot_direct; AVX2 arrives here only for its GEMM
-// (quant_gemm_avx2.cpp, block_path).
+// A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI and AVX2 takes the GEMM
+// (quant_gemm_avx512.cpp, quant_gemm_avx2.cpp) from its threshold on, decode and shorter blocks the ISA's dot_direct.
 void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs,
                int nt, float* out) {
   if (kr.isa == QIsa::AVX512VNNI && nt >= vnni_gemm_min_tokens())
     quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
-  else if (kr.isa == QIsa::AVX2)
+  else if (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t))
     quant::gemm_avx2(t, w, row_bytes, R, K, xs, nt, out);
   else
     kr.dot_direct(t, w, row_bytes, R, K, xs, nt, out);
