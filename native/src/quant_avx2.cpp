@@ -79,11 +79,11 @@ void dot_rows_avx2(const uint8_t* u, const float* a4, const float* b16, int R, i
 }
 
 // ---- Decode straight from the blocks (dot_direct) ----
-// One token: Q4_K and Q6_K rows (the Q4_K_M mix: gate/up Q4_K; down, attn_v and the output Q6_K) are read from their
-// blocks into registers, with no tile in memory between: per 32 codes one maddubs (u8 code x s8 activation -> int16
-// pairs) and one madd by the sub-scale (int16 -> int32), summed in int32 over the super-block, then one f32 multiply-add
-// per 256 values (d * dx) and one for the mins (Q4_K) or the codes' offset 32 (Q6_K) against the activations' 16-value
-// sums (bs16). The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
+// One token: Q4_K, Q5_K and Q6_K rows (the Q4_K_M / Q5_K_M mixes) are read from their blocks into registers, with no
+// tile in memory between: per 32 codes one maddubs (u8 code x s8 activation -> int16 pairs) and one madd by the
+// sub-scale (int16 -> int32), summed in int32 over the super-block, then one f32 multiply-add per 256 values (d * dx)
+// and one for the mins (Q4_K, Q5_K) or the codes' offset 32 (Q6_K) against the activations' 16-value sums (bs16).
+// Q8_0: one f32 multiply-add per 32-value block. The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
 // AVX-512 decode). Other types and token blocks keep the row tiles (unpack_rows + dot_rows: the same bits as before).
 
 inline float f16_to_f32(const uint8_t* p) {
@@ -106,16 +106,19 @@ inline __m128i bytes_idx(int a, int b) {  // 8 x byte a, then 8 x byte b
   return _mm_setr_epi8(x, x, x, x, x, x, x, x, y, y, y, y, y, y, y, y);
 }
 
-// Q4_K row . x. Block (144 bytes): d (f16), dmin (f16), 12 bytes of 6-bit sub-scales and mins, 128 bytes of codes:
-// the low nibbles of qs[32j .. 32j + 31] are values 64j .. 64j + 31 (sub-block 2j), their high nibbles the next 32
-// (sub-block 2j + 1). value = d * sc[sub] * code - dmin * m[sub].
-float row_dot_q4_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+// Q4_K / Q5_K row . x. Block (144 / 176 bytes): d (f16), dmin (f16), 12 bytes of 6-bit sub-scales and mins, (Q5_K:
+// 32 bytes qh of the codes' fifth bits,) 128 bytes qs: the low nibbles of qs[32j .. 32j + 31] are values 64j .. 64j + 31
+// (sub-block 2j), their high nibbles the next 32 (sub-block 2j + 1); Q5_K's bit 4 of them is bit 2j / 2j + 1 of
+// qh[0 .. 31]. value = d * sc[sub] * code - dmin * m[sub].
+template <bool Five>
+float row_dot_q45_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
+  constexpr int kBlockBytes = Five ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
   const __m128i dup_mins = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* blk = row + sb * 144;
-    prefetch_stream(blk, 144);
+    const uint8_t* blk = row + sb * kBlockBytes;
+    prefetch_stream(blk, kBlockBytes);
     // The 12 scale bytes -> sub-scales 0-7 and mins 0-7, a byte each (ggml's get_scale_min_k4, 4 at a time).
     uint32_t u0, u1, s2;
     std::memcpy(&u0, blk + 4, 4);
@@ -125,12 +128,18 @@ float row_dot_q4_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
     const uint64_t sc = uint64_t(u0 & k1) | uint64_t((s2 & k2) | (((u0 >> 6) & k3) << 4)) << 32;
     const uint64_t mn = uint64_t(u1 & k1) | uint64_t(((s2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) << 32;
     const __m128i scv = _mm_cvtsi64_si128(int64_t(sc)), mnv = _mm_cvtsi64_si128(int64_t(mn));
-    const uint8_t* qs = blk + 16;
+    const uint8_t* qs = blk + (Five ? 48 : 16);
+    const __m256i qh = Five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
     const int8_t* xq = x.q + 256 * sb;
-    __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 8 * 4 * 15 * 127 * 63
+    __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 8 * 4 * 31 * 127 * 63
     for (int j = 0; j < 4; ++j) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
-      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if (Five) {  // bit 2j (2j + 1) of each qh byte -> bit 4 of the low (high) nibbles' codes
+        const __m256i bit_lo = _mm256_set1_epi8(char(1 << (2 * j))), bit_hi = _mm256_set1_epi8(char(1 << (2 * j + 1)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), b4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), b4));
+      }
       const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * j)));
       const __m256i phi =
           _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 * j + 32)));
@@ -187,15 +196,42 @@ float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
   return hsum(acc) - hsum(oacc);
 }
 
-// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token of Q4_K / Q6_K straight from the blocks, everything
+// Q8_0 row . x. Block (34 bytes): d (f16), 32 int8 codes; value = d * code. maddubs wants one operand unsigned:
+// |code| x (x with the code's sign), at most 128 * 127 * 2 in an int16 pair.
+float row_dot_q8_0(const uint8_t* row, int64_t K, const ActRow& x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t nb = K / 32;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {  // the 8 blocks of one 256-value activation block (fewer at the end)
+    const int64_t b1 = std::min(nb, b0 + 8);
+    __m256 part = _mm256_setzero_ps();
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* blk = row + b * 34;
+      prefetch_stream(blk, 34);
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)), ones);
+      part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(blk)), part);
+    }
+    acc = _mm256_fmadd_ps(part, _mm256_set1_ps(x.d256[b0 / 8]), acc);
+  }
+  return hsum(acc);
+}
+
+// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token of Q4_K / Q5_K / Q6_K / Q8_0 straight from the blocks, everything
 // else through the row tiles (this thread's, kept between calls).
 void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                      float* out) {
-  if (nt == 1 && (t == QType::Q4_K || t == QType::Q6_K)) {
+  if (nt == 1 && (t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K || t == QType::Q8_0)) {
     const int64_t nsb = K / 256;
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + size_t(r) * row_bytes;
-      out[r] = t == QType::Q4_K ? row_dot_q4_k(row, nsb, xs[0]) : row_dot_q6_k(row, nsb, xs[0]);
+      switch (t) {
+        case QType::Q4_K: out[r] = row_dot_q45_k<false>(row, nsb, xs[0]); break;
+        case QType::Q5_K: out[r] = row_dot_q45_k<true>(row, nsb, xs[0]); break;
+        case QType::Q6_K: out[r] = row_dot_q6_k(row, nsb, xs[0]); break;
+        default: out[r] = row_dot_q8_0(row, K, xs[0]); break;
+      }
     }
     return;
   }
