@@ -82,9 +82,10 @@ void dot_rows_avx2(const uint8_t* u, const float* a4, const float* b16, int R, i
 // One token: Q4_K, Q5_K and Q6_K rows (the Q4_K_M / Q5_K_M mixes) are read from their blocks into registers, with no
 // tile in memory between: per 32 codes one maddubs (u8 code x s8 activation -> int16 pairs) and one madd by the
 // sub-scale (int16 -> int32), summed in int32 over the super-block, then one f32 multiply-add per 256 values (d * dx)
-// and one for the mins (Q4_K, Q5_K) or the codes' offset 32 (Q6_K) against the activations' 16-value sums (bs16).
-// Q8_0: one f32 multiply-add per 32-value block. The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
-// AVX-512 decode). Other types and token blocks keep the row tiles (unpack_rows + dot_rows: the same bits as before).
+// and one for the mins (Q4_K, Q5_K) or the codes' offset 32 (Q6_K) against the activations' 16-value sums (bs16);
+// IQ4_XS looks its codes up (vpshufb) and multiplies them as signed bytes. Q8_0, Q4_0: one f32 multiply-add per
+// 32-value block. The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
+// AVX-512 decode). Token blocks keep the row tiles (unpack_rows + dot_rows: the same bits as before).
 
 inline float f16_to_f32(const uint8_t* p) {
   uint16_t h;
@@ -218,11 +219,73 @@ float row_dot_q8_0(const uint8_t* row, int64_t K, const ActRow& x) {
   return hsum(acc);
 }
 
-// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token of Q4_K / Q5_K / Q6_K / Q8_0 straight from the blocks, everything
+// Q4_0 row . x. Block (18 bytes): d (f16), 16 bytes: low nibbles values 0-15, high nibbles 16-31; value = d * (nibble
+// - 8), as signed bytes through the same |w| x sign(x, w) as Q8_0.
+float row_dot_q4_0(const uint8_t* row, int64_t K, const ActRow& x) {
+  const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+  const int64_t nb = K / 32;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t b1 = std::min(nb, b0 + 8);
+    __m256 part = _mm256_setzero_ps();
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* blk = row + b * 18;
+      prefetch_stream(blk, 18);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+      const __m256i w = _mm256_sub_epi8(u, eight);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
+      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)), ones);
+      part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(blk)), part);
+    }
+    acc = _mm256_fmadd_ps(part, _mm256_set1_ps(x.d256[b0 / 8]), acc);
+  }
+  return hsum(acc);
+}
+
+// IQ4_XS row . x. Block (136 bytes): d (f16), scales_h (16 bits: 2 per sub-block), scales_l (4 bytes: a nibble per
+// sub-block), qs (128 bytes). Sub-block ib (32 values): scale ls - 32 with ls = scales_l nibble | scales_h bits << 4;
+// qs[16 ib + l] low / high nibble = value 32 ib + l / 32 ib + 16 + l, an index into the non-linear code book.
+float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x) {
+  const __m256i book = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* blk = row + sb * 136;
+    prefetch_stream(blk, 136);
+    const int sh = int(blk[2]) | int(blk[3]) << 8;
+    uint64_t ls = 0;  // byte ib: the sub-block's scale ls - 32 (int8)
+    for (int ib = 0; ib < 8; ++ib) {
+      const int l = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      ls |= uint64_t(uint8_t(l - 32)) << (8 * ib);
+    }
+    const __m128i lsv = _mm_cvtsi64_si128(int64_t(ls));
+    const int8_t* xq = x.q + 256 * sb;
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low 128-bit lane) and 2c + 1 (high lane)
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 + 32 * c));
+      const __m256i wlo = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
+      const __m256i whi = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+      const int8_t* xc = xq + 64 * c;  // values 0-15 / 16-31 of sub-block 2c, then of 2c + 1
+      const __m256i xlo = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(xc + 32), reinterpret_cast<const __m128i*>(xc));
+      const __m256i xhi =
+          _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(xc + 48), reinterpret_cast<const __m128i*>(xc + 16));
+      const __m256i scale = pick_s16(lsv, bytes_idx(2 * c, 2 * c + 1));
+      const __m256i plo = _mm256_maddubs_epi16(_mm256_abs_epi8(wlo), _mm256_sign_epi8(xlo, wlo));
+      const __m256i phi = _mm256_maddubs_epi16(_mm256_abs_epi8(whi), _mm256_sign_epi8(xhi, whi));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_madd_epi16(plo, scale), _mm256_madd_epi16(phi, scale)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16_to_f32(blk) * x.d256[sb]), acc);
+  }
+  return hsum(acc);
+}
+
+// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token straight from the blocks (every type), everything
 // else through the row tiles (this thread's, kept between calls).
 void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                      float* out) {
-  if (nt == 1 && (t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K || t == QType::Q8_0)) {
+  if (nt == 1) {
     const int64_t nsb = K / 256;
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + size_t(r) * row_bytes;
@@ -230,6 +293,8 @@ void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t
         case QType::Q4_K: out[r] = row_dot_q45_k<false>(row, nsb, xs[0]); break;
         case QType::Q5_K: out[r] = row_dot_q45_k<true>(row, nsb, xs[0]); break;
         case QType::Q6_K: out[r] = row_dot_q6_k(row, nsb, xs[0]); break;
+        case QType::IQ4_XS: out[r] = row_dot_iq4_xs(row, nsb, xs[0]); break;
+        case QType::Q4_0: out[r] = row_dot_q4_0(row, K, xs[0]); break;
         default: out[r] = row_dot_q8_0(row, K, xs[0]); break;
       }
     }
