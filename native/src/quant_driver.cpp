@@ -212,7 +212,6 @@ struct Tiles {
   Tile& operator[](int ith) { return per_thread[size_t(ith)]; }
 };
 
-// Whether a task of nt tokens on type t goes through dot_block (else: the row tiles, unpack_rows + dot_rows).
 // From how many tokens a block takes the AVX-512 VNNI GEMM: the runtime knob (tessera/tuning.h vnni_gemm_min_tokens;
 // 0: quant::kGemmMinTokens), never below 2 (one token is decode: the mat-vec, as quant_matvec_multi computes it).
 int vnni_gemm_min_tokens() {
@@ -220,9 +219,9 @@ int vnni_gemm_min_tokens() {
   return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1)) : quant::kGemmMinTokens;
 }
 
-bool block_path(const Kernels& kr, QType t, int64_t nt) {
-  return kr.dot_direct || (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t));
-}
+// Whether a task goes through dot_block (an ISA that reads the blocks directly: AVX-512 VNNI and AVX2, their GEMM
+// from its threshold on, dot_direct below) or through the row tiles (unpack_rows + dot_rows: Reference).
+bool block_path(const Kernels& kr) { return kr.dot_direct != nullptr; }
 
 // A row group over a token block read straight from the blocks: prefill on AVX-512 VNNI and AVX2 takes the GEMM
 // (quant_gemm_avx512.cpp, quant_gemm_avx2.cpp) from its threshold on, decode and shorter blocks the ISA's dot_direct.
@@ -332,7 +331,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
     const int64_t rg = task % n_rg, tb = task / n_rg;
     const int64_t t0 = tb * kTokenBlock, t1 = std::min(a.T, t0 + kTokenBlock);
     const int64_t n_end = std::min(a.N, (rg + 1) * kRowGroup);
-    if (block_path(kr, a.type, t1 - t0)) {
+    if (block_path(kr)) {
       ActRow xs[kTokenBlock];
       float res[kRowGroup * kTokenBlock];  // [row, token]
       const int nt = int(t1 - t0), R = int(n_end - rg * kRowGroup);
@@ -464,7 +463,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         store_act(g, u, R, nt, sl, s0, i0);
         return;
       }
-      if (block_path(kr, a.gate.type, nt) && block_path(kr, a.up.type, nt)) {  // one path for both
+      if (block_path(kr)) {  // the blocks read directly
         ActRow xs[kTokenBlock];
         float g[kRowGroup * kTokenBlock], u[kRowGroup * kTokenBlock];  // [row, token]
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = xa.row(sl[size_t(s)] / k);
@@ -524,7 +523,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
         quant::rows_to_tokens_avx512(res, R, nt, dst);
         return;
       }
-      if (block_path(kr, a.down.type, nt)) {
+      if (block_path(kr)) {
         ActRow xs[kTokenBlock];
         float res[kRowGroup * kTokenBlock];  // [row, token]
         for (int64_t s = s0; s < s1; ++s) xs[s - s0] = ha.row(sl[size_t(s)]);
