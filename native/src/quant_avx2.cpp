@@ -197,43 +197,28 @@ float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
   return hsum(acc) - hsum(oacc);
 }
 
-// Q8_0 row . x. Block (34 bytes): d (f16), 32 int8 codes; value = d * code. maddubs wants one operand unsigned:
-// |code| x (x with the code's sign), at most 128 * 127 * 2 in an int16 pair.
-float row_dot_q8_0(const uint8_t* row, int64_t K, const ActRow& x) {
-  const __m256i ones = _mm256_set1_epi16(1);
+// Q8_0 / Q4_0 row . x. Q8_0 block (34 bytes): d (f16), 32 int8 codes, value = d * code; Q4_0 block (18 bytes): d
+// (f16), 16 bytes whose low nibbles are values 0-15 and high nibbles 16-31, value = d * (nibble - 8). `vpmaddubsw`
+// wants one operand unsigned: |w| x (x with w's sign), at most 128 * 127 * 2 in an int16 pair.
+template <QType t>
+float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x) {
+  constexpr int kBlockBytes = t == QType::Q8_0 ? 34 : 18;
+  const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
   const int64_t nb = K / 32;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {  // the 8 blocks of one 256-value activation block (fewer at the end)
     const int64_t b1 = std::min(nb, b0 + 8);
     __m256 part = _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* blk = row + b * 34;
-      prefetch_stream(blk, 34);
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
-      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)), ones);
-      part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(blk)), part);
-    }
-    acc = _mm256_fmadd_ps(part, _mm256_set1_ps(x.d256[b0 / 8]), acc);
-  }
-  return hsum(acc);
-}
-
-// Q4_0 row . x. Block (18 bytes): d (f16), 16 bytes: low nibbles values 0-15, high nibbles 16-31; value = d * (nibble
-// - 8), as signed bytes through the same |w| x sign(x, w) as Q8_0.
-float row_dot_q4_0(const uint8_t* row, int64_t K, const ActRow& x) {
-  const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-  const int64_t nb = K / 32;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-    const int64_t b1 = std::min(nb, b0 + 8);
-    __m256 part = _mm256_setzero_ps();
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* blk = row + b * 18;
-      prefetch_stream(blk, 18);
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-      const __m256i w = _mm256_sub_epi8(u, eight);
+      const uint8_t* blk = row + b * kBlockBytes;
+      prefetch_stream(blk, kBlockBytes);
+      __m256i w;  // [32] int8: the block's values / d
+      if (t == QType::Q8_0) {
+        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      } else {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        w = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4), eight);
+      }
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
       const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)), ones);
       part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(blk)), part);
@@ -294,8 +279,8 @@ void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t
         case QType::Q5_K: out[r] = row_dot_q45_k<true>(row, nsb, xs[0]); break;
         case QType::Q6_K: out[r] = row_dot_q6_k(row, nsb, xs[0]); break;
         case QType::IQ4_XS: out[r] = row_dot_iq4_xs(row, nsb, xs[0]); break;
-        case QType::Q4_0: out[r] = row_dot_q4_0(row, K, xs[0]); break;
-        default: out[r] = row_dot_q8_0(row, K, xs[0]); break;
+        case QType::Q4_0: out[r] = row_dot_32<QType::Q4_0>(row, K, xs[0]); break;
+        default: out[r] = row_dot_32<QType::Q8_0>(row, K, xs[0]); break;
       }
     }
     return;
