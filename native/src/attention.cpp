@@ -21,6 +21,14 @@ bool avx512_ok(int64_t hd) {
   return cpu && hd % 32 == 0 && hd <= 512;
 }
 
+bool avx2_ok(int64_t hd) {
+  static const bool cpu = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx2 && c.fma && c.os_avx && max_isa_cap() >= IsaLevel::AVX2;
+  }();
+  return cpu && hd % 8 == 0 && hd <= 512;
+}
+
 bool avx512_bf16_ok(int64_t hd) {
   static const bool cpu = [] {
     const CpuFeatures& c = cpu_features();
@@ -41,7 +49,10 @@ bool amx_bf16_ok(int64_t hd) {
 
 }  // namespace
 
-const char* attention_kernel_name(int64_t hd) { return avx512_ok(hd) ? "AVX512" : "Reference"; }
+const char* attention_kernel_name(int64_t hd) {
+  if (avx512_ok(hd)) return "AVX512";
+  return avx2_ok(hd) ? "AVX2" : "Reference";
+}
 
 const char* attention_prefill_kernel_name(int64_t hd) {
   if (amx_bf16_ok(hd)) return "AMX_BF16";
@@ -83,18 +94,20 @@ void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
   if (a.T > 1 && amx_bf16_ok(a.hd)) attention_isa::attention_amx_bf16(a, pool, false);
   else if (a.T > 1 && avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);
   else if (avx512_ok(a.hd)) attention_isa::attention_avx512(a, pool);
+  else if (avx2_ok(a.hd)) attention_isa::attention_avx2(a, pool);
   else attention_bf16_reference(a, pool);
 }
 
 void attention_bf16_with(const AttentionArgs& a, ThreadPool& pool, const std::string& kernel) {
   if (kernel == "Reference") return attention_bf16_reference(a, pool);
   if (kernel == "AVX512" && avx512_ok(a.hd)) return attention_isa::attention_avx512(a, pool);
+  if (kernel == "AVX2" && avx2_ok(a.hd)) return attention_isa::attention_avx2(a, pool);
   if (kernel == "AVX512_BF16" && avx512_bf16_ok(a.hd)) return attention_isa::attention_avx512_bf16(a, pool);
   if (kernel == "AMX_BF16" && amx_bf16_ok(a.hd)) return attention_isa::attention_amx_bf16(a, pool, false);
   if (kernel == "AMX_BF16-emulated" && avx512_bf16_ok(a.hd)) return attention_isa::attention_amx_bf16(a, pool, true);
   throw std::invalid_argument("kernel: '" + kernel + "' is not an attention kernel this CPU runs for head dim " +
                               std::to_string(a.hd) +
-                              " (AMX_BF16, AMX_BF16-emulated, AVX512_BF16, AVX512 or Reference)");
+                              " (AMX_BF16, AMX_BF16-emulated, AVX512_BF16, AVX512, AVX2 or Reference)");
 }
 
 }  // namespace tessera

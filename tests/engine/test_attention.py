@@ -32,7 +32,8 @@ def _runs(kernel: str) -> bool:
     return True
 
 
-KERNELS = {kernel: _runs(kernel) for kernel in ("AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16", "AVX512", "Reference")}
+KERNELS = {kernel: _runs(kernel)
+           for kernel in ("AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16", "AVX512", "AVX2", "Reference")}
 # The kernels whose products round q and the probabilities to bf16 (held to bf16_products_ok); the AMX ones on tiles.
 BF16_PRODUCTS = ("AMX_BF16", "AMX_BF16-emulated", "AVX512_BF16")
 

@@ -55,6 +55,7 @@ const char* attention_prefill_kernel_name(int64_t hd);
 
 namespace attention_isa {
 void attention_avx512(const AttentionArgs& a, ThreadPool& pool);
+void attention_avx2(const AttentionArgs& a, ThreadPool& pool);  // CPUs without AVX-512 (f32 products)
 void attention_avx512_bf16(const AttentionArgs& a, ThreadPool& pool);
 // emulated: the tile emulator instead of the instructions (which run only where amx_bf16_usable()).
 void attention_amx_bf16(const AttentionArgs& a, ThreadPool& pool, bool emulated);
