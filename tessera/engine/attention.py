@@ -4,7 +4,8 @@ Two paths, same result (tests/engine/test_attention.py holds them to a naive ref
 - native (`engine.native.attention_bf16`, native/src/attention_avx512.cpp): a bf16 cache on the CPU with an AVX-512
   kernel for this head dim (decode: f32 products; prefill, T > 1: native/src/attention_avx512_bf16.cpp's vdpbf16ps
   kernel where the CPU has avx512_bf16, which rounds q and the probabilities to bf16 and runs 1.8x faster; it measured
-  no faster at decode). engine.model.Attention's native step (prepare_attend_native) also norms, rotates and appends
+  no faster at decode; a CPU with AVX2 but not AVX-512: native/src/attention_avx2.cpp, f32 products at any T).
+  engine.model.Attention's native step (prepare_attend_native) also norms, rotates and appends
   in one native pass before the kernel. Flash style: query blocks x key
   blocks of 32 with an online softmax, K/V read in place as stored (never widened as a whole, no T x S score matrix),
   causal blocks above the diagonal skipped; with few query blocks (decode) the keys are split across the threads and
@@ -15,9 +16,9 @@ Two paths, same result (tests/engine/test_attention.py holds them to a naive ref
   scales per 32 values) on the CPU with AVX-512 VNNI, the same flash structure with both products on int8 (q quantized
   per 32 dims as llama.cpp does against a q8_0 cache; the probabilities times the value scales quantized to uint8 per
   block of 32 keys), so decode reads half the bytes of the bf16 cache at memory speed.
-- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX-512): K/V are widened to float32 once per
-  layer (KVCache.keys_values, O(S); a q8_0 cache is dequantized there,
-  small beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
+- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX2, a q8_0 cache without AVX-512 VNNI):
+  K/V are widened to float32 once per layer (KVCache.keys_values, O(S); a q8_0 cache is dequantized there, small
+  beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
   CPU flash kernel has no T x T matrix either); decode takes two small matmuls.
 
 Letters: T new positions, S = cached + new, nh query heads, nkv key/value heads, hd head dim.
@@ -37,7 +38,8 @@ from tessera.engine.kv_cache import KVCache
 
 @functools.cache
 def native_kernel(head_dim: int) -> str:
-    """"AVX512" where the native kernel runs for this head dim on this CPU, else "Reference" (then torch is used)."""
+    """"AVX512" or "AVX2" where a native kernel runs for this head dim on this CPU, else "Reference" (then torch is
+    used)."""
     return native.attention_kernel(head_dim)
 
 

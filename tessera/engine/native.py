@@ -109,8 +109,8 @@ def dense_matvec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, *, r
 
 
 def attention_kernel(head_dim: int) -> str:
-    """The native causal attention kernel this CPU runs for `head_dim` at decode (T = 1): "AVX512" (f32 products) or
-    "Reference" (scalar, double accumulation)."""
+    """The native causal attention kernel this CPU runs for `head_dim` at decode (T = 1): "AVX512" (f32 products),
+    "AVX2" (f32 products, CPUs without AVX-512) or "Reference" (scalar, double accumulation)."""
     return str(_native.attention_kernel(head_dim))
 
 
@@ -128,8 +128,9 @@ def attention_bf16(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, start: in
     q [nh, T, hd] f32 ([T, nh, hd] with token_major: as the q projection and attention_prepare leave it);
     kt [nkv, ceil(C/32), hd, 32] and v [nkv, C, hd] bf16 (a KVCache's buffers of one layer), read in place.
     `kernel` names one to run ("AMX_BF16", "AMX_BF16-emulated" (on the portable tile emulator, for tests),
-    "AVX512_BF16", "AVX512", "Reference": the scalar double-accumulation twin); "" runs attention_kernel(hd)'s at
-    T = 1 and attention_prefill_kernel(hd)'s at T > 1. One this CPU cannot run raises ValueError."""
+    "AVX512_BF16", "AVX512", "AVX2", "Reference": the scalar double-accumulation twin); "" runs
+    attention_kernel(hd)'s at T = 1 and attention_prefill_kernel(hd)'s at T > 1. One this CPU cannot run raises
+    ValueError."""
     _native.attention_bf16(q, kt, v, start, scale, out, pool, kernel, token_major)
 
 
