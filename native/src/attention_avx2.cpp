@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "isa_target.h"
+#include "attention_tasks.h"
 #include "tessera/attention.h"
 #include "thread_scratch.h"
 
@@ -163,14 +164,10 @@ inline const float* query_row(const AttentionArgs& a, int64_t head, int64_t t) {
 
 void flash_attention_avx2(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv, hd = a.hd;
-  const int64_t tokens_per_task = std::max<int64_t>(1, kRowsPerTask / g);
-  const int64_t blocks = (a.T + tokens_per_task - 1) / tokens_per_task, units = blocks * a.nkv;
-  const int64_t key_blocks = (a.start + a.T + kKeys - 1) / kKeys;
-  const int64_t wanted = (int64_t(kTasksPerThread) * pool.size() + units - 1) / units;
-  int64_t splits = std::max<int64_t>(1, std::min(wanted, key_blocks / kMinSplitBlocks));
-  const int64_t blocks_per_split = (key_blocks + splits - 1) / splits;
-  splits = (key_blocks + blocks_per_split - 1) / blocks_per_split;
-  const int64_t max_rows = std::min(a.T, tokens_per_task) * g, slot = max_rows * (hd + 2);  // partial: m, l, acc
+  const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
+                             kTasksPerThread);  // attention_tasks.h
+  const int64_t units = tasks.units;
+  const int64_t splits = tasks.splits, blocks_per_split = tasks.blocks_per_split, slot = tasks.slot;
   thread_local std::vector<float> partials_of_thread;
   std::vector<float>& partials = opaque_ref(partials_of_thread);  // [units, splits, slot] when the keys are split
   if (splits > 1) partials.resize(size_t(units * splits * slot));
@@ -180,9 +177,8 @@ void flash_attention_avx2(const AttentionArgs& a, ThreadPool& pool) {
   pool.parallel_for(units * splits, [&](int64_t task, int) {
     thread_local Scratch2 scratch_of_thread;
     Scratch2& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
-    const int64_t unit = task / splits, split = task % splits;
-    const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;  // the longest (last) query blocks first
-    const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
+    const AttentionTasks::Task tk = tasks.of_task(task);
+    const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows;
     w.q.resize(size_t(rows * hd));
     w.kf.resize(size_t(hd * kKeys));
     w.p.resize(size_t(rows * kKeys));
@@ -232,8 +228,8 @@ void flash_attention_avx2(const AttentionArgs& a, ThreadPool& pool) {
   // Merge: out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s with M the largest m_s (a range the row does not
   // reach has m = -inf, l = 0, acc = 0 and weighs 0; every row sees key 0, so M is finite).
   pool.parallel_for(units, [&](int64_t unit, int) {
-    const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;
-    const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
+    const AttentionTasks::Task tk = tasks.of_unit(unit, 0);
+    const int64_t h = tk.h, t0 = tk.t0, rows = tk.rows;
     const float* p = parts + unit * splits * slot;
     for (int64_t r = 0; r < rows; ++r) {
       float M = -INFINITY;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "isa_target.h"
+#include "attention_tasks.h"
 #include "tessera/attention.h"
 #include "thread_scratch.h"
 

@@ -23,6 +23,7 @@
 #include "amx_tile.h"
 #include "amx_tile_emu.h"
 #include "isa_target.h"
+#include "attention_tasks.h"
 #include "tessera/attention.h"
 #include "thread_scratch.h"
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "isa_target.h"
+#include "attention_tasks.h"
 #include "tessera/attention.h"
 #include "tessera/attention_q8.h"
 #include "thread_scratch.h"
@@ -324,15 +325,10 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
 
 void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv, hd = a.hd, nb = hd / kQ8Block, tiles = a.C / kQ8Block;
-  const int64_t tokens_per_task = std::max<int64_t>(1, kRowsPerTask / g);
-  const int64_t blocks = (a.T + tokens_per_task - 1) / tokens_per_task, units = blocks * a.nkv;
-  // Key ranges: whole key blocks, at least kMinSplitBlocks each, until there are kTasksPerThread tasks per thread.
-  const int64_t key_blocks = (a.start + a.T + kKeys - 1) / kKeys;
-  const int64_t wanted = (int64_t(kTasksPerThread) * pool.size() + units - 1) / units;
-  int64_t splits = std::max<int64_t>(1, std::min(wanted, key_blocks / kMinSplitBlocks));
-  const int64_t blocks_per_split = (key_blocks + splits - 1) / splits;
-  splits = (key_blocks + blocks_per_split - 1) / blocks_per_split;
-  const int64_t max_rows = std::min(a.T, tokens_per_task) * g, slot = max_rows * (hd + 2);  // partial: m, l, acc
+  const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
+                             kTasksPerThread);  // attention_tasks.h
+  const int64_t units = tasks.units;
+  const int64_t splits = tasks.splits, blocks_per_split = tasks.blocks_per_split, slot = tasks.slot;
   thread_local std::vector<float> partials;  // [units, splits, slot], only when the keys are split
   if (splits > 1) partials.resize(size_t(units * splits * slot));
   float* const parts = partials.data();
@@ -342,9 +338,8 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
     thread_local Q8Scratch scratch_of_thread;
     Q8Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
     constexpr int64_t CB = kQ8ChunkBlocks;
-    const int64_t unit = task / splits, split = task % splits;
-    const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;  // the longest (last) query blocks first
-    const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
+    const AttentionTasks::Task tk = tasks.of_task(task);
+    const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows;
     w.q8.resize(size_t(rows * hd));
     w.qd.resize(size_t(rows * nb));
     w.qcorr.resize(size_t(rows * nb));
@@ -416,8 +411,8 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   pool.parallel_for(units, [&](int64_t unit, int) {
     thread_local std::vector<float> scale_of_thread;
     std::vector<float>& scale = opaque_ref(scale_of_thread);
-    const int64_t qb = blocks - 1 - unit / a.nkv, h = unit % a.nkv;
-    const int64_t t0 = qb * tokens_per_task, t1 = std::min(a.T, t0 + tokens_per_task), rows = (t1 - t0) * g;
+    const AttentionTasks::Task tk = tasks.of_unit(unit, 0);
+    const int64_t h = tk.h, t0 = tk.t0, rows = tk.rows;
     const float* p = parts + unit * splits * slot;
     scale.resize(size_t(splits));
     for (int64_t r = 0; r < rows; ++r) {
