@@ -11,7 +11,6 @@
 
 #include "quant_kernels.h"
 #include "tessera/bf16.h"
-#include "thread_scratch.h"
 
 #include "isa_target.h"
 
@@ -84,19 +83,13 @@ void dot_rows_avx2(const uint8_t* u, const float* a4, const float* b16, int R, i
 // sub-scale (int16 -> int32), summed in int32 over the super-block, then one f32 multiply-add per 256 values (d * dx)
 // and one for the mins (Q4_K, Q5_K) or the codes' offset 32 (Q6_K) against the activations' 16-value sums (bs16);
 // IQ4_XS looks its codes up (vpshufb) and multiplies them as signed bytes. Q8_0, Q4_0: one f32 multiply-add per
-// 32-value block. The rows are read one after the other, prefetched 3 KB ahead (one sequential stream per thread, as the
-// AVX-512 decode). Token blocks keep the row tiles (unpack_rows + dot_rows: the same bits as before).
+// 32-value block. The rows are read one after the other, prefetched ahead (prefetch_ahead, as the AVX-512 decode).
+// Token blocks below the AVX2 GEMM's threshold take the same per-token dots (rows_direct).
 
 inline float f16_to_f32(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
-}
-
-constexpr int kDirectPrefetchBytes = 3072;
-inline void prefetch_stream(const uint8_t* p, int bytes) {
-  for (int o = 0; o < bytes; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + kDirectPrefetchBytes + o), _MM_HINT_T0);
 }
 
 // 16 int16 lanes from the bytes of `bytes16` that `idx` picks, zero- or sign-extended.
@@ -119,7 +112,7 @@ float row_dot_q45_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
   __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * kBlockBytes;
-    prefetch_stream(blk, kBlockBytes);
+    prefetch_ahead(blk, kBlockBytes);
     // The 12 scale bytes -> sub-scales 0-7 and mins 0-7, a byte each (ggml's get_scale_min_k4, 4 at a time).
     uint32_t u0, u1, s2;
     std::memcpy(&u0, blk + 4, 4);
@@ -166,7 +159,7 @@ float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
   __m256 acc = _mm256_setzero_ps(), oacc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * 210;
-    prefetch_stream(blk, 210);
+    prefetch_ahead(blk, 210);
     const __m128i scb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));  // [16] int8
     const int8_t* xq = x.q + 256 * sb;
     __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 16 * 2 * 63 * 127 * 128
@@ -211,7 +204,7 @@ float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x) {
     __m256 part = _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* blk = row + b * kBlockBytes;
-      prefetch_stream(blk, kBlockBytes);
+      prefetch_ahead(blk, kBlockBytes);
       __m256i w;  // [32] int8: the block's values / d
       if (t == QType::Q8_0) {
         w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -238,7 +231,7 @@ float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * 136;
-    prefetch_stream(blk, 136);
+    prefetch_ahead(blk, 136);
     const int sh = int(blk[2]) | int(blk[3]) << 8;
     uint64_t ls = 0;  // byte ib: the sub-block's scale ls - 32 (int8)
     for (int ib = 0; ib < 8; ++ib) {
@@ -266,44 +259,33 @@ float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x) {
   return hsum(acc);
 }
 
-// Rows [0, R) at `w`, nt tokens -> out[r * nt + i]: one token straight from the blocks (every type), everything
-// else through the row tiles (this thread's, kept between calls).
+// Rows [0, R) at `w`, nt tokens (decode, and token blocks below the AVX2 GEMM's threshold) -> out[r * nt + i]: each
+// (row, token) straight from the blocks, a row's blocks re-read from L1 for its next tokens; a token's result is the
+// same bits whatever its companions.
+template <QType t>
+void rows_direct(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
+  const int64_t nsb = K / 256;
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* row = w + size_t(r) * row_bytes;
+    for (int i = 0; i < nt; ++i) {
+      float& o = out[r * nt + i];
+      if constexpr (t == QType::Q4_K || t == QType::Q5_K) o = row_dot_q45_k<t == QType::Q5_K>(row, nsb, xs[i]);
+      else if constexpr (t == QType::Q6_K) o = row_dot_q6_k(row, nsb, xs[i]);
+      else if constexpr (t == QType::IQ4_XS) o = row_dot_iq4_xs(row, nsb, xs[i]);
+      else o = row_dot_32<t>(row, K, xs[i]);
+    }
+  }
+}
+
 void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                      float* out) {
-  if (nt == 1) {
-    const int64_t nsb = K / 256;
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + size_t(r) * row_bytes;
-      switch (t) {
-        case QType::Q4_K: out[r] = row_dot_q45_k<false>(row, nsb, xs[0]); break;
-        case QType::Q5_K: out[r] = row_dot_q45_k<true>(row, nsb, xs[0]); break;
-        case QType::Q6_K: out[r] = row_dot_q6_k(row, nsb, xs[0]); break;
-        case QType::IQ4_XS: out[r] = row_dot_iq4_xs(row, nsb, xs[0]); break;
-        case QType::Q4_0: out[r] = row_dot_32<QType::Q4_0>(row, K, xs[0]); break;
-        default: out[r] = row_dot_32<QType::Q8_0>(row, K, xs[0]); break;
-      }
-    }
-    return;
-  }
-  struct TileBuffers {
-    std::vector<uint8_t> u;
-    std::vector<float> a4, b16;
-  };
-  thread_local TileBuffers tile_of_thread;
-  TileBuffers& tile = opaque_ref(tile_of_thread);
-  const size_t Kp = size_t(padded_k(K));
-  tile.u.resize(kTileRows * Kp);
-  tile.a4.resize(kTileRows * Kp / 4);
-  tile.b16.resize(size_t(kTileRows * padded_s16(K)));
-  const bool wide = qtype_info(t).wide;
-  float res[kTileRows];
-  for (int r0 = 0; r0 < R; r0 += kTileRows) {
-    const int Rt = std::min(kTileRows, R - r0);
-    unpack_rows_body(t, w + size_t(r0) * row_bytes, row_bytes, Rt, K, tile.u.data(), tile.a4.data(), tile.b16.data());
-    for (int i = 0; i < nt; ++i) {
-      dot_rows_avx2(tile.u.data(), tile.a4.data(), tile.b16.data(), Rt, K, xs[i], wide, res);
-      for (int r = 0; r < Rt; ++r) out[(r0 + r) * nt + i] = res[r];
-    }
+  switch (t) {
+    case QType::Q4_K: return rows_direct<QType::Q4_K>(w, row_bytes, R, K, xs, nt, out);
+    case QType::Q5_K: return rows_direct<QType::Q5_K>(w, row_bytes, R, K, xs, nt, out);
+    case QType::Q6_K: return rows_direct<QType::Q6_K>(w, row_bytes, R, K, xs, nt, out);
+    case QType::IQ4_XS: return rows_direct<QType::IQ4_XS>(w, row_bytes, R, K, xs, nt, out);
+    case QType::Q4_0: return rows_direct<QType::Q4_0>(w, row_bytes, R, K, xs, nt, out);
+    case QType::Q8_0: return rows_direct<QType::Q8_0>(w, row_bytes, R, K, xs, nt, out);
   }
 }
 

@@ -159,16 +159,10 @@ __attribute__((always_inline)) inline void reduce_tokens(const __m512* acc, cons
   for (; i < nt; ++i) out[i] = macc ? _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]) : _mm512_reduce_add_ps(acc[i]);
 }
 
-// Decode reads one row after the other (one sequential stream per thread: two rows interleaved, even as two
-// sequential streams, measured slower on Zen 4) and prefetches this far ahead, into the next rows of the stream.
-// A short token block (prefill's experts with few tokens) reads its rows the same way and prefetches them into L2
-// only (T1), leaving L1 to its tokens' activations: bench-moe Q4_K_M on Zen 4, 32 / 128 tokens a layer 8-12 % faster
-// than without a prefetch (into L1: about half that gain); 512 tokens (mostly the GEMM) unchanged.
-constexpr int kPrefetchBytes = 3072;
-template <_mm_hint hint = _MM_HINT_T0>
-__attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* p, int bytes) {
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), hint);
-}
+// Decode prefetches its row stream into L1 (quant_kernels.h prefetch_ahead). A short token block (prefill's experts
+// with few tokens) reads its rows the same way and prefetches them into L2 only (T1), leaving L1 to its tokens'
+// activations: bench-moe Q4_K_M on Zen 4, 32 / 128 tokens a layer 8-12 % faster than without a prefetch (into L1:
+// about half that gain); 512 tokens (mostly the GEMM) unchanged.
 
 // Block-32 super-chunk: codes, f32 A per vpdpbusd lane, B per 16-group.
 struct Chunk32 {

@@ -1,6 +1,6 @@
 """Quantized prefill tiles: the kernels run several rows over a block of tokens at once (AVX-512 below 12 tokens: a
-row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: 4-row tiles,
-its GEMM from 2-4 tokens by type).
+row at a time with the horizontal sums 16 tokens at a time; from 12 the GEMM of test_quant_gemm.py; AVX2: each (row,
+token) read from the blocks, its GEMM from 2-4 tokens by type).
 That grouping must change nothing: every (row, token) result is bit-identical whether its row runs paired or alone
 (at T = 1 too: decode keeps each row's vector sums and reduces 16 rows at a time), for ragged token counts
 (T = 5, 13, 37: not a multiple of any tile; 37 = two 16-token sum passes + 5), and, for the
