@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "quant_kernels.h"
 #include "tessera/bf16.h"
@@ -386,6 +387,54 @@ __attribute__((always_inline)) inline void accumulate_super(const SuperInt& s, c
   }
 }
 
+// A short token block's tokens in chunks of at most kShortChunk, as even as they come (11 tokens: 6 + 5), each chunk's
+// size a compile-time NT so its per-token accumulators live in registers: with the accumulators in a stack array
+// (indexed by a runtime token count) every token's update was a load, an FMA and a store of a zmm per 256 values,
+// and the loop ran at ~23 % of the vpdpbusd rate (Zen 4, 8 tokens an expert; docs/BENCHMARKS.md). A row's blocks are
+// decoded once per chunk. fn(NT, first token of the chunk).
+constexpr int kShortChunk = 8;
+template <class Fn>
+__attribute__((always_inline)) inline void short_block(int nt, Fn&& fn) {
+  const int chunks = (nt + kShortChunk - 1) / kShortChunk;
+  for (int c = 0, i0 = 0; c < chunks; ++c) {
+    const int n = (nt - i0 + (chunks - c) - 1) / (chunks - c);  // the rest split evenly over the chunks left
+    switch (n) {
+      case 1: fn(std::integral_constant<int, 1>{}, i0); break;
+      case 2: fn(std::integral_constant<int, 2>{}, i0); break;
+      case 3: fn(std::integral_constant<int, 3>{}, i0); break;
+      case 4: fn(std::integral_constant<int, 4>{}, i0); break;
+      case 5: fn(std::integral_constant<int, 5>{}, i0); break;
+      case 6: fn(std::integral_constant<int, 6>{}, i0); break;
+      case 7: fn(std::integral_constant<int, 7>{}, i0); break;
+      default: fn(std::integral_constant<int, 8>{}, i0); break;
+    }
+    i0 += n;
+  }
+}
+static_assert(kShortChunk == 8, "short_block's switch covers chunks of 1..8 tokens");
+
+// One row of a super-block type against NT tokens: out[i] = the row . xs[i], with the same per-token arithmetic, in
+// the same order, as the one-token path (the same bits). sbb: bytes per super-block; fetch: prefetch the row stream
+// (a row's first chunk).
+template <QType t, int NT>
+__attribute__((always_inline)) inline void row_tokens_int(const uint8_t* row, int sbb, int64_t nsb,
+                                                          const ActRow* xs, bool fetch, float* out) {
+  __m512 acc[NT];
+  __m256 macc[NT];
+  for (int i = 0; i < NT; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    macc[i] = _mm256_setzero_ps();
+  }
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    if (fetch) prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
+    SuperInt s;
+    load_super<t>(row, sb, s);
+    for (int i = 0; i < NT; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
+  }
+  for (int i = 0; i < NT; ++i)
+    out[i] = has_b<t>() ? _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]) : _mm512_reduce_add_ps(acc[i]);
+}
+
 template <QType t>
 void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t nsb = K / 256;
@@ -413,24 +462,39 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
     }
     return;
   }
-  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time.
-  alignas(64) __m512 acc[kTokenBlock];
-  alignas(32) __m256 macc[kTokenBlock];
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* row = w + size_t(r) * row_bytes;
-    for (int i = 0; i < nt; ++i) {
-      acc[i] = _mm512_setzero_ps();
-      macc[i] = _mm256_setzero_ps();
+  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time,
+  // its tokens in register-held chunks (short_block).
+  const int sbb = int(row_bytes / nsb);
+  for (int r = 0; r < R; ++r)  // a row's later chunks read it from L1
+    short_block(nt, [&](auto NT, int i0) {
+      row_tokens_int<t, NT>(w + size_t(r) * row_bytes, sbb, nsb, xs + i0, i0 == 0, out + r * nt + i0);
+    });
+}
+
+// One row of a block-32 type against NT tokens (short_block), the per-token arithmetic of the loop it replaced.
+template <QType t, int NT>
+__attribute__((always_inline)) inline void row_tokens_32(const uint8_t* row, int64_t K, int64_t nsb, const ActRow* xs,
+                                                         bool fetch, float* out) {
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[NT];
+  for (int i = 0; i < NT; ++i) acc[i] = _mm512_setzero_ps();
+  const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    if (fetch) prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
+    Chunk32 s;
+    load_block32<t>(row, K, sb, 1.0f, s);
+    for (int i = 0; i < NT; ++i) {
+      const ActRow& x = xs[i];
+      __m512 f = _mm512_setzero_ps();
+      for (int c = 0; c < s.nc; ++c) {
+        const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], f);
+      }
+      acc[i] = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb),
+                                _mm512_fmadd_ps(f, _mm512_set1_ps(x.d256[sb]), acc[i]));
     }
-    const int sbb = int(row_bytes / nsb);
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
-      SuperInt s;
-      load_super<t>(row, sb, s);
-      for (int i = 0; i < nt; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
-    }
-    reduce_tokens(acc, has_b<t>() ? macc : nullptr, nt, out + r * nt);
   }
+  for (int i = 0; i < NT; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
 template <QType t>
@@ -457,29 +521,12 @@ void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const A
     }
     return;
   }
-  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time.
-  alignas(64) __m512 acc[kTokenBlock];
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* row = w + size_t(r) * row_bytes;
-    for (int i = 0; i < nt; ++i) acc[i] = _mm512_setzero_ps();
-    const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      prefetch_ahead<_MM_HINT_T1>(row + sb * sbb, sbb);
-      Chunk32 s;
-      load_block32<t>(row, K, sb, 1.0f, s);
-      for (int i = 0; i < nt; ++i) {
-        const ActRow& x = xs[i];
-        __m512 f = _mm512_setzero_ps();
-        for (int c = 0; c < s.nc; ++c) {
-          const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
-          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], f);
-        }
-        acc[i] = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb),
-                                  _mm512_fmadd_ps(f, _mm512_set1_ps(x.d256[sb]), acc[i]));
-      }
-    }
-    reduce_tokens(acc, nullptr, nt, out + r * nt);
-  }
+  // A short token block (prefill blocks of kGemmMinTokens and more take quant_gemm_avx512.cpp): one row at a time,
+  // its tokens in register-held chunks (short_block).
+  for (int r = 0; r < R; ++r)  // a row's later chunks read it from L1
+    short_block(nt, [&](auto NT, int i0) {
+      row_tokens_32<t, NT>(w + size_t(r) * row_bytes, K, nsb, xs + i0, i0 == 0, out + r * nt + i0);
+    });
 }
 
 void dot_direct_avx512(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
