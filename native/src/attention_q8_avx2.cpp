@@ -158,6 +158,7 @@ void q8_scores(const int8_t* Q, const float* qd, int64_t hd, const int8_t* tile,
     for (int64_t b = 0; b < nb; ++b) {
       __m256i a[RB];
       for (int r = 0; r < RB; ++r) a[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
       for (int gi = 0; gi < 8; ++gi) {
         const __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + (b * 8 + gi) * 128 + quarter * 32));
         const __m256i ka = _mm256_abs_epi8(k);  // |k| as uint8 (128 for -128)
@@ -196,6 +197,7 @@ void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t n
         const uint8_t* wb = wq + blk * wqb + b * kKeys;
         __m256i a[RB];
         for (int r = 0; r < RB; ++r) a[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int gi = 0; gi < 8; ++gi) {
           const __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vt + (gi * hd + d0) * 4));  // 8 dims x 4 keys
           if (pf && (gi & 1) == 0) {
