@@ -82,8 +82,8 @@ def main() -> int:
                     for place, n in (("memory", layers), ("cache", 1)):
                         cases.append({"kv_cache": kv, "S": S, "pages": pages, "threads": t, "place": place,
                                       "layers": n, "bytes": layer_bytes, "fn": fn, "ms": []})
-    print(f"decode attention kernel: q8_0 {native.attention_q8_kernel(HD)}; layer bytes counted: K + V (+ scales)",
-          flush=True)
+    print(f"decode attention kernels: q8_0 {native.attention_q8_kernel(HD)}, bf16 {native.attention_kernel(HD)}; "
+          "layer bytes counted: K + V (+ scales)", flush=True)
     for _ in range(a.rounds):
         for c in cases:
             c["fn"](0)

@@ -22,9 +22,22 @@ bool avx512_vnni_ok(int64_t hd) {
   return cpu && hd % 32 == 0 && hd <= 512;
 }
 
+// The AVX2 kernel (vpmaddubsw, F16C for the scales): attention.cpp's AVX2 check plus f16c, and the VNNI kernel's head
+// dims. Chosen where the VNNI kernel is not (no AVX-512 VNNI, or TESSERA_MAX_ISA=avx2).
+bool avx2_ok(int64_t hd) {
+  static const bool cpu = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx2 && c.fma && c.f16c && c.os_avx && max_isa_cap() >= IsaLevel::AVX2;
+  }();
+  return cpu && hd % 32 == 0 && hd <= 512;
+}
+
 }  // namespace
 
-const char* attention_q8_kernel_name(int64_t hd) { return avx512_vnni_ok(hd) ? "AVX512_VNNI" : "Reference"; }
+const char* attention_q8_kernel_name(int64_t hd) {
+  if (avx512_vnni_ok(hd)) return "AVX512_VNNI";
+  return avx2_ok(hd) ? "AVX2" : "Reference";
+}
 
 void attention_q8_reference(const AttentionQ8Args& a, ThreadPool& pool) {
   const int64_t g = a.nh / a.nkv, hd = a.hd, nb = hd / kQ8Block, tiles = a.C / kQ8Block;
@@ -60,14 +73,16 @@ void attention_q8_reference(const AttentionQ8Args& a, ThreadPool& pool) {
 
 void attention_q8(const AttentionQ8Args& a, ThreadPool& pool) {
   if (avx512_vnni_ok(a.hd)) attention_isa::attention_q8_avx512_vnni(a, pool);
+  else if (avx2_ok(a.hd)) attention_isa::attention_q8_avx2(a, pool);
   else attention_q8_reference(a, pool);
 }
 
 void attention_q8_with(const AttentionQ8Args& a, ThreadPool& pool, const std::string& kernel) {
   if (kernel == "Reference") return attention_q8_reference(a, pool);
   if (kernel == "AVX512_VNNI" && avx512_vnni_ok(a.hd)) return attention_isa::attention_q8_avx512_vnni(a, pool);
+  if (kernel == "AVX2" && avx2_ok(a.hd)) return attention_isa::attention_q8_avx2(a, pool);
   throw std::invalid_argument("kernel: '" + kernel + "' is not a q8_0 attention kernel this CPU runs for head dim " +
-                              std::to_string(a.hd) + " (AVX512_VNNI or Reference)");
+                              std::to_string(a.hd) + " (AVX512_VNNI, AVX2 or Reference)");
 }
 
 }  // namespace tessera

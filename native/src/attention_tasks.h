@@ -1,5 +1,5 @@
 // How a flash attention kernel splits one call into pool tasks (attention_flash.inc's AVX-512 kernels,
-// attention_q8_avx512_vnni.cpp, attention_avx2.cpp). Portable: included before a file's ISA region.
+// attention_q8_avx512_vnni.cpp, attention_q8_avx2.cpp, attention_avx2.cpp). Portable: included before a file's ISA region.
 //
 // A task is one KV head x one block of query tokens (the g query heads of that KV head each: about rows_per_task
 // rows) x one range of keys. Key ranges are whole key blocks, at least min_split_blocks each, until there are

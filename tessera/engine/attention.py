@@ -15,8 +15,10 @@ Two paths, same result (tests/engine/test_attention.py holds them to a naive ref
 - native q8_0 (`engine.native.attention_q8`, native/src/attention_q8_avx512_vnni.cpp): a q8_0 cache (int8 K/V, f16
   scales per 32 values) on the CPU with AVX-512 VNNI, the same flash structure with both products on int8 (q quantized
   per 32 dims as llama.cpp does against a q8_0 cache; the probabilities times the value scales quantized to uint8 per
-  block of 32 keys), so decode reads half the bytes of the bf16 cache at memory speed.
-- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX2, a q8_0 cache without AVX-512 VNNI):
+  block of 32 keys), so decode reads half the bytes of the bf16 cache at memory speed. A CPU with AVX2 + FMA + F16C but
+  no AVX-512 VNNI: native/src/attention_q8_avx2.cpp, the same algorithm at 8 lanes by vpmaddubsw (the weights
+  quantized to 0..127, half the VNNI kernel's levels, so no int16 pair sum saturates).
+- torch: every other case (a float32 cache, a GPU layer, a CPU without AVX2, a q8_0 cache without AVX2 + F16C):
   K/V are widened to float32 once per layer (KVCache.keys_values, O(S); a q8_0 cache is dequantized there, small
   beside O(T*S) work), then torch's SDPA (is_causal for a first prompt, whose
   CPU flash kernel has no T x T matrix either); decode takes two small matmuls.
@@ -45,7 +47,8 @@ def native_kernel(head_dim: int) -> str:
 
 @functools.cache
 def native_q8_kernel(head_dim: int) -> str:
-    """"AVX512_VNNI" where the native q8_0-cache kernel runs for this head dim on this CPU, else "Reference"."""
+    """"AVX512_VNNI" or "AVX2" where a native q8_0-cache kernel runs for this head dim on this CPU, else "Reference"
+    (then torch is used)."""
     return native.attention_q8_kernel(head_dim)
 
 

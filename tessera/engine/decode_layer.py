@@ -15,7 +15,7 @@ a 2-core machine.
 
 It applies (`DecodeLayerStep.build` / `runs`) to a layer on the CPU whose projections and router are all read
 natively or held as f32 (no GPU copy), at T = 1, with a bf16 or q8_0 cache the native attention kernel reads
-(engine.attention.uses_native: AVX-512 or AVX2 for a bf16 cache, AVX-512 VNNI for a q8_0 one); everything else
+(engine.attention.uses_native: AVX-512 or AVX2 for a bf16 cache, AVX-512 VNNI or AVX2 for a q8_0 one); everything else
 (prefill, GPU layers, an f32 cache, a CPU without AVX2) keeps the Python path.
 
 Letters: H hidden size, k experts per token, hd head dim.

@@ -146,8 +146,9 @@ def attention_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
 
 
 def attention_q8_kernel(head_dim: int) -> str:
-    """The native attention kernel over a q8_0 KV cache this CPU runs for `head_dim`: "AVX512_VNNI" (int8 products) or
-    "Reference" (scalar, double accumulation over the dequantized cache)."""
+    """The native attention kernel over a q8_0 KV cache this CPU runs for `head_dim`: "AVX512_VNNI" (int8 products by
+    vpdpbusd), "AVX2" (int8 products by vpmaddubsw, where the CPU has AVX2 + FMA + F16C but no AVX-512 VNNI, or
+    TESSERA_MAX_ISA caps it) or "Reference" (scalar, double accumulation over the dequantized cache)."""
     return str(_native.attention_q8_kernel(head_dim))
 
 
@@ -155,7 +156,7 @@ def attention_q8(q: torch.Tensor, k: torch.Tensor, ks: torch.Tensor, v: torch.Te
                  scale: float, out: torch.Tensor, pool, *, kernel: str = "") -> None:
     """attention_bf16's contract over a q8_0 cache (a KVCache of dtype int8's buffers of one layer, engine.kv_q8's
     layout): k [nkv, C/32, hd/4, 32, 4] and v [nkv, C/4, hd, 4] int8, ks/vs [nkv, C/32, hd/32, 32] float16.
-    `kernel`: "AVX512_VNNI", "Reference" or "" for attention_q8_kernel(hd)'s; one this CPU cannot run raises
+    `kernel`: "AVX512_VNNI", "AVX2", "Reference" or "" for attention_q8_kernel(hd)'s; one this CPU cannot run raises
     ValueError."""
     _native.attention_q8(q, k, ks, v, vs, start, scale, out, pool, kernel)
 

@@ -1,8 +1,8 @@
 """The q8_0 KV cache (tessera/engine/kv_q8.py, native/src/attention_q8*.cpp): the block quantizer against float64
 maths and against the native one byte for byte, the cache's layout through writes, growth and copies, the native
-kernels against a float64 softmax on the dequantized cache (odd lengths 1..8191, GQA groups 1/3/4/8, 1-3 threads,
-NaN-prefilled outputs), the torch path, and the option's plumbing. The model-level checks (q8_0 against bf16 logits,
-the native decode step) are in test_kv_q8_model.py."""
+kernels (AVX512_VNNI, AVX2, Reference: each one this CPU runs) against a float64 softmax on the dequantized cache (odd
+lengths 1..8191, GQA groups 1/3/4/8, 1-3 threads, NaN-prefilled outputs), the torch path, and the option's plumbing.
+The model-level checks (q8_0 against bf16 logits, the native decode step) are in test_kv_q8_model.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def _runs(kernel: str) -> bool:
     return True
 
 
-KERNELS = {kernel: _runs(kernel) for kernel in ("AVX512_VNNI", "Reference")}
+KERNELS = {kernel: _runs(kernel) for kernel in ("AVX512_VNNI", "AVX2", "Reference")}
+# The int8 kernels' levels for the weights p_j * dv_j,b (the uint8 step is max / LEVELS): VNNI's vpdpbusd takes
+# 0..255; AVX2's vpmaddubsw 0..127, so that no int16 pair sum saturates (native/src/attention_q8_avx2.cpp).
+LEVELS = {"AVX512_VNNI": 255, "AVX2": 127}
 
 
 def _blocks(n: int, seed: int) -> torch.Tensor:
@@ -101,13 +104,13 @@ def quantized_queries(q: torch.Tensor, scale: float) -> torch.Tensor:
     return ((x * inv).round().clamp(-127, 127) * d.double()).reshape(q.shape)
 
 
-def vnni_ok(out, q, keys, values, start: int, scale: float, hd: int) -> tuple[bool, str]:
-    """Whether `out` is what the VNNI kernel may give. Its scores are exact (integer dots) for the quantized queries
-    (quantized_queries); what remains is the rounding of w_j = p_j * dv_j,b to uint8 per (row, block of 32 keys,
-    block of 32 dims) with step max_j p_j * max_j dv_j,b / 255 (the dv maximum over the tile's keys up to S: at least
-    the kernel's, so this sigma is never the smaller one): per output sum_j e_j v8_j / l with |e_j| <= step / 2,
-    held to 6 sigma of it (e_j uniform) per element and to 1.2 sigma in RMS (a lost or doubled key is a bias beyond
-    that)."""
+def int8_ok(out, q, keys, values, start: int, scale: float, hd: int, levels: int = 255) -> tuple[bool, str]:
+    """Whether `out` is what an int8 kernel (VNNI: levels 255; AVX2: levels 127) may give. Its scores are exact
+    (integer dots) for the quantized queries (quantized_queries); what remains is the rounding of w_j = p_j * dv_j,b to
+    0..levels per (row, block of 32 keys, block of 32 dims) with step max_j p_j * max_j dv_j,b / levels (the dv maximum
+    over the tile's keys up to S: at least the kernel's, so this sigma is never the smaller one): per output
+    sum_j e_j v8_j / l with |e_j| <= step / 2, held to 6 sigma of it (e_j uniform) per element and to 1.2 sigma in RMS
+    (a lost or doubled key is a bias beyond that)."""
     nh, T, _ = q.shape
     g = nh // keys.shape[0]
     w, want = naive(quantized_queries(q, scale), keys, values, start, 1.0)  # [nh, T, S], [nh, T, hd]
@@ -118,7 +121,7 @@ def vnni_ok(out, q, keys, values, start: int, scale: float, hd: int) -> tuple[bo
     pad = -S % 32
     wb = torch.nn.functional.pad(w, (0, pad)).reshape(nh, T, -1, 32)  # [nh, T, S'/32, 32]: probabilities (l = 1)
     dvb = torch.nn.functional.pad(dv, (0, 0, 0, pad)).reshape(nh, 1, -1, 32, dv.shape[-1])  # [nh, 1, S'/32, 32, nb]
-    step = wb.amax(-1).unsqueeze(-1) * dvb.amax(3) / 255  # [nh, T, S'/32, nb]: the uint8 step per key and dim block
+    step = wb.amax(-1).unsqueeze(-1) * dvb.amax(3) / levels  # [nh, T, S'/32, nb]: the step per key and dim block
     var_w = (step.repeat_interleave(32, 2)[:, :, :S] ** 2 / 12)  # [nh, T, S, nb]
     var = torch.einsum("htsb,hsbi->htbi", var_w, (v8 ** 2).reshape(nh, S, -1, 32)).reshape(nh, T, hd)
     sigma = var.sqrt()
@@ -152,8 +155,8 @@ def test_native_attention_equals_naive(nh, nkv, hd, start, T, kernel, threads):
     out = torch.full((T, nh * hd), float("nan"))
     native.attention_q8(q, cache.k[0], cache.ks[0], cache.v[0], cache.vs[0], start, hd**-0.5, out, make_pool(threads),
                         kernel=kernel)
-    if kernel == "AVX512_VNNI":
-        ok, why = vnni_ok(out, q, keys, values, start, hd**-0.5, hd)
+    if kernel in LEVELS:
+        ok, why = int8_ok(out, q, keys, values, start, hd**-0.5, hd, LEVELS[kernel])
         assert ok, why
         return
     _, want = naive(q, keys, values, start, hd**-0.5)  # the reference sums in float64 over the dequantized cache
@@ -161,9 +164,12 @@ def test_native_attention_equals_naive(nh, nkv, hd, start, T, kernel, threads):
     assert float((out.double() - want).abs().max()) < 2e-6 * float(values.abs().max())
 
 
-@pytest.mark.skipif(not KERNELS["AVX512_VNNI"], reason="no AVX512_VNNI q8_0 attention kernel on this CPU")
-def test_vnni_check_catches_a_lost_key():
-    """The statistical bound of vnni_ok is tight enough to see one key of 8191 left out (here: the first)."""
+@pytest.mark.parametrize("kernel", list(LEVELS))
+def test_int8_check_catches_a_lost_key(kernel):
+    """The statistical bound of int8_ok is tight enough to see one key of 8191 left out (here: the first), for each
+    int8 kernel's levels."""
+    if not KERNELS[kernel]:
+        pytest.skip(f"no {kernel} q8_0 attention kernel on this CPU")
     nh, nkv, hd, S = 8, 1, 64, 8191
     cache, keys, values = filled_cache(nkv, hd, S - 1, 1, seed=3)
     q = torch.randn(nh, 1, hd, generator=torch.Generator().manual_seed(2)) * 0.1  # flat: every key weighs ~1/S
@@ -173,11 +179,13 @@ def test_vnni_check_catches_a_lost_key():
     cache2 = KVCache(1, nkv, hd, S, dtype=torch.int8)
     cache2.write(0, *full)
     out = torch.full((1, nh * hd), float("nan"))
-    native.attention_q8(q, cache2.k[0], cache2.ks[0], cache2.v[0], cache2.vs[0], S - 1, hd**-0.5, out, dense_pool())
+    native.attention_q8(q, cache2.k[0], cache2.ks[0], cache2.v[0], cache2.vs[0], S - 1, hd**-0.5, out, dense_pool(),
+                        kernel=kernel)
+    assert not out.isnan().any()
     keys_d = kv_q8.dequantize_q8_0(*kv_q8.quantize_q8_0(full[0]))
     values_d = kv_q8.dequantize_q8_0(*kv_q8.quantize_q8_0(full[1]))
-    assert vnni_ok(out, q, keys_d, values_d, S - 1, hd**-0.5, hd)[0]
-    lost = vnni_ok(out, q, keys_d[:, 1:], values_d[:, 1:], S - 2, hd**-0.5, hd)
+    assert int8_ok(out, q, keys_d, values_d, S - 1, hd**-0.5, hd, LEVELS[kernel])[0]
+    lost = int8_ok(out, q, keys_d[:, 1:], values_d[:, 1:], S - 2, hd**-0.5, hd, LEVELS[kernel])
     assert not lost[0], lost[1]
 
 
@@ -190,8 +198,9 @@ def test_torch_path_equals_naive_and_native(start, T):
     want = want.transpose(0, 1).reshape(T, 8 * 32)
     k, v = cache.keys_values(0, start + T)  # the torch path's input: the dequantized cache
     assert torch.equal(k, keys) and torch.equal(v, values)
-    if uses_native(cache, 0):
-        ok, why = vnni_ok(attend(q, cache, 0, start, mask), q, keys, values, start, 32**-0.5, 32)  # its roundings
+    if uses_native(cache, 0):  # the dispatch's kernel, held to its roundings
+        levels = LEVELS[native.attention_q8_kernel(32)]
+        ok, why = int8_ok(attend(q, cache, 0, start, mask), q, keys, values, start, 32**-0.5, 32, levels)
         assert ok, why
     saved = cache.quantized
     from tessera.engine import attention

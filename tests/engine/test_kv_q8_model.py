@@ -12,6 +12,11 @@ error (measured on 2026-12-03: top-1 0.973 / 0.980, mean KL 4.6e-5 / 3.5e-5 on t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -22,6 +27,7 @@ from tessera.engine.model import Qwen3MoeModel, RoutingStats, layer_experts
 from tessera.engine.weights import load_weights
 
 NATIVE_Q8 = native_q8_kernel(64) != "Reference"
+NO_NATIVE_Q8 = "the native decode step over a q8_0 cache needs a native kernel (AVX512_VNNI or AVX2)"
 PROMPT, STEPS = 40, 30
 
 
@@ -74,7 +80,7 @@ def test_q8_0_logits_stay_close_to_the_bf16_cache(model_file):
     assert top1 >= 0.90 and kl <= 1e-3, f"{name}: top-1 {top1:.3f}, mean KL {kl:.2e}"
 
 
-@pytest.mark.skipif(not NATIVE_Q8, reason="the native decode step over a q8_0 cache needs the AVX512_VNNI kernel")
+@pytest.mark.skipif(not NATIVE_Q8, reason=NO_NATIVE_Q8)
 @pytest.mark.parametrize("backend", ["Auto", "Torch"])
 def test_native_step_matches_the_python_path(model_file, backend):
     """Same cache state, one token: the native step (its own q/k/v sums, the native quantizer) against the Python path
@@ -107,7 +113,7 @@ def test_native_step_matches_the_python_path(model_file, backend):
     assert close >= 0.9 * STEPS and same_bytes >= 0.9 * total_bytes, (close, same_bytes, total_bytes)
 
 
-@pytest.mark.skipif(not NATIVE_Q8, reason="the native decode step over a q8_0 cache needs the AVX512_VNNI kernel")
+@pytest.mark.skipif(not NATIVE_Q8, reason=NO_NATIVE_Q8)
 def test_the_whole_model_call_equals_the_per_layer_calls(model_file):
     name, path = model_file
     model = _model(path, "Auto")
@@ -128,6 +134,27 @@ def test_the_whole_model_call_equals_the_per_layer_calls(model_file):
             for a, b in zip(ours_cache.keys_values(layer, t + 1), theirs_cache.keys_values(layer, t + 1)):
                 assert torch.equal(a, b)
         cache = theirs_cache
+
+
+def test_native_step_on_the_avx2_kernel():
+    """The native decode step takes whatever kernel the dispatch picks (decode_layer.cpp calls attention_q8): in a
+    process capped at TESSERA_MAX_ISA=avx2 the two tests above run again, on the AVX2 kernel, and must pass, not
+    skip."""
+    if native.attention_q8_kernel(64) == "Reference":
+        pytest.skip("no native q8_0 attention kernel on this CPU")
+    script = textwrap.dedent("""
+        import sys
+        import pytest
+        from tessera.engine import native
+        print("kernel", native.attention_q8_kernel(64), flush=True)
+        sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", sys.argv[1], "-k",
+                              "native_step_matches or whole_model_call"]))
+    """)
+    env = dict(os.environ, TESSERA_MAX_ISA="avx2")
+    r = subprocess.run([sys.executable, "-c", script, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.startswith("kernel AVX2\n"), r.stdout[:200]
+    assert "6 passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-1500:]
 
 
 def test_engine_load_takes_the_option_and_names_a_bad_value(model_file):

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "native" / "src"
 ATTENTION_FILES = ["attention_avx512.cpp", "attention_avx512_bf16.cpp", "attention_q8_avx512_vnni.cpp",
-                   "attention_avx2.cpp"]
+                   "attention_avx2.cpp", "attention_q8_avx2.cpp"]
 # A driver (flash_attention / q8_flash_attention) or one of its pool tasks (a lambda of it): where the thread_locals are
 # named, each at most a few times.
 DRIVER = re.compile(r"flash_attention")

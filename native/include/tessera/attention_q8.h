@@ -35,17 +35,19 @@ struct AttentionQ8Args {
   float* out;           // [T, nh, hd] f32: query t at position start+t attends to keys [0, start+t]
 };
 
-// AVX512_VNNI where the CPU (and TESSERA_MAX_ISA) allows it and hd is a multiple of 32 up to 512, else the reference.
+// AVX512_VNNI where the CPU (and TESSERA_MAX_ISA) allows it and hd is a multiple of 32 up to 512, else AVX2 (AVX2 + FMA
+// + F16C, the same head dims), else the reference.
 void attention_q8(const AttentionQ8Args& a, ThreadPool& pool);
-// The named kernel ("AVX512_VNNI" or "Reference"); throws std::invalid_argument if it cannot run here.
+// The named kernel ("AVX512_VNNI", "AVX2" or "Reference"); throws std::invalid_argument if it cannot run here.
 void attention_q8_with(const AttentionQ8Args& a, ThreadPool& pool, const std::string& kernel);
 // Scalar, double accumulation over the dequantized cache: the yardstick the fast kernel is tested against.
 void attention_q8_reference(const AttentionQ8Args& a, ThreadPool& pool);
-// "AVX512_VNNI" or "Reference": what attention_q8 runs for a head dim of hd on this CPU.
+// "AVX512_VNNI", "AVX2" or "Reference": what attention_q8 runs for a head dim of hd on this CPU.
 const char* attention_q8_kernel_name(int64_t hd);
 
 namespace attention_isa {
 void attention_q8_avx512_vnni(const AttentionQ8Args& a, ThreadPool& pool);
+void attention_q8_avx2(const AttentionQ8Args& a, ThreadPool& pool);
 }
 
 // f32 -> f16 bits, round to nearest even (numpy's npy_floatbits_to_halfbits; torch's .to(float16) rounds the same).
