@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "isa_target.h"
@@ -27,51 +28,13 @@ TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
 namespace tessera {
 namespace {
 
-constexpr int kKeys = 32;               // positions per key block (the cache's K tile)
-constexpr int kRowsPerTask = 128;       // query rows (tokens x the g heads of one KV head) per task, about
-constexpr int64_t kMinSplitBlocks = 8;  // key blocks per split at least: the merge stays negligible
-constexpr int kTasksPerThread = 4;      // split keys until there are this many tasks per thread
+#include "attention_avx2.inc"
+
 constexpr int kValueRows = 8;           // rows per register group of the value products
 
 inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> f32
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// exp(x) for x <= 0 (-inf included); below -87 gives 0. Cody-Waite reduction by ln 2, degree-6 Taylor polynomial, the
-// power of two built in the exponent bits (n >= -126 there): the AVX-512 kernels' exp_nonpositive at 8 lanes.
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.0f);
-  const __m256 kept = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256 two_n =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  return _mm256_and_ps(_mm256_mul_ps(p, two_n), kept);
 }
 
 struct Scratch2 {
@@ -225,30 +188,7 @@ void flash_attention_avx2(const AttentionArgs& a, ThreadPool& pool) {
   });
   if (splits == 1) return;
 
-  // Merge: out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s with M the largest m_s (a range the row does not
-  // reach has m = -inf, l = 0, acc = 0 and weighs 0; every row sees key 0, so M is finite).
-  pool.parallel_for(units, [&](int64_t unit, int) {
-    const AttentionTasks::Task tk = tasks.of_unit(unit, 0);
-    const int64_t h = tk.h, t0 = tk.t0, rows = tk.rows;
-    const float* p = parts + unit * splits * slot;
-    for (int64_t r = 0; r < rows; ++r) {
-      float M = -INFINITY;
-      for (int64_t s = 0; s < splits; ++s) M = std::max(M, p[s * slot + r]);
-      float l = 0.0f;
-      float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
-      for (int64_t c = 0; c < hd; c += 8) _mm256_storeu_ps(out + c, _mm256_setzero_ps());
-      for (int64_t s = 0; s < splits; ++s) {
-        const float f = std::exp(p[s * slot + r] - M);  // exp(-inf) = 0 for a range the row does not reach
-        l += f * p[s * slot + rows + r];
-        const float* acc = p + s * slot + 2 * rows + r * hd;
-        const __m256 fv = _mm256_set1_ps(f);
-        for (int64_t c = 0; c < hd; c += 8)
-          _mm256_storeu_ps(out + c, _mm256_fmadd_ps(_mm256_loadu_ps(acc + c), fv, _mm256_loadu_ps(out + c)));
-      }
-      const __m256 inv = _mm256_set1_ps(1.0f / l);
-      for (int64_t c = 0; c < hd; c += 8) _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(out + c), inv));
-    }
-  });
+  merge_key_ranges8(tasks, parts, a.nh, hd, a.out, pool);  // attention_avx2.inc
 }
 
 }  // namespace

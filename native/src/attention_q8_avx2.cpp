@@ -42,11 +42,8 @@ TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
 namespace tessera {
 namespace {
 
-// The task split of attention_flash.inc (whose AVX-512 helpers this file cannot include), as attention_avx2.cpp has it.
-constexpr int kKeys = 32;               // positions per key block (the cache's tile)
-constexpr int kRowsPerTask = 128;       // query rows (tokens x the g heads of one KV head) per task, about
-constexpr int64_t kMinSplitBlocks = 8;  // key blocks per split at least: the merge stays negligible
-constexpr int kTasksPerThread = 4;      // split keys until there are this many tasks per thread
+#include "attention_avx2.inc"  // the task split, reductions, exp, row groups and merge shared with attention_avx2.cpp
+
 // Key blocks ahead whose K, V and scales are prefetched (into L2); the VNNI kernel's distance (measured there).
 constexpr int64_t kQ8PrefetchBlocks = 4;
 // Key blocks a task takes at a time (a chunk): scores and softmax of the chunk first, then the value products with
@@ -54,57 +51,6 @@ constexpr int64_t kQ8PrefetchBlocks = 4;
 constexpr int64_t kQ8ChunkBlocks = 4;
 constexpr int64_t kQ8ChunkKeys = kQ8ChunkBlocks * kKeys;  // the row stride of the scores
 static_assert(kQ8ChunkBlocks == 4, "the block maxima reduce 2 rows x 4 blocks per vector");
-
-// for_row_groups<M>(rows, f) calls f(std::integral_constant<int, R>{}, r) for groups of R = M rows from row r, then
-// once for the 1..M-1 rows left (attention_flash.inc's).
-template <int R, class F>
-inline void last_row_group(int64_t left, int64_t r, F& f) {
-  if constexpr (R >= 1) {
-    if (left == R) f(std::integral_constant<int, R>{}, r);
-    else last_row_group<R - 1>(left, r, f);
-  }
-}
-template <int M, class F>
-inline void for_row_groups(int64_t rows, F&& f) {
-  int64_t r = 0;
-  for (; r + M <= rows; r += M) f(std::integral_constant<int, M>{}, r);
-  if (r < rows) last_row_group<M - 1>(rows - r, r, f);
-}
-
-// exp(x) for x <= 0 (-inf included); below -87 (and NaN) gives 0: attention_avx2.cpp's exp_nonpositive8.
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.0f);
-  const __m256 kept = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256 two_n =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  return _mm256_and_ps(_mm256_mul_ps(p, two_n), kept);
-}
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
 
 // The 8 horizontal reductions (max or add) of v[0..8) as one vector, lane i holding v[i]'s: a tree of shuffles.
 template <class Op>
@@ -431,32 +377,7 @@ void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
   });
   if (splits == 1) return;
 
-  // Merge: out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s with M the largest m_s (a range the row does not
-  // reach has m = -inf, l = 0, acc = 0 and weighs 0; every row sees key 0, so M is finite).
-  pool.parallel_for(units, [&](int64_t unit, int) {
-    thread_local std::vector<float> scale_of_thread;
-    std::vector<float>& scale = opaque_ref(scale_of_thread);
-    const AttentionTasks::Task tk = tasks.of_unit(unit, 0);
-    const int64_t h = tk.h, t0 = tk.t0, rows = tk.rows;
-    const float* p = parts + unit * splits * slot;
-    scale.resize(size_t(splits));
-    for (int64_t r = 0; r < rows; ++r) {
-      float M = -INFINITY;
-      for (int64_t s = 0; s < splits; ++s) M = std::max(M, p[s * slot + r]);
-      float l = 0.0f;
-      for (int64_t s = 0; s < splits; ++s) {
-        scale[size_t(s)] = std::exp(p[s * slot + r] - M);
-        l += scale[size_t(s)] * p[s * slot + rows + r];
-      }
-      float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
-      for (int64_t i = 0; i < hd; i += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t s = 0; s < splits; ++s)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scale[size_t(s)]), _mm256_loadu_ps(p + s * slot + 2 * rows + r * hd + i), acc);
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / l)));
-      }
-    }
-  });
+  merge_key_ranges8(tasks, parts, a.nh, hd, a.out, pool);  // attention_avx2.inc
 }
 
 }  // namespace
