@@ -1,7 +1,8 @@
 // Quantized kernels, AVX-512 VNNI. Activations are int8 with one f32 scale per 256 values (quant_kernels.h), so the
 // K-quants and IQ4_XS apply their integer sub-scales to integer dots (vpmaddubsw + vpdpwssd, exact in int32) and keep
 // one f32 multiply-add per 256 values; Q8_0 / Q4_0 (f32 scale per 32) keep one vpdpbusd + one FMA per 64 codes.
-// Decode and prefill read the file's blocks directly (dot_direct); the 4-row tile (dot_rows) is the generic path.
+// Decode and prefill read the file's blocks directly (dot_direct); the row tiles (unpack_rows + dot_rows) are
+// Reference's alone.
 // AVX-512F/BW/VL/DQ + VNNI code between the ISA markers only (isa_target.h); the unpacking and activation
 // quantization come from quant_body.inc.
 #include <immintrin.h>
@@ -57,39 +58,6 @@ void quantize_row_avx512(const float* x, int64_t K, int8_t* q, float* d256, int1
     }
   }
 }
-
-template <int R>
-void dot_rows_n(const uint8_t* u, const float* a4, const float* b16, int64_t K, const ActRow& x, float* out) {
-  const int64_t Kp = padded_k(K), S16 = padded_s16(K), K4 = Kp / 4;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t c = 0; c < Kp / 64; ++c) {
-    const __m512i xq = _mm512_loadu_si512(x.q + 64 * c);
-    const __m512 dx = _mm512_set1_ps(x.d256[c / 4]);
-    for (int r = 0; r < R; ++r) {
-      const __m512i p = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(u + r * Kp + 64 * c), xq);
-      const __m512 ad = _mm512_mul_ps(_mm512_loadu_ps(a4 + r * K4 + 16 * c), dx);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), ad, acc[r]);
-    }
-  }
-  for (int64_t g = 0; g < S16; g += 16) {
-    const __m512 s = _mm512_loadu_ps(x.s16 + g);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fnmadd_ps(_mm512_loadu_ps(b16 + r * S16 + g), s, acc[r]);
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
-}
-
-void dot_rows_avx512(const uint8_t* u, const float* a4, const float* b16, int R, int64_t K, const ActRow& x, bool,
-                     float* out) {
-  switch (R) {
-    case 4: dot_rows_n<4>(u, a4, b16, K, x, out); break;
-    case 3: dot_rows_n<3>(u, a4, b16, K, x, out); break;
-    case 2: dot_rows_n<2>(u, a4, b16, K, x, out); break;
-    default: dot_rows_n<1>(u, a4, b16, K, x, out); break;
-  }
-}
-
 
 // ---- Direct path: the codes and scales of 256 values at a time (one K-quant super-block, or 8 blocks of Q8_0/Q4_0)
 // decoded from the file's blocks into registers, then every token (one activation block of 256 values, one dx) passes
@@ -550,8 +518,7 @@ TESSERA_ISA_END
 namespace tessera {
 namespace quant {
 namespace {
-const Kernels kAvx512 = {QIsa::AVX512VNNI, quantize_row_avx512, unpack_rows_body, dot_rows_avx512,
-                         dot_direct_avx512};
+const Kernels kAvx512 = {QIsa::AVX512VNNI, quantize_row_avx512, nullptr, nullptr, dot_direct_avx512};
 }  // namespace
 const Kernels& kernels_avx512_vnni() { return kAvx512; }
 }  // namespace quant

@@ -324,7 +324,7 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   Acts& acts = acts_of_thread;  // the caller's (see matmul_gemm_avx512)
   acts.resize(a.T, a.K);
   pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
-  Tiles tiles(pool.size(), a.K);
+  Tiles tiles(block_path(kr) ? 0 : pool.size(), a.K);  // the row tiles of Reference only (no scratch elsewhere)
   const QWeights w{a.type, a.w, a.row_bytes};
   const int64_t n_rg = (a.N + kRowGroup - 1) / kRowGroup, n_tb = (a.T + kTokenBlock - 1) / kTokenBlock;
   pool.parallel_for(n_rg * n_tb, [&](int64_t task, int ith) {
@@ -376,7 +376,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   const int64_t gemm_min = vnni_gemm_min_tokens();  // read once: one call, one threshold
   auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= gemm_min; };
   const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
-  Tiles tiles_g(pool.size(), H), tiles_u(pool.size(), H), tiles_d(pool.size(), I);
+  const int tile_threads = block_path(kr) ? 0 : pool.size();  // the row tiles of Reference only (no scratch elsewhere)
+  Tiles tiles_g(tile_threads, H), tiles_u(tile_threads, H), tiles_d(tile_threads, I);
   // This pass's quantized x and hidden activations, act [slot, I] and y [slot, H]: the calling thread's grown
   // scratch, named by references, since a pool lambda naming a thread_local would get its own thread's instance.
   thread_local Acts xa_of_thread, ha_of_thread;

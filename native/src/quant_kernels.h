@@ -62,12 +62,13 @@ struct Kernels {
   QIsa isa;
   // x [K] -> q [Kq], d256 [Kq/256], bs16 [S16], s16 [S16] (padding zeroed).
   void (*quantize_row)(const float* x, int64_t K, int8_t* q, float* d256, int16_t* bs16, float* s16);
+  // The row-tile path, for an ISA without dot_direct (Reference); nullptr where dot_direct is set (never called there):
   // rows [0, R) of W starting at `w` (row_bytes apart) -> the tile arrays (strides Kp, Kp/4, S16; padding zeroed).
   void (*unpack_rows)(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, uint8_t* u, float* a4, float* b16);
   // out[r] = sum_i w[r, i] x[i] for r < R, one token.  wide: codes may exceed 127 (QTypeInfo::wide).
   void (*dot_rows)(const uint8_t* u, const float* a4, const float* b16, int R, int64_t K, const ActRow& x, bool wide,
                    float* out);
-  // Optional (nullptr: the driver uses unpack_rows + dot_rows): R <= kRowGroup rows starting at `w` (row_bytes apart)
+  // nullptr: the driver uses unpack_rows + dot_rows (Reference). R <= kRowGroup rows starting at `w` (row_bytes apart)
   // read straight from their blocks, codes and scales kept in registers while nt <= kTokenBlock tokens pass over each
   // 256 values; out[r * nt + i] = row r . xs[i]. Several rows per call: decode interleaves rows for independent chains.
   void (*dot_direct)(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
