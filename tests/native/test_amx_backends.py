@@ -5,6 +5,8 @@ across thread counts, and between real and emulated tiles; bf16 decode keeps f32
 meets the issue's goal (<= 1.5 % relative L2 on a Qwen3-MoE-like layer) and is no worse than AVX512Int8's."""
 
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -195,8 +197,11 @@ def test_registration_and_reasons():
         assert by_name[n]["emulated"] and by_name[n]["available"]
     for n, flag in zip(HARDWARE, ("amx_int8", "amx_bf16")):
         assert not by_name[n]["emulated"]
-        if not f["flags"][flag]:
-            assert not by_name[n]["available"] and by_name[n]["reason"] == f"CPU lacks {flag}"
+        if not f["flags"][flag]:  # under TESSERA_MAX_ISA below amx (e.g. the suite run capped) the cap is the reason
+            capped = os.environ.get("TESSERA_MAX_ISA", "amx") not in ("amx", "")
+            reason = by_name[n]["reason"]
+            assert not by_name[n]["available"]
+            assert reason == f"CPU lacks {flag}" or capped and "TESSERA_MAX_ISA" in reason, reason
         elif not f["amx_permitted"]:
             assert not by_name[n]["available"] and by_name[n]["reason"]
     auto = _native.auto_backend()
