@@ -66,25 +66,6 @@ struct Max8 {  // reduce8's operation (a functor: a lambda's function-pointer co
   __m256 operator()(__m256 p, __m256 q) const { return _mm256_max_ps(p, q); }
 };
 
-struct Q8Scratch {
-  std::vector<int8_t> q8;   // [rows, hd] the quantized query rows
-  std::vector<float> qd;    // [rows, nb] their scales
-  std::vector<float> s;     // [rows, kQ8ChunkKeys] the chunk's scores (key order); masked keys -inf
-  std::vector<float> mxb;   // [rows rounded up to 2, kQ8ChunkBlocks] each block's largest score (-inf: none seen)
-  std::vector<float> mref;  // [rows rounded up to 2, kQ8ChunkBlocks] the row's running max, per block
-  std::vector<float> c;     // [rows rounded up to 2, kQ8ChunkBlocks] exp(mxb - m): the block's largest probability
-  std::vector<uint8_t> wq;  // [rows, kQ8ChunkBlocks, nb, 32] p * value scale in 0..127, key order
-  std::vector<float> wd;    // [rows, kQ8ChunkBlocks, nb] their steps
-  std::vector<float> acc, m, lsum, alpha;  // lsum: [rows, 8] the softmax denominators as 8 partial sums
-  std::vector<int64_t> visible;            // [rows] keys of the chunk the row sees
-};
-
-inline int32_t load4(const void* p) {
-  int32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
-
 inline __m256 f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // s[r][0..32) = q_r . key for RB rows (row stride ss) and the 32 keys of one tile (keys >= nk hold anything; the
@@ -158,26 +139,6 @@ void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t n
     }
 }
 
-// Rows of queries t0..t1 of KV head h, scaled and quantized per block of 32 dims (row (t - t0) * g + j: token t,
-// query head h * g + j): the VNNI kernel's rounding, without its -128 * sum(q) term (no bias here).
-void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-  const int64_t hd = a.hd, nb = hd / kQ8Block;
-  float x[kQ8Block];
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t j = 0; j < g; ++j) {
-      const int64_t r = (t - t0) * g + j;
-      const float* src = a.q + ((h * g + j) * a.T + t) * hd;
-      for (int64_t b = 0; b < nb; ++b) {
-        float amax = 0.0f;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i] = src[b * kQ8Block + i] * a.scale));
-        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < kQ8Block; ++i)
-          w.q8[size_t(r * hd + b * kQ8Block + i)] = int8_t(std::clamp(std::nearbyint(x[i] * id), -127.0f, 127.0f));
-        w.qd[size_t(r * nb + b)] = d;
-      }
-    }
-}
-
 // Online softmax over one chunk of nblk key blocks (scores in w.s, keys >= visible[r] ignored; nk keys of the chunk
 // exist, the others may hold any bits, even NaN), then each row's weights w_j,b = p_j * dv_j,b quantized to 0..127 per
 // key block and block b of 32 dims, with the step (max_j p_j) * (max_j dv_j,b) / 127 (the VNNI kernel's steps at half
@@ -212,21 +173,8 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
     }
     _mm256_storeu_ps(w.mxb.data() + r0 * CB, reduce8(v, Max8{}));
   }
-  // (2) per row: m_new = max(m, the chunk's maxima); alpha = exp(m - m_new) rescales the accumulator (1 when the max
-  // stays; m = -inf before the first: alpha 0 on a zero accumulator).
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* mb = w.mxb.data() + r * CB;
-    float mx = mb[0];
-    for (int64_t blk = 1; blk < nblk; ++blk) mx = std::max(mx, mb[blk]);
-    float& m = w.m[size_t(r)];
-    if (mx > m) {
-      w.alpha[size_t(r)] = std::exp(m - mx);
-      m = mx;
-    } else {
-      w.alpha[size_t(r)] = 1.0f;
-    }
-    for (int64_t blk = 0; blk < CB; ++blk) w.mref[size_t(r * CB + blk)] = m;
-  }
+  // (2) per row: the running max, alpha and mref (attention_q8_driver.inc)
+  update_row_max(w, rows, nblk);
   // (3) c = exp(mxb - m), the block's largest probability; 0 for a block the row does not see (-inf - m, or
   // -inf - -inf = NaN: exp_nonpositive8 gives 0 for both). Rows rounded up to 2: whole vectors.
   for (int64_t e = 0; e < (rows + 1) / 2 * 2 * CB; e += 8)
@@ -304,18 +252,13 @@ struct Q8Avx2 {
     w.mref.assign(size_t(padded * CB), 0.0f);
     w.c.resize(size_t(padded * CB));
   }
-  static void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-    tessera::load_queries(a, h, t0, t1, g, w);
-  }
+  static void query_terms(Q8Scratch&, int64_t, int64_t) {}  // no bias: |k| x sign(q, k) is the signed product
   template <int R>
   static void scores(const Q8Scratch& w, int64_t r, int64_t hd, const int8_t* tile, const uint16_t* ks, float* s,
                      const char* pfk) {
     q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * (hd / kQ8Block), hd, tile, ks, s, kQ8ChunkKeys, pfk);
   }
-  static void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, const uint16_t* vs,
-                                  int64_t nk) {
-    tessera::softmax_and_weights(w, rows, nb, nblk, vs, nk);
-  }
+  static constexpr auto softmax_and_weights = &tessera::softmax_and_weights;
   template <int R>
   static void values(Q8Scratch& w, int64_t r, int64_t nb, int64_t nblk, int64_t hd, const int8_t* v, const char* pf,
                      int64_t pf_bytes) {

@@ -39,25 +39,9 @@ namespace {
 
 static_assert(kQ8ChunkBlocks == 4, "the block maxima reduce 4 rows x 4 blocks per vector");
 
-struct Q8Scratch {
-  std::vector<int8_t> q8;      // [rows, hd] the quantized query rows
-  std::vector<float> qd;       // [rows, nb] their scales
-  std::vector<int32_t> qcorr;  // [rows, nb] -128 * sum of each block of q8: the integer dots' start value
-  std::vector<float> s;        // [rows, kQ8ChunkKeys] the chunk's scores (key order); masked keys -inf
-  std::vector<float> mxb;      // [rows rounded up to 4, kQ8ChunkBlocks] each block's largest score (-inf: none seen)
-  std::vector<float> mref;     // [rows, kQ8ChunkBlocks] the row's running max, per block
-  std::vector<float> c;        // [rows, kQ8ChunkBlocks] exp(mxb - m): the block's largest probability
-  std::vector<uint8_t> wq;     // [rows, kQ8ChunkBlocks, wq_bytes(nb)] p * value scale as uint8 (layout: wq_offset)
-  std::vector<float> wd;       // [rows, kQ8ChunkBlocks, nb] their steps
-  std::vector<float> acc, m, lsum, alpha;  // lsum: [rows, 16] the softmax denominators as 16 partial sums
-  std::vector<int64_t> visible;            // [rows] keys of the chunk the row sees
+struct Q8VnniScratch : Q8Scratch {  // attention_q8_driver.inc's, and
+  std::vector<int32_t> qcorr;       // [rows, nb] -128 * sum of each block of q8: the integer dots' start value
 };
-
-inline int32_t load4(const void* p) {
-  int32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
 
 inline __m512 f16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
@@ -158,31 +142,6 @@ void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t n
   }
 }
 
-// Rows of queries t0..t1 of KV head h, scaled and quantized per block of 32 dims (row (t - t0) * g + j: token t,
-// query head h * g + j).
-void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-  const int64_t hd = a.hd, nb = hd / kQ8Block;
-  float x[kQ8Block];
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t j = 0; j < g; ++j) {
-      const int64_t r = (t - t0) * g + j;
-      const float* src = a.q + ((h * g + j) * a.T + t) * hd;
-      for (int64_t b = 0; b < nb; ++b) {
-        float amax = 0.0f;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i] = src[b * kQ8Block + i] * a.scale));
-        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < kQ8Block; ++i) {
-          const int8_t qi = int8_t(std::clamp(std::nearbyint(x[i] * id), -127.0f, 127.0f));
-          w.q8[size_t(r * hd + b * kQ8Block + i)] = qi;
-          sum += qi;
-        }
-        w.qd[size_t(r * nb + b)] = d;
-        w.qcorr[size_t(r * nb + b)] = -128 * sum;
-      }
-    }
-}
-
 // The 16 horizontal reductions (max or add) of v[0..16) as one vector, lane i holding v[i]'s: a tree of shuffles
 // (46 instructions for the 16 where one reduction alone takes 8).
 template <class Op>
@@ -240,21 +199,8 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
     }
     _mm512_storeu_ps(w.mxb.data() + r0 * CB, reduce16(v, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); }));
   }
-  // (2) per row: m_new = max(m, the chunk's maxima); alpha = exp(m - m_new) rescales the accumulator (1 when the max
-  // stays, past the first blocks the common case; m = -inf before the first: alpha 0 on a zero accumulator).
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* mb = w.mxb.data() + r * CB;
-    float mx = mb[0];
-    for (int64_t blk = 1; blk < nblk; ++blk) mx = std::max(mx, mb[blk]);
-    float& m = w.m[size_t(r)];
-    if (mx > m) {
-      w.alpha[size_t(r)] = std::exp(m - mx);
-      m = mx;
-    } else {
-      w.alpha[size_t(r)] = 1.0f;
-    }
-    for (int64_t blk = 0; blk < CB; ++blk) w.mref[size_t(r * CB + blk)] = m;
-  }
+  // (2) per row: the running max, alpha and mref (attention_q8_driver.inc)
+  update_row_max(w, rows, nblk);
   // (3) c = exp(mxb - m), the block's largest probability (every probability of it is c * exp(x - mxb)); 0 for a block
   // the row does not see (-inf - m, or -inf - -inf = NaN: exp_nonpositive gives 0 for both).
   for (int64_t e = 0; e < rows * CB; e += 16) {
@@ -316,31 +262,32 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
 
 // The steps of attention_q8_driver.inc's q8_flash_attention at 16 lanes.
 struct Q8Vnni {
-  using Scratch = Q8Scratch;
+  using Scratch = Q8VnniScratch;
   static constexpr int kLanes = 16;    // the denominators' partial sums (lsum)
   static constexpr int kRowGroup = 4;  // rows per register group of q8_scores / q8_values
   static int64_t wq_bytes(int64_t nb) { return tessera::wq_bytes(nb); }
-  static void prepare(Q8Scratch& w, int64_t rows, int64_t, int64_t nb) {
+  static void prepare(Q8VnniScratch& w, int64_t rows, int64_t, int64_t nb) {
     constexpr int64_t CB = kQ8ChunkBlocks;
     w.qcorr.resize(size_t(rows * nb));
     w.mxb.resize(size_t((rows + 3) / 4 * 4 * CB));  // whole reduce16 trees of 4 rows
     w.mref.resize(size_t(rows * CB));
     w.c.resize(size_t(rows * CB));
   }
-  static void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-    tessera::load_queries(a, h, t0, t1, g, w);
+  static void query_terms(Q8VnniScratch& w, int64_t rows, int64_t hd) {  // the dots' start: -128 * sum(q block)
+    for (int64_t e = 0; e < rows * hd; e += kQ8Block) {
+      int32_t sum = 0;
+      for (int i = 0; i < kQ8Block; ++i) sum += w.q8[size_t(e + i)];
+      w.qcorr[size_t(e / kQ8Block)] = -128 * sum;
+    }
   }
   template <int R>
-  static void scores(const Q8Scratch& w, int64_t r, int64_t hd, const int8_t* tile, const uint16_t* ks, float* s,
+  static void scores(const Q8VnniScratch& w, int64_t r, int64_t hd, const int8_t* tile, const uint16_t* ks, float* s,
                      const char* pfk) {
     const int64_t nb = hd / kQ8Block;
     q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, w.qcorr.data() + r * nb, hd, tile, ks, s, kQ8ChunkKeys,
                  pfk);
   }
-  static void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, const uint16_t* vs,
-                                  int64_t nk) {
-    tessera::softmax_and_weights(w, rows, nb, nblk, vs, nk);
-  }
+  static constexpr auto softmax_and_weights = &tessera::softmax_and_weights;
   template <int R>
   static void values(Q8Scratch& w, int64_t r, int64_t nb, int64_t nblk, int64_t hd, const int8_t* v, const char* pf,
                      int64_t pf_bytes) {
