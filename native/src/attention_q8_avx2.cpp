@@ -21,7 +21,8 @@
 //   An exact 0..255 scheme needs the values widened to int16 for vpmaddwd: twice the instructions per value byte.
 // The driver (tasks of one KV head x a block of query rows x a range of keys from attention_tasks.h, flash-decoding
 // key splits with a merge, online softmax, chunks of kQ8ChunkBlocks key blocks, prefetch of K, V and the scales
-// kQ8PrefetchBlocks blocks ahead) is the VNNI kernel's. Register blocking: 4 rows x 8 keys (scores) or 8 dims
+// kQ8PrefetchBlocks blocks ahead) is attention_q8_driver.inc's, shared with the VNNI kernel; this file gives its steps
+// (Q8Avx2) and takes attention_avx2.inc's merge_key_ranges8. Register blocking: 4 rows x 8 keys (scores) or 8 dims
 // (values) per pass, so accumulators, operands and the constants fit the 16 ymm registers.
 #include <immintrin.h>
 
@@ -43,13 +44,8 @@ namespace tessera {
 namespace {
 
 #include "attention_avx2.inc"  // the task split, reductions, exp, row groups and merge shared with attention_avx2.cpp
+#include "attention_q8_driver.inc"  // the driver, shared with attention_q8_avx512_vnni.cpp; its steps: Q8Avx2
 
-// Key blocks ahead whose K, V and scales are prefetched (into L2); the VNNI kernel's distance (measured there).
-constexpr int64_t kQ8PrefetchBlocks = 4;
-// Key blocks a task takes at a time (a chunk): scores and softmax of the chunk first, then the value products with
-// each row's accumulators in registers across the chunk's blocks; the VNNI kernel's chunk.
-constexpr int64_t kQ8ChunkBlocks = 4;
-constexpr int64_t kQ8ChunkKeys = kQ8ChunkBlocks * kKeys;  // the row stride of the scores
 static_assert(kQ8ChunkBlocks == 4, "the block maxima reduce 2 rows x 4 blocks per vector");
 
 // The 8 horizontal reductions (max or add) of v[0..8) as one vector, lane i holding v[i]'s: a tree of shuffles.
@@ -69,25 +65,6 @@ inline __m256 reduce8(const __m256* v, Op op) {
 struct Max8 {  // reduce8's operation (a functor: a lambda's function-pointer conversion trips GCC's -Wpsabi)
   __m256 operator()(__m256 p, __m256 q) const { return _mm256_max_ps(p, q); }
 };
-
-struct Q8Scratch {
-  std::vector<int8_t> q8;   // [rows, hd] the quantized query rows
-  std::vector<float> qd;    // [rows, nb] their scales
-  std::vector<float> s;     // [rows, kQ8ChunkKeys] the chunk's scores (key order); masked keys -inf
-  std::vector<float> mxb;   // [rows rounded up to 2, kQ8ChunkBlocks] each block's largest score (-inf: none seen)
-  std::vector<float> mref;  // [rows rounded up to 2, kQ8ChunkBlocks] the row's running max, per block
-  std::vector<float> c;     // [rows rounded up to 2, kQ8ChunkBlocks] exp(mxb - m): the block's largest probability
-  std::vector<uint8_t> wq;  // [rows, kQ8ChunkBlocks, nb, 32] p * value scale in 0..127, key order
-  std::vector<float> wd;    // [rows, kQ8ChunkBlocks, nb] their steps
-  std::vector<float> acc, m, l8, alpha;  // l8: [rows, 8] the softmax denominators as 8 partial sums
-  std::vector<int64_t> visible;          // [rows] keys of the chunk the row sees
-};
-
-inline int32_t load4(const void* p) {
-  int32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
 
 inline __m256 f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
@@ -162,26 +139,6 @@ void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t n
     }
 }
 
-// Rows of queries t0..t1 of KV head h, scaled and quantized per block of 32 dims (row (t - t0) * g + j: token t,
-// query head h * g + j): the VNNI kernel's rounding, without its -128 * sum(q) term (no bias here).
-void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-  const int64_t hd = a.hd, nb = hd / kQ8Block;
-  float x[kQ8Block];
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t j = 0; j < g; ++j) {
-      const int64_t r = (t - t0) * g + j;
-      const float* src = a.q + ((h * g + j) * a.T + t) * hd;
-      for (int64_t b = 0; b < nb; ++b) {
-        float amax = 0.0f;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i] = src[b * kQ8Block + i] * a.scale));
-        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < kQ8Block; ++i)
-          w.q8[size_t(r * hd + b * kQ8Block + i)] = int8_t(std::clamp(std::nearbyint(x[i] * id), -127.0f, 127.0f));
-        w.qd[size_t(r * nb + b)] = d;
-      }
-    }
-}
-
 // Online softmax over one chunk of nblk key blocks (scores in w.s, keys >= visible[r] ignored; nk keys of the chunk
 // exist, the others may hold any bits, even NaN), then each row's weights w_j,b = p_j * dv_j,b quantized to 0..127 per
 // key block and block b of 32 dims, with the step (max_j p_j) * (max_j dv_j,b) / 127 (the VNNI kernel's steps at half
@@ -216,21 +173,8 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
     }
     _mm256_storeu_ps(w.mxb.data() + r0 * CB, reduce8(v, Max8{}));
   }
-  // (2) per row: m_new = max(m, the chunk's maxima); alpha = exp(m - m_new) rescales the accumulator (1 when the max
-  // stays; m = -inf before the first: alpha 0 on a zero accumulator).
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* mb = w.mxb.data() + r * CB;
-    float mx = mb[0];
-    for (int64_t blk = 1; blk < nblk; ++blk) mx = std::max(mx, mb[blk]);
-    float& m = w.m[size_t(r)];
-    if (mx > m) {
-      w.alpha[size_t(r)] = std::exp(m - mx);
-      m = mx;
-    } else {
-      w.alpha[size_t(r)] = 1.0f;
-    }
-    for (int64_t blk = 0; blk < CB; ++blk) w.mref[size_t(r * CB + blk)] = m;
-  }
+  // (2) per row: the running max, alpha and mref (attention_q8_driver.inc)
+  update_row_max(w, rows, nblk);
   // (3) c = exp(mxb - m), the block's largest probability; 0 for a block the row does not see (-inf - m, or
   // -inf - -inf = NaN: exp_nonpositive8 gives 0 for both). Rows rounded up to 2: whole vectors.
   for (int64_t e = 0; e < (rows + 1) / 2 * 2 * CB; e += 8)
@@ -267,7 +211,7 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // the packs' dwords back to key order
   const __m256i zero = _mm256_setzero_si256();
   for (int64_t r = 0; r < rows; ++r) {
-    __m256 L = _mm256_mul_ps(_mm256_loadu_ps(w.l8.data() + r * 8), _mm256_set1_ps(w.alpha[size_t(r)]));
+    __m256 L = _mm256_mul_ps(_mm256_loadu_ps(w.lsum.data() + r * 8), _mm256_set1_ps(w.alpha[size_t(r)]));
     for (int64_t blk = 0; blk < nblk; ++blk) {
       const float c = w.c[size_t(r * CB + blk)];
       float* wd = w.wd.data() + (r * CB + blk) * nb;
@@ -291,98 +235,52 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
       }
       for (int64_t b = 0; b < nb; ++b) wd[b] = c * dvs[blk][b];
     }
-    _mm256_storeu_ps(w.l8.data() + r * 8, L);
+    _mm256_storeu_ps(w.lsum.data() + r * 8, L);
   }
 }
 
-void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
-  const int64_t g = a.nh / a.nkv, hd = a.hd, nb = hd / kQ8Block, tiles = a.C / kQ8Block;
-  const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
-                             kTasksPerThread);  // attention_tasks.h
-  const int64_t units = tasks.units;
-  const int64_t splits = tasks.splits, blocks_per_split = tasks.blocks_per_split, slot = tasks.slot;
-  thread_local std::vector<float> partials_of_thread;
-  std::vector<float>& partials = opaque_ref(partials_of_thread);  // [units, splits, slot] when the keys are split
-  if (splits > 1) partials.resize(size_t(units * splits * slot));
-  float* const parts = partials.data();
-  const int64_t wqb = nb * kKeys;
-
-  pool.parallel_for(units * splits, [&](int64_t task, int) {
-    thread_local Q8Scratch scratch_of_thread;
-    Q8Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
+// The steps of attention_q8_driver.inc's q8_flash_attention at 8 lanes.
+struct Q8Avx2 {
+  using Scratch = Q8Scratch;
+  static constexpr int kLanes = 8;     // the denominators' partial sums (lsum)
+  static constexpr int kRowGroup = 4;  // rows per register group of q8_scores / q8_values
+  static int64_t wq_bytes(int64_t nb) { return nb * kKeys; }
+  static void prepare(Q8Scratch& w, int64_t rows, int64_t, int64_t) {
     constexpr int64_t CB = kQ8ChunkBlocks;
-    const AttentionTasks::Task tk = tasks.of_task(task);
-    const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows, padded = (rows + 1) / 2 * 2;
-    w.q8.resize(size_t(rows * hd));
-    w.qd.resize(size_t(rows * nb));
-    w.s.resize(size_t(rows * kQ8ChunkKeys));
+    const int64_t padded = (rows + 1) / 2 * 2;  // whole reduce8 trees and vectors of 2 rows
     w.mxb.resize(size_t(padded * CB));
     w.mref.assign(size_t(padded * CB), 0.0f);
     w.c.resize(size_t(padded * CB));
-    w.wq.resize(size_t(rows * CB * wqb));
-    w.wd.resize(size_t(rows * CB * nb));
-    w.acc.assign(size_t(rows * hd), 0.0f);
-    w.m.assign(size_t(rows), -INFINITY);
-    w.l8.assign(size_t(rows * 8), 0.0f);
-    w.alpha.resize(size_t(rows));
-    w.visible.resize(size_t(rows));
-    load_queries(a, h, t0, t1, g, w);
-    const int64_t kend = std::min(a.start + t1, (split + 1) * blocks_per_split * kKeys);  // causal end of the range
-    for (int64_t c0 = split * blocks_per_split * kKeys; c0 < kend; c0 += CB * kKeys) {
-      const int64_t nk = std::min(CB * kKeys, kend - c0), nblk = (nk + kKeys - 1) / kKeys;
-      const int64_t tile = h * tiles + c0 / kKeys;
-      const int8_t* kt = a.k + tile * hd * kKeys;  // [hd/4][32][4] per tile, tiles consecutive
-      const int8_t* vt = a.v + tile * hd * kKeys;  // [8][hd][4]
-      const uint16_t* kst = a.ks + tile * nb * kKeys;
-      const uint16_t* vst = a.vs + tile * nb * kKeys;
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        // K and the scales a few blocks ahead, fetched a line a step or two while this block computes (V: q8_values)
-        const bool fetch = c0 + (blk + kQ8PrefetchBlocks) * kKeys < kend;
-        const char* pfk = fetch ? reinterpret_cast<const char*>(kt + (blk + kQ8PrefetchBlocks) * hd * kKeys) : nullptr;
-        if (fetch)
-          for (int64_t i = 0; i < nb * kKeys * 2; i += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(kst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char*>(vst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
-          }
-        for_row_groups<4>(rows, [&](auto R, int64_t r) {
-          q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, hd, kt + blk * hd * kKeys, kst + blk * nb * kKeys,
-                       w.s.data() + r * kQ8ChunkKeys + blk * kKeys, kQ8ChunkKeys, r == 0 ? pfk : nullptr);
-        });
-      }
-      for (int64_t t = 0, r = 0; t < t1 - t0; ++t) {  // row r = t * g + j: token t0 + t (no division per row)
-        const int64_t seen = std::clamp<int64_t>(a.start + t0 + t + 1 - c0, 0, nk);
-        for (int64_t j = 0; j < g; ++j, ++r) w.visible[size_t(r)] = seen;
-      }
-      softmax_and_weights(w, rows, nb, nblk, vst, nk);
-      // the V tiles kQ8PrefetchBlocks ahead that are in the range (fetched by the first row group)
-      const int64_t nfetch = std::clamp<int64_t>((kend - c0 + kKeys - 1) / kKeys - kQ8PrefetchBlocks, 0, nblk);
-      const char* pfv = reinterpret_cast<const char*>(vt + kQ8PrefetchBlocks * hd * kKeys);
-      for_row_groups<4>(rows, [&](auto R, int64_t r) {
-        q8_values<R>(w.wq.data() + r * CB * wqb, w.wd.data() + r * CB * nb, w.alpha.data() + r, nb, nblk, hd, vt,
-                     w.acc.data() + r * hd, r == 0 && nfetch > 0 ? pfv : nullptr, nfetch * hd * kKeys);
-      });
-    }
-    if (splits > 1) {  // leave the partial for the merge
-      float* p = parts + task * slot;
-      std::copy(w.m.begin(), w.m.end(), p);
-      for (int64_t r = 0; r < rows; ++r) p[rows + r] = hsum8(_mm256_loadu_ps(w.l8.data() + r * 8));
-      std::copy(w.acc.begin(), w.acc.end(), p + 2 * rows);
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m256 inv = _mm256_set1_ps(1.0f / hsum8(_mm256_loadu_ps(w.l8.data() + r * 8)));
-      float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
-      for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w.acc.data() + r * hd + i), inv));
-    }
-  });
-  if (splits == 1) return;
-
-  merge_key_ranges8(tasks, parts, a.nh, hd, a.out, pool);  // attention_avx2.inc
-}
+  }
+  static void query_terms(Q8Scratch&, int64_t, int64_t) {}  // no bias: |k| x sign(q, k) is the signed product
+  template <int R>
+  static void scores(const Q8Scratch& w, int64_t r, int64_t hd, const int8_t* tile, const uint16_t* ks, float* s,
+                     const char* pfk) {
+    q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * (hd / kQ8Block), hd, tile, ks, s, kQ8ChunkKeys, pfk);
+  }
+  static constexpr auto softmax_and_weights = &tessera::softmax_and_weights;
+  template <int R>
+  static void values(Q8Scratch& w, int64_t r, int64_t nb, int64_t nblk, int64_t hd, const int8_t* v, const char* pf,
+                     int64_t pf_bytes) {
+    q8_values<R>(w.wq.data() + r * kQ8ChunkBlocks * wq_bytes(nb), w.wd.data() + r * kQ8ChunkBlocks * nb,
+                 w.alpha.data() + r, nb, nblk, hd, v, w.acc.data() + r * hd, pf, pf_bytes);
+  }
+  static float lane_sum(const float* l) { return hsum8(_mm256_loadu_ps(l)); }
+  static void store_row(const float* acc, float inv, float* out, int64_t hd) {
+    const __m256 f = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), f));
+  }
+  static void merge(const AttentionTasks& tasks, const float* parts, int64_t nh, int64_t hd, float* out,
+                    ThreadPool& pool) {
+    merge_key_ranges8(tasks, parts, nh, hd, out, pool);  // attention_avx2.inc
+  }
+};
 
 }  // namespace
 
-void attention_isa::attention_q8_avx2(const AttentionQ8Args& a, ThreadPool& pool) { q8_flash_attention(a, pool); }
+void attention_isa::attention_q8_avx2(const AttentionQ8Args& a, ThreadPool& pool) {
+  q8_flash_attention<Q8Avx2>(a, pool);
+}
 
 }  // namespace tessera
 

@@ -11,8 +11,9 @@
 //   probabilities. The rounding of w adds at most half a step per key and block: for the block's heaviest key, at
 //   most 1/510 of its weight times the largest value scale, the size of the q8_0 values' own step (amax/254).
 // The driver (tasks of one KV head x a block of query rows x a range of keys, key splits with a merge at decode,
-// online softmax) follows attention_flash.inc's, whose helpers it shares, but walks its keys in chunks of 4 blocks
-// (kQ8ChunkBlocks), with the rows' horizontal maxima as reduction trees and the denominators as 16 partial sums.
+// online softmax over chunks of 4 key blocks, kQ8ChunkBlocks) is attention_q8_driver.inc's, shared with the AVX2
+// kernel; this file gives its steps (Q8Vnni: the rows' horizontal maxima as reduction trees, the denominators as 16
+// partial sums) and takes attention_flash.inc's helpers and its 16-lane merge.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -34,39 +35,13 @@ namespace tessera {
 namespace {
 
 #include "attention_flash.inc"
+#include "attention_q8_driver.inc"  // the driver, shared with attention_q8_avx2.cpp; its steps: Q8Vnni
 
-// Key blocks ahead whose K, V and scales are prefetched (into L2), K and the scales over the score steps, V over the
-// value steps, each in address order. Zen 4, decode at 8k from memory, 2 threads: 2, 4, 8 and 16 blocks all gave
-// 0.53-0.66 ms a layer (a busy machine; no distance stood out); with chunks, 2 and 8 no better than 4 (session 8).
-// V's lines fetched in the value loop's order (4 tiles interleaved) instead cost ~10 % from memory.
-constexpr int64_t kQ8PrefetchBlocks = 4;
-// Key blocks a task takes at a time (a chunk): the chunk's scores and its softmax first (one max update and one
-// accumulator rescale per chunk), then the value products with each row's accumulator in registers across the chunk's
-// blocks (instead of a load, a multiply by alpha and a store per key block). Zen 4, kernel alone at 8k in cache, 1
-// thread: 2 blocks 0.69 ms, 4 blocks 0.60; prefill at T=2048 with 1-block chunks for its 128-row tasks: +20 %.
-constexpr int64_t kQ8ChunkBlocks = 4;
-constexpr int64_t kQ8ChunkKeys = kQ8ChunkBlocks * kKeys;  // the row stride of the scores
 static_assert(kQ8ChunkBlocks == 4, "the block maxima reduce 4 rows x 4 blocks per vector");
 
-struct Q8Scratch {
-  std::vector<int8_t> q8;      // [rows, hd] the quantized query rows
-  std::vector<float> qd;       // [rows, nb] their scales
-  std::vector<int32_t> qcorr;  // [rows, nb] -128 * sum of each block of q8: the integer dots' start value
-  std::vector<float> s;        // [rows, kQ8ChunkKeys] the chunk's scores (key order); masked keys -inf
-  std::vector<float> mxb;      // [rows rounded up to 4, kQ8ChunkBlocks] each block's largest score (-inf: none seen)
-  std::vector<float> mref;     // [rows, kQ8ChunkBlocks] the row's running max, per block
-  std::vector<float> c;        // [rows, kQ8ChunkBlocks] exp(mxb - m): the block's largest probability
-  std::vector<uint8_t> wq;     // [rows, kQ8ChunkBlocks, wq_bytes(nb)] p * value scale as uint8 (layout: wq_offset)
-  std::vector<float> wd;       // [rows, kQ8ChunkBlocks, nb] their steps
-  std::vector<float> acc, m, l16, alpha;  // l16: [rows, 16] the softmax denominators as 16 partial sums
-  std::vector<int64_t> visible;           // [rows] keys of the chunk the row sees
+struct Q8VnniScratch : Q8Scratch {  // attention_q8_driver.inc's, and
+  std::vector<int32_t> qcorr;       // [rows, nb] -128 * sum of each block of q8: the integer dots' start value
 };
-
-inline int32_t load4(const void* p) {
-  int32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
 
 inline __m512 f16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
@@ -167,31 +142,6 @@ void q8_values(const uint8_t* wq, const float* wd, const float* alpha, int64_t n
   }
 }
 
-// Rows of queries t0..t1 of KV head h, scaled and quantized per block of 32 dims (row (t - t0) * g + j: token t,
-// query head h * g + j).
-void load_queries(const AttentionQ8Args& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Q8Scratch& w) {
-  const int64_t hd = a.hd, nb = hd / kQ8Block;
-  float x[kQ8Block];
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t j = 0; j < g; ++j) {
-      const int64_t r = (t - t0) * g + j;
-      const float* src = a.q + ((h * g + j) * a.T + t) * hd;
-      for (int64_t b = 0; b < nb; ++b) {
-        float amax = 0.0f;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i] = src[b * kQ8Block + i] * a.scale));
-        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < kQ8Block; ++i) {
-          const int8_t qi = int8_t(std::clamp(std::nearbyint(x[i] * id), -127.0f, 127.0f));
-          w.q8[size_t(r * hd + b * kQ8Block + i)] = qi;
-          sum += qi;
-        }
-        w.qd[size_t(r * nb + b)] = d;
-        w.qcorr[size_t(r * nb + b)] = -128 * sum;
-      }
-    }
-}
-
 // The 16 horizontal reductions (max or add) of v[0..16) as one vector, lane i holding v[i]'s: a tree of shuffles
 // (46 instructions for the 16 where one reduction alone takes 8).
 template <class Op>
@@ -249,21 +199,8 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
     }
     _mm512_storeu_ps(w.mxb.data() + r0 * CB, reduce16(v, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); }));
   }
-  // (2) per row: m_new = max(m, the chunk's maxima); alpha = exp(m - m_new) rescales the accumulator (1 when the max
-  // stays, past the first blocks the common case; m = -inf before the first: alpha 0 on a zero accumulator).
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* mb = w.mxb.data() + r * CB;
-    float mx = mb[0];
-    for (int64_t blk = 1; blk < nblk; ++blk) mx = std::max(mx, mb[blk]);
-    float& m = w.m[size_t(r)];
-    if (mx > m) {
-      w.alpha[size_t(r)] = std::exp(m - mx);
-      m = mx;
-    } else {
-      w.alpha[size_t(r)] = 1.0f;
-    }
-    for (int64_t blk = 0; blk < CB; ++blk) w.mref[size_t(r * CB + blk)] = m;
-  }
+  // (2) per row: the running max, alpha and mref (attention_q8_driver.inc)
+  update_row_max(w, rows, nblk);
   // (3) c = exp(mxb - m), the block's largest probability (every probability of it is c * exp(x - mxb)); 0 for a block
   // the row does not see (-inf - m, or -inf - -inf = NaN: exp_nonpositive gives 0 for both).
   for (int64_t e = 0; e < rows * CB; e += 16) {
@@ -295,7 +232,7 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
   // bytes (whatever they hold) weigh nothing.
   const int64_t wqb = wq_bytes(nb);
   for (int64_t r = 0; r < rows; ++r) {
-    __m512 L = _mm512_mul_ps(_mm512_loadu_ps(w.l16.data() + r * 16), _mm512_set1_ps(w.alpha[size_t(r)]));
+    __m512 L = _mm512_mul_ps(_mm512_loadu_ps(w.lsum.data() + r * 16), _mm512_set1_ps(w.alpha[size_t(r)]));
     for (int64_t blk = 0; blk < nblk; ++blk) {
       const float c = w.c[size_t(r * CB + blk)];
       float* wd = w.wd.data() + (r * CB + blk) * nb;
@@ -319,124 +256,61 @@ void softmax_and_weights(Q8Scratch& w, int64_t rows, int64_t nb, int64_t nblk, c
       }
       for (int64_t b = 0; b < nb; ++b) wd[b] = c * dvs[blk][b];
     }
-    _mm512_storeu_ps(w.l16.data() + r * 16, L);
+    _mm512_storeu_ps(w.lsum.data() + r * 16, L);
   }
 }
 
-void q8_flash_attention(const AttentionQ8Args& a, ThreadPool& pool) {
-  const int64_t g = a.nh / a.nkv, hd = a.hd, nb = hd / kQ8Block, tiles = a.C / kQ8Block;
-  const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
-                             kTasksPerThread);  // attention_tasks.h
-  const int64_t units = tasks.units;
-  const int64_t splits = tasks.splits, blocks_per_split = tasks.blocks_per_split, slot = tasks.slot;
-  thread_local std::vector<float> partials;  // [units, splits, slot], only when the keys are split
-  if (splits > 1) partials.resize(size_t(units * splits * slot));
-  float* const parts = partials.data();
-  const int64_t wqb = wq_bytes(nb);
-
-  pool.parallel_for(units * splits, [&](int64_t task, int) {
-    thread_local Q8Scratch scratch_of_thread;
-    Q8Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
+// The steps of attention_q8_driver.inc's q8_flash_attention at 16 lanes.
+struct Q8Vnni {
+  using Scratch = Q8VnniScratch;
+  static constexpr int kLanes = 16;    // the denominators' partial sums (lsum)
+  static constexpr int kRowGroup = 4;  // rows per register group of q8_scores / q8_values
+  static int64_t wq_bytes(int64_t nb) { return tessera::wq_bytes(nb); }
+  static void prepare(Q8VnniScratch& w, int64_t rows, int64_t, int64_t nb) {
     constexpr int64_t CB = kQ8ChunkBlocks;
-    const AttentionTasks::Task tk = tasks.of_task(task);
-    const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows;
-    w.q8.resize(size_t(rows * hd));
-    w.qd.resize(size_t(rows * nb));
     w.qcorr.resize(size_t(rows * nb));
-    w.s.resize(size_t(rows * kQ8ChunkKeys));
-    w.mxb.resize(size_t((rows + 3) / 4 * 4 * CB));
+    w.mxb.resize(size_t((rows + 3) / 4 * 4 * CB));  // whole reduce16 trees of 4 rows
     w.mref.resize(size_t(rows * CB));
     w.c.resize(size_t(rows * CB));
-    w.wq.resize(size_t(rows * CB * wqb));
-    w.wd.resize(size_t(rows * CB * nb));
-    w.acc.assign(size_t(rows * hd), 0.0f);
-    w.m.assign(size_t(rows), -INFINITY);
-    w.l16.assign(size_t(rows * 16), 0.0f);
-    w.alpha.resize(size_t(rows));
-    w.visible.resize(size_t(rows));
-    load_queries(a, h, t0, t1, g, w);
-    const int64_t kend = std::min(a.start + t1, (split + 1) * blocks_per_split * kKeys);  // causal end of the range
-    for (int64_t c0 = split * blocks_per_split * kKeys; c0 < kend; c0 += CB * kKeys) {
-      const int64_t nk = std::min(CB * kKeys, kend - c0), nblk = (nk + kKeys - 1) / kKeys;
-      const int64_t tile = h * tiles + c0 / kKeys;
-      const int8_t* kt = a.k + tile * hd * kKeys;  // [hd/4][32][4] per tile, tiles consecutive
-      const int8_t* vt = a.v + tile * hd * kKeys;  // [8][hd][4]
-      const uint16_t* kst = a.ks + tile * nb * kKeys;
-      const uint16_t* vst = a.vs + tile * nb * kKeys;
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        // K and the scales a few blocks ahead, fetched a few lines a step while this block computes (V: q8_values)
-        const bool fetch = c0 + (blk + kQ8PrefetchBlocks) * kKeys < kend;
-        const char* pfk = fetch ? reinterpret_cast<const char*>(kt + (blk + kQ8PrefetchBlocks) * hd * kKeys) : nullptr;
-        if (fetch)
-          for (int64_t i = 0; i < nb * kKeys * 2; i += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(kst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
-            _mm_prefetch(reinterpret_cast<const char*>(vst + (blk + kQ8PrefetchBlocks) * nb * kKeys) + i, _MM_HINT_T1);
-          }
-        for_row_groups<4>(rows, [&](auto R, int64_t r) {
-          q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, w.qcorr.data() + r * nb, hd,
-                       kt + blk * hd * kKeys, kst + blk * nb * kKeys, w.s.data() + r * kQ8ChunkKeys + blk * kKeys,
-                       kQ8ChunkKeys, r == 0 ? pfk : nullptr);
-        });
-      }
-      for (int64_t t = 0, r = 0; t < t1 - t0; ++t) {  // row r = t * g + j: token t0 + t (no division per row)
-        const int64_t seen = std::clamp<int64_t>(a.start + t0 + t + 1 - c0, 0, nk);
-        for (int64_t j = 0; j < g; ++j, ++r) w.visible[size_t(r)] = seen;
-      }
-      softmax_and_weights(w, rows, nb, nblk, vst, nk);
-      // the V tiles kQ8PrefetchBlocks ahead that are in the range (fetched by the first row group)
-      const int64_t nfetch = std::clamp<int64_t>((kend - c0 + kKeys - 1) / kKeys - kQ8PrefetchBlocks, 0, nblk);
-      const char* pfv = reinterpret_cast<const char*>(vt + kQ8PrefetchBlocks * hd * kKeys);
-      for_row_groups<4>(rows, [&](auto R, int64_t r) {
-        q8_values<R>(w.wq.data() + r * CB * wqb, w.wd.data() + r * CB * nb, w.alpha.data() + r, nb, nblk, wqb, hd,
-                     vt, w.acc.data() + r * hd, r == 0 && nfetch > 0 ? pfv : nullptr, nfetch * hd * kKeys);
-      });
+  }
+  static void query_terms(Q8VnniScratch& w, int64_t rows, int64_t hd) {  // the dots' start: -128 * sum(q block)
+    for (int64_t e = 0; e < rows * hd; e += kQ8Block) {
+      int32_t sum = 0;
+      for (int i = 0; i < kQ8Block; ++i) sum += w.q8[size_t(e + i)];
+      w.qcorr[size_t(e / kQ8Block)] = -128 * sum;
     }
-    if (splits > 1) {  // leave the partial for the merge
-      float* p = parts + task * slot;
-      std::copy(w.m.begin(), w.m.end(), p);
-      for (int64_t r = 0; r < rows; ++r) p[rows + r] = _mm512_reduce_add_ps(_mm512_loadu_ps(w.l16.data() + r * 16));
-      std::copy(w.acc.begin(), w.acc.end(), p + 2 * rows);
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float inv = 1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(w.l16.data() + r * 16));
-      float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
-      for (int64_t i = 0; i < hd; ++i) out[i] = w.acc[size_t(r * hd + i)] * inv;
-    }
-  });
-  if (splits == 1) return;
-
-  // Merge: out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s with M the largest m_s (a range the row does not
-  // reach has m = -inf, l = 0, acc = 0 and weighs 0; every row sees key 0, so M is finite).
-  pool.parallel_for(units, [&](int64_t unit, int) {
-    thread_local std::vector<float> scale_of_thread;
-    std::vector<float>& scale = opaque_ref(scale_of_thread);
-    const AttentionTasks::Task tk = tasks.of_unit(unit, 0);
-    const int64_t h = tk.h, t0 = tk.t0, rows = tk.rows;
-    const float* p = parts + unit * splits * slot;
-    scale.resize(size_t(splits));
-    for (int64_t r = 0; r < rows; ++r) {
-      float M = -INFINITY;
-      for (int64_t s = 0; s < splits; ++s) M = std::max(M, p[s * slot + r]);
-      float l = 0.0f;
-      for (int64_t s = 0; s < splits; ++s) {
-        scale[size_t(s)] = std::exp(p[s * slot + r] - M);
-        l += scale[size_t(s)] * p[s * slot + rows + r];
-      }
-      float* out = a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd;
-      for (int64_t i = 0; i < hd; i += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t s = 0; s < splits; ++s)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(scale[size_t(s)]), _mm512_loadu_ps(p + s * slot + 2 * rows + r * hd + i), acc);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / l)));
-      }
-    }
-  });
-}
+  }
+  template <int R>
+  static void scores(const Q8VnniScratch& w, int64_t r, int64_t hd, const int8_t* tile, const uint16_t* ks, float* s,
+                     const char* pfk) {
+    const int64_t nb = hd / kQ8Block;
+    q8_scores<R>(w.q8.data() + r * hd, w.qd.data() + r * nb, w.qcorr.data() + r * nb, hd, tile, ks, s, kQ8ChunkKeys,
+                 pfk);
+  }
+  static constexpr auto softmax_and_weights = &tessera::softmax_and_weights;
+  template <int R>
+  static void values(Q8Scratch& w, int64_t r, int64_t nb, int64_t nblk, int64_t hd, const int8_t* v, const char* pf,
+                     int64_t pf_bytes) {
+    const int64_t wqb = wq_bytes(nb);
+    q8_values<R>(w.wq.data() + r * kQ8ChunkBlocks * wqb, w.wd.data() + r * kQ8ChunkBlocks * nb, w.alpha.data() + r, nb,
+                 nblk, wqb, hd, v, w.acc.data() + r * hd, pf, pf_bytes);
+  }
+  static float lane_sum(const float* l) { return _mm512_reduce_add_ps(_mm512_loadu_ps(l)); }
+  static void store_row(const float* acc, float inv, float* out, int64_t hd) {
+    const __m512 f = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < hd; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), f));
+  }
+  static void merge(const AttentionTasks& tasks, const float* parts, int64_t nh, int64_t hd, float* out,
+                    ThreadPool& pool) {
+    merge_key_ranges16<Q8Vnni>(tasks, parts, nh, hd, out, pool);  // attention_flash.inc
+  }
+};
 
 }  // namespace
 
-void attention_isa::attention_q8_avx512_vnni(const AttentionQ8Args& a, ThreadPool& pool) { q8_flash_attention(a, pool); }
+void attention_isa::attention_q8_avx512_vnni(const AttentionQ8Args& a, ThreadPool& pool) {
+  q8_flash_attention<Q8Vnni>(a, pool);
+}
 
 }  // namespace tessera
 

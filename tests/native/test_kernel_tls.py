@@ -5,8 +5,9 @@ address of the attention kernels' thread_local scratch into their helpers (clone
 __tls_get_addr again inside their loops, once per row and key block in the q8_0 softmax: each call spills every vector
 register and runs vzeroupper (measured on Zen 4: q8_0 decode attention 4-6 %, bf16 7-9 % slower). The kernels now see
 their scratch through native/src/thread_scratch.h's opaque_ref. This test compiles each attention file as the module is
-built (-O3 -fPIC) and checks with objdump that only the drivers and their pool tasks call __tls_get_addr, each a few
-times (once per thread_local it names), and no helper does; a negative control compiles the old pattern and must fail.
+built (-O3 -fPIC) and checks with objdump that only the drivers, their merges and their pool tasks call __tls_get_addr,
+each a few times (once per thread_local it names), and no helper does; a negative control compiles the old pattern and
+must fail.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "native" / "src"
 ATTENTION_FILES = ["attention_avx512.cpp", "attention_avx512_bf16.cpp", "attention_q8_avx512_vnni.cpp",
                    "attention_avx2.cpp", "attention_q8_avx2.cpp"]
-# A driver (flash_attention / q8_flash_attention) or one of its pool tasks (a lambda of it): where the thread_locals are
-# named, each at most a few times.
-DRIVER = re.compile(r"flash_attention")
+# A driver (flash_attention / q8_flash_attention<K>) or the merge of its key ranges (merge_key_ranges16<K>,
+# attention_flash.inc), or one of their pool tasks (a lambda of them): where the thread_locals are named, each at most a
+# few times.
+DRIVER = re.compile(r"flash_attention|merge_key_ranges")
 MAX_CALLS_IN_DRIVER = 4
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("objdump") is None,
