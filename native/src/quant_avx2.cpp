@@ -55,14 +55,14 @@ inline __m128i bytes_idx(int a, int b) {  // 8 x byte a, then 8 x byte b
 // (sub-block 2j), their high nibbles the next 32 (sub-block 2j + 1); Q5_K's bit 4 of them is bit 2j / 2j + 1 of
 // qh[0 .. 31]. value = d * sc[sub] * code - dmin * m[sub].
 template <bool Five>
-float row_dot_q45_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
+float row_dot_q45_k(const uint8_t* row, int64_t nsb, const ActRow& x, bool fetch) {
   constexpr int kBlockBytes = Five ? 176 : 144;
   const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
   const __m128i dup_mins = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * kBlockBytes;
-    prefetch_ahead(blk, kBlockBytes);
+    if (fetch) prefetch_ahead(blk, kBlockBytes);
     // The 12 scale bytes -> sub-scales 0-7 and mins 0-7, a byte each (ggml's get_scale_min_k4, 4 at a time).
     uint32_t u0, u1, s2;
     std::memcpy(&u0, blk + 4, 4);
@@ -104,12 +104,12 @@ float row_dot_q45_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
 // d (f16). In half h, for l < 32: the low / high nibble of ql[64h + l] are values 128h + l / 128h + 64 + l, of
 // ql[64h + 32 + l] values 128h + 32 + l / 128h + 96 + l; their high bits are bits 0-1 / 4-5 / 2-3 / 6-7 of qh[32h + l].
 // value = d * sc[value / 16] * (code - 32): the 32 is taken off against the activations' 16-value sums.
-float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
+float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x, bool fetch) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
   __m256 acc = _mm256_setzero_ps(), oacc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * 210;
-    prefetch_ahead(blk, 210);
+    if (fetch) prefetch_ahead(blk, 210);
     const __m128i scb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));  // [16] int8
     const int8_t* xq = x.q + 256 * sb;
     __m256i isum = _mm256_setzero_si256();  // [8] int32: |sum| <= 16 * 2 * 63 * 127 * 128
@@ -144,7 +144,7 @@ float row_dot_q6_k(const uint8_t* row, int64_t nsb, const ActRow& x) {
 // (f16), 16 bytes whose low nibbles are values 0-15 and high nibbles 16-31, value = d * (nibble - 8). `vpmaddubsw`
 // wants one operand unsigned: |w| x (x with w's sign), at most 128 * 127 * 2 in an int16 pair.
 template <QType t>
-float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x) {
+float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x, bool fetch) {
   constexpr int kBlockBytes = t == QType::Q8_0 ? 34 : 18;
   const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
   const int64_t nb = K / 32;
@@ -154,7 +154,7 @@ float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x) {
     __m256 part = _mm256_setzero_ps();
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* blk = row + b * kBlockBytes;
-      prefetch_ahead(blk, kBlockBytes);
+      if (fetch) prefetch_ahead(blk, kBlockBytes);
       __m256i w;  // [32] int8: the block's values / d
       if (t == QType::Q8_0) {
         w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -174,14 +174,14 @@ float row_dot_32(const uint8_t* row, int64_t K, const ActRow& x) {
 // IQ4_XS row . x. Block (136 bytes): d (f16), scales_h (16 bits: 2 per sub-block), scales_l (4 bytes: a nibble per
 // sub-block), qs (128 bytes). Sub-block ib (32 values): scale ls - 32 with ls = scales_l nibble | scales_h bits << 4;
 // qs[16 ib + l] low / high nibble = value 32 ib + l / 32 ib + 16 + l, an index into the non-linear code book.
-float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x) {
+float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x, bool fetch) {
   const __m256i book = _mm256_broadcastsi128_si256(
       _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = row + sb * 136;
-    prefetch_ahead(blk, 136);
+    if (fetch) prefetch_ahead(blk, 136);
     const int sh = int(blk[2]) | int(blk[3]) << 8;
     uint64_t ls = 0;  // byte ib: the sub-block's scale ls - 32 (int8)
     for (int ib = 0; ib < 8; ++ib) {
@@ -210,8 +210,8 @@ float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x) {
 }
 
 // Rows [0, R) at `w`, nt tokens (decode, and token blocks below the AVX2 GEMM's threshold) -> out[r * nt + i]: each
-// (row, token) straight from the blocks, a row's blocks re-read from L1 for its next tokens; a token's result is the
-// same bits whatever its companions.
+// (row, token) straight from the blocks, a row's blocks re-read from L1 for its next tokens (only its first token
+// prefetches the stream ahead); a token's result is the same bits whatever its companions.
 template <QType t>
 void rows_direct(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t nsb = K / 256;
@@ -219,10 +219,11 @@ void rows_direct(const uint8_t* w, size_t row_bytes, int R, int64_t K, const Act
     const uint8_t* row = w + size_t(r) * row_bytes;
     for (int i = 0; i < nt; ++i) {
       float& o = out[r * nt + i];
-      if constexpr (t == QType::Q4_K || t == QType::Q5_K) o = row_dot_q45_k<t == QType::Q5_K>(row, nsb, xs[i]);
-      else if constexpr (t == QType::Q6_K) o = row_dot_q6_k(row, nsb, xs[i]);
-      else if constexpr (t == QType::IQ4_XS) o = row_dot_iq4_xs(row, nsb, xs[i]);
-      else o = row_dot_32<t>(row, K, xs[i]);
+      const bool fetch = i == 0;
+      if constexpr (t == QType::Q4_K || t == QType::Q5_K) o = row_dot_q45_k<t == QType::Q5_K>(row, nsb, xs[i], fetch);
+      else if constexpr (t == QType::Q6_K) o = row_dot_q6_k(row, nsb, xs[i], fetch);
+      else if constexpr (t == QType::IQ4_XS) o = row_dot_iq4_xs(row, nsb, xs[i], fetch);
+      else o = row_dot_32<t>(row, K, xs[i], fetch);
     }
   }
 }

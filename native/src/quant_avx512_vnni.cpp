@@ -399,8 +399,7 @@ __attribute__((always_inline)) inline void row_tokens_int(const uint8_t* row, in
     load_super<t>(row, sb, s);
     for (int i = 0; i < NT; ++i) accumulate_super<t>(s, xs[i], sb, acc[i], macc[i]);
   }
-  for (int i = 0; i < NT; ++i)
-    out[i] = has_b<t>() ? _mm512_reduce_add_ps(acc[i]) - hsum256(macc[i]) : _mm512_reduce_add_ps(acc[i]);
+  reduce_tokens(acc, has_b<t>() ? macc : nullptr, NT, out);
 }
 
 template <QType t>
@@ -462,7 +461,7 @@ __attribute__((always_inline)) inline void row_tokens_32(const uint8_t* row, int
                                 _mm512_fmadd_ps(f, _mm512_set1_ps(x.d256[sb]), acc[i]));
     }
   }
-  for (int i = 0; i < NT; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
+  reduce_tokens(acc, nullptr, NT, out);
 }
 
 template <QType t>
