@@ -439,4 +439,17 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release nogil;
     return peak_gflops(pool, what.c_str(), seconds);
   }, nb::arg("pool"), nb::arg("what"), nb::arg("seconds") = 0.5);
+  m.def("amx_overlap", [](int fma_blocks, int64_t items) {
+    AmxOverlapNs r;
+    {
+      nb::gil_scoped_release nogil;
+      r = amx_overlap(fma_blocks, items);
+    }
+    nb::dict d;
+    d["tiles_ns"] = r.tiles_ns;
+    d["vector_ns"] = r.vector_ns;
+    d["after_ns"] = r.after_ns;
+    d["spread_ns"] = r.spread_ns;
+    return d;
+  }, nb::arg("fma_blocks"), nb::arg("items") = 20000);
 }

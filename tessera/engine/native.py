@@ -88,6 +88,15 @@ def peak_gflops(what: str, threads: int | None = None, seconds: float = 0.5) -> 
     return float(_native.peak_gflops(_native.Pool(threads or physical_cores()), what, seconds))
 
 
+def amx_overlap(fma_blocks: int, items: int = 20000) -> dict[str, float]:
+    """Whether 512-bit vector work runs beside AMX tile work on one core (the calling thread): ns per item of 16
+    TDPBSSD (a 32 x 32 block over 4 K-steps, operands reloaded from L1, C tiles zeroed and stored, as the quantized
+    tile GEMM's items are) with `fma_blocks` x 12 independent FMAs, measured four ways: `tiles_ns` (tiles only),
+    `vector_ns` (the FMAs only), `after_ns` (the FMAs after each item's tiles, like an epilogue) and `spread_ns`
+    (a quarter after each K-step). Raises RuntimeError where the CPU or the OS lacks AMX int8 or AVX-512."""
+    return {k: float(v) for k, v in _native.amx_overlap(int(fma_blocks), int(items)).items()}
+
+
 def make_pool(threads: int | None = None):
     n = int(threads or physical_cores())
     try:

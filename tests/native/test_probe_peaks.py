@@ -49,3 +49,29 @@ def test_amx_tile_peaks_on_real_amx():
     # port-cycle. Tiles beat the vector unit several times over, and int8 tiles run at twice the bf16 rate.
     assert bf16_tile > 2 * bf16_vec
     assert 1.5 * bf16_tile < int8_tile < 2.5 * bf16_tile
+
+
+def test_amx_overlap_refuses_without_amx():
+    if _amx_reason() is None:
+        pytest.skip("this CPU runs AMX tiles")
+    with pytest.raises(RuntimeError, match="AMX int8"):
+        N.amx_overlap(4, items=10)
+
+
+def test_amx_overlap_times_each_arrangement_on_real_amx():
+    reason = _amx_reason()
+    if reason is not None:
+        pytest.skip(f"AMXBF16: {reason}")
+    with pytest.raises(ValueError):
+        N.amx_overlap(-1, items=10)
+    r = N.amx_overlap(16, items=2000)
+    assert set(r) == {"tiles_ns", "vector_ns", "after_ns", "spread_ns"}
+    # 16 TDPBSSD take at least 16 x 16 cycles at any clock below 10 GHz (> 25 ns); 192 FMAs at least 192 / 4 cycles.
+    assert r["tiles_ns"] > 25
+    assert r["vector_ns"] > 4.8
+    # Combined, an item never beats the slower of its two parts by more than timing noise.
+    for k in ("after_ns", "spread_ns"):
+        assert r[k] > 0.8 * max(r["tiles_ns"], r["vector_ns"])
+    # Without vector work the arrangements are the same instructions.
+    r0 = N.amx_overlap(0, items=2000)
+    assert r0["vector_ns"] < 0.1 * r0["tiles_ns"]

@@ -11,5 +11,14 @@ double read_bandwidth_gbs(ThreadPool& pool, double buffer_mib, double seconds);
 // when the CPU (or the OS, for AMX) lacks the instruction. what: "bf16_dot" (vdpbf16ps), "int8_dot" (vpdpbusd),
 // "fp32_fma", "amx_bf16" (tdpbf16ps), "amx_int8" (tdpbssd).
 double peak_gflops(ThreadPool& pool, const char* what, double seconds);
+// Whether 512-bit vector work runs beside AMX tile work on one core, on the calling thread: ns per item of 16
+// TDPBSSD (a 32 x 32 block over 4 K-steps, operands reloaded from L1) with fma_blocks x 12 independent FMAs, measured
+// four ways: tiles only, vector only, the vector work after each item's tiles, and spread over its K-steps. Keys
+// tiles_ns, vector_ns, after_ns, spread_ns. Throws std::runtime_error where the CPU or the OS lacks AMX int8 or
+// AVX-512 (a tile instruction there would raise SIGILL).
+struct AmxOverlapNs {
+  double tiles_ns, vector_ns, after_ns, spread_ns;
+};
+AmxOverlapNs amx_overlap(int fma_blocks, int64_t items);
 
 }  // namespace tessera
