@@ -128,6 +128,11 @@ struct Acts {
 // kGemmBlock tokens; all parts' tasks go to one parallel_for. Per (row, token) the same arithmetic as
 // gemm_avx512_vnni whatever the other parts are: bit-identical to one call per part.
 constexpr int64_t kGemmBlock = 256;
+// act / y buffers at least this large are written with streaming stores (see quant_moe_forward). Chosen above the
+// last-level caches of the machines measured, not tuned: on an AMX Xeon (bench-moe, Q4_K_M layer, 2 threads) streaming
+// left 512-token prefills (y 33.5 MB) unchanged on AMX and 4 % faster on VNNI, and made 1024-4096 tokens 2-9 % faster
+// (docs/BENCHMARKS.md, session 15).
+constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
 // Per-thread result buffers of a GEMM task ([row, token]), grown on demand.
 float* task_buffer(int which, size_t n) {
@@ -385,6 +390,9 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   Acts &xa = xa_of_thread, &ha = ha_of_thread;
   float* act = nullptr;  // this pass's act_of_thread / y_of_thread storage (set per pass)
   float* y = nullptr;
+  // Whether this pass writes act / y with streaming stores: when they are far larger than the caches, a plain store
+  // first reads each line it overwrites (write-allocate), which doubles their memory traffic.
+  bool stream_act = false, stream_y = false;
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(E));  // per expert: slots (t * k + j, t local to the chunk)
   thread_local std::vector<uint8_t> buf_g, buf_u, buf_d;  // packed tokens (grown on demand, kept for the next call)
   ExpertPacking pk_g, pk_u, pk_d;
@@ -396,7 +404,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       quant::silu_mul_avx512(g, u, int64_t(R) * nt);
       float* dst[kGemmBlock];  // token-major: each slot's R outputs are contiguous
       for (int s = 0; s < nt; ++s) dst[s] = act + sl[size_t(s0 + s)] * I + i0;
-      quant::rows_to_tokens_avx512(g, R, nt, dst);
+      quant::rows_to_tokens_avx512(g, R, nt, dst, stream_act);
       return;
     }
     for (int s = 0; s < nt; ++s)
@@ -423,6 +431,8 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     for (int64_t e = 0; e < E; ++e)
       if (!slots[size_t(e)].empty()) active.push_back(e);
 
+    stream_act = T * k * I * int64_t(sizeof(float)) >= kStreamMinBytes;
+    stream_y = T * k * H * int64_t(sizeof(float)) >= kStreamMinBytes;
     prof::mark(prof::kMoeQuantX);
     xa.resize(T, H);
     pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
@@ -521,7 +531,7 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
                     pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
         float* dst[kGemmBlock];
         for (int s = 0; s < nt; ++s) dst[s] = y + sl[size_t(s0 + s)] * H + h0;
-        quant::rows_to_tokens_avx512(res, R, nt, dst);
+        quant::rows_to_tokens_avx512(res, R, nt, dst, stream_y);
         return;
       }
       if (block_path(kr)) {

@@ -463,7 +463,7 @@ void silu_mul_avx512(float* g, const float* u, int64_t n) {
   }
 }
 
-void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst) {
+void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst, bool stream) {
   for (int s0 = 0; s0 < nt; s0 += 16) {
     const int ns = std::min(16, nt - s0);
     const __mmask16 smask = __mmask16((1u << ns) - 1);
@@ -475,9 +475,16 @@ void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst) {
                       : _mm512_setzero_si512();
       transpose16(v);  // v[j] lane i: res[r0 + i][s0 + j]
       const __mmask16 rmask = __mmask16((1u << nr) - 1);
-      for (int j = 0; j < ns; ++j) _mm512_mask_storeu_ps(dst[s0 + j] + r0, rmask, _mm512_castsi512_ps(v[j]));
+      for (int j = 0; j < ns; ++j) {
+        float* d = dst[s0 + j] + r0;
+        if (stream && nr == 16 && reinterpret_cast<uintptr_t>(d) % 64 == 0)  // a whole, aligned line: not read first
+          _mm512_stream_ps(d, _mm512_castsi512_ps(v[j]));
+        else
+          _mm512_mask_storeu_ps(d, rmask, _mm512_castsi512_ps(v[j]));
+      }
     }
   }
+  if (stream) _mm_sfence();  // the streamed lines are visible before the pool's join publishes the task as done
 }
 
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) {

@@ -107,7 +107,9 @@ void silu_mul_avx512(float* g, const float* u, int64_t n);
 // A GEMM task's results [R, nt] (row-major, R <= kRowGroup) to the tokens' rows: dst[s][r] = res[r * nt + s] for
 // s < nt, r < R (dst[s]: where token s's R outputs go, contiguous). 16 x 16 blocks transposed in zmm registers, masked
 // at the edges; pure data movement, so the same values as the scalar loop (rows_to_tokens in quant_driver.cpp).
-void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst);
+// stream: whole aligned 16-float rows go out with streaming stores (no read of the line first; for destinations far
+// larger than the caches), then a store fence.
+void rows_to_tokens_avx512(const float* res, int R, int nt, float* const* dst, bool stream = false);
 void gemm_avx512_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
                              int nt, float* out);
 // The same contract on AMX int8 tiles (quant_gemm_amx.cpp), every type: the super-block types' codes times their
