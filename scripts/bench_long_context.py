@@ -3,7 +3,7 @@ into attention, routed experts and the rest (dense projections, norms, router, l
 
     python scripts/bench_long_context.py --kernels [--threads 2] [--prefill 512 2048 4096] [--decode 128 2048 8192]
     python scripts/bench_long_context.py MODEL.gguf [--threads 2] [--prefill ...] [--decode ...] [--decode-steps 8]
-        [--fill-random] [--warmup-steps N] [--kv-cache-types bf16 q8_0] [--rounds N]
+        [--fill-random] [--warmup-steps N] [--settle-steps 4] [--kv-cache-types bf16 q8_0] [--rounds N]
 
 --kernels: one layer's attention (32 query heads, 4 KV heads, head_dim 128, bf16 cache) by the native kernel
 (tessera/engine/attention.py's path: native_ms is attend's), each native kernel this CPU runs called directly
@@ -14,6 +14,7 @@ MODEL: real prefill of N random tokens (one forward, as a prompt), then decode s
 engine.attention.attend (cache reads, the kernel), experts = the expert backend's forward, dense = the rest. A decode
 step that runs as one native call (engine.decode_layer: quantized or packed experts, a native attention kernel) has no
 Python call to time: its rows give decode_ms alone and say so (decode_split).
+--settle-steps: untimed decode steps on each context's cache before the --decode-steps timed ones.
 --kv-cache-types: each cache type in turn (bf16, q8_0: engine.kv_cache.KV_DTYPES) for every context, in --rounds
 interleaved rounds (one load of the model serves all of them); rows carry "kv_cache". With a real prefill, the
 context is prefilled once (into the first type's cache) and every decode starts from a copy of that K/V converted to
@@ -159,7 +160,8 @@ def converted(src, n: int, extra: int, dtype, new_cache):
 def model_split(a) -> list[dict]:
     from tessera import engine
 
-    session = engine.load(a.model, threads=a.threads, context_length=max(a.prefill + a.decode) + a.decode_steps + 8)
+    steps = a.settle_steps + a.decode_steps  # decode steps per context, untimed ones first
+    session = engine.load(a.model, threads=a.threads, context_length=max(a.prefill + a.decode) + steps + 8)
     model = session.model
     split = Split(model)
     vocab = model.config.vocab_size
@@ -173,14 +175,19 @@ def model_split(a) -> list[dict]:
     from tessera.engine.kv_cache import KV_DTYPES
 
     contexts = sorted(set(a.decode) if a.fill_random else set(a.prefill) | set(a.decode))
-    runs = [(r, n, kv) for n in contexts for r in range(a.rounds) for kv in a.kv_cache_types]  # interleaved
+    # Interleaved: with random fills, every round visits every context (a drift of the machine hits them all alike);
+    # with real prefills, a context's rounds run together so that one prefill serves them.
+    if a.fill_random:
+        runs = [(r, n, kv) for r in range(a.rounds) for n in contexts for kv in a.kv_cache_types]
+    else:
+        runs = [(r, n, kv) for n in contexts for r in range(a.rounds) for kv in a.kv_cache_types]
     prefilled = {}  # context -> (cache of the first type, logits): the prefill every type's decode starts from
     for r, n, kv in runs:
-        cache = model.new_cache(n + a.decode_steps, KV_DTYPES[kv])
+        cache = model.new_cache(n + steps, KV_DTYPES[kv])
         ids = torch.randint(0, vocab, (n,), generator=g)
         if n in prefilled and not a.fill_random:
             src, logits = prefilled[n]
-            cache = converted(src, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
+            cache = converted(src, n, steps, KV_DTYPES[kv], model.new_cache)
             row = {"context": n, "kv_cache": kv, "round": r, "filled": f"prefill, as {a.kv_cache_types[0]}"}
         elif a.fill_random:  # the context's K/V drawn at random instead of computed: decode reads the same bytes
             logits = fill_random(cache, ids, g)
@@ -195,10 +202,12 @@ def model_split(a) -> list[dict]:
                    "prefill_tok_s": n / total}
             if len(a.kv_cache_types) > 1 or a.rounds > 1:  # kept to start every later decode from
                 prefilled = {n: (cache, logits)}
-                cache = converted(cache, n, a.decode_steps, KV_DTYPES[kv], model.new_cache)
+                cache = converted(cache, n, steps, KV_DTYPES[kv], model.new_cache)
         if n in a.decode:
-            split.reset()
             nxt = logits.argmax(-1)
+            for _ in range(a.settle_steps):  # untimed: the first steps after a fill or a prefill run slower
+                nxt = model.forward(nxt.reshape(1), cache).argmax(-1)
+            split.reset()
             t = time.perf_counter()
             for _ in range(a.decode_steps):
                 nxt = model.forward(nxt.reshape(1), cache).argmax(-1)
@@ -226,6 +235,9 @@ def main() -> int:
     p.add_argument("--prefill", type=int, nargs="*", default=[512, 2048, 4096], help="prompt lengths")
     p.add_argument("--decode", type=int, nargs="*", default=[128, 2048, 8192], help="decode contexts")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per context (default 8)")
+    p.add_argument("--settle-steps", type=int, default=4,
+                   help="untimed decode steps on each context's cache before the timed ones (default 4: the first "
+                        "steps after a fill or a prefill run slower; docs/BENCHMARKS.md, session 15)")
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="untimed decode steps after loading (a big model's experts are first touched over ~50 tokens)")
     p.add_argument("--fill-random", action="store_true",
