@@ -374,7 +374,12 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
         "real = c.convert\n"
         "def slow(*a, progress=None, **k):\n"
         "    def p(e):\n"
-        "        if e.done == 3: print('started', flush=True); time.sleep(60)\n"
+        # Slept in short slices: a signal the kernel hands to another thread of the process (numpy's BLAS threads
+        # are there too) only sets Python's flag, which the main thread acts on at its next bytecode, not inside
+        # one long sleep; a real conversion runs bytecodes all the time.
+        "        if e.done == 3:\n"
+        "            print('started', flush=True)\n"
+        "            for _ in range(600): time.sleep(0.1)\n"
         "    return real(*a, progress=p, **k)\n"
         "c.convert = slow\n"
         "from tessera.engine.cli import main\n"
