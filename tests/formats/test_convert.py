@@ -369,14 +369,16 @@ def test_killed_cli_conversion_leaves_no_file(tmp_path, sources, sig):
 
     out = tmp_path / "m.gguf"
     script = (
-        "import sys, time\n"
+        "import signal, sys, time\n"
+        # Python leaves SIGINT ignored when the process started with it ignored (a test run from a background job:
+        # shells start those so); a user's Ctrl-C reaches a foreground tessera-cli with Python's handler in place.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import tessera.engine.convert as c\n"
         "real = c.convert\n"
         "def slow(*a, progress=None, **k):\n"
         "    def p(e):\n"
-        # Slept in short slices: a signal the kernel hands to another thread of the process (numpy's BLAS threads
-        # are there too) only sets Python's flag, which the main thread acts on at its next bytecode, not inside
-        # one long sleep; a real conversion runs bytecodes all the time.
+        # Slept in short slices: a signal the kernel hands to another thread of the process (numpy's BLAS threads)
+        # only sets Python's flag, which the main thread acts on at its next bytecode, not inside one long sleep.
         "        if e.done == 3:\n"
         "            print('started', flush=True)\n"
         "            for _ in range(600): time.sleep(0.1)\n"
