@@ -2,6 +2,8 @@
 tdpbf16ps and tdpbssd only on real AMX (skipped with CpuFeatures' reason elsewhere, as the real-AMX backend tests are),
 and -1 (never a tile instruction, never SIGILL) on a CPU without them."""
 
+import math
+
 import pytest
 
 import tessera.engine.backends as B
@@ -66,12 +68,9 @@ def test_amx_overlap_times_each_arrangement_on_real_amx():
         N.amx_overlap(-1, items=10)
     r = N.amx_overlap(16, items=2000)
     assert set(r) == {"tiles_ns", "vector_ns", "after_ns", "spread_ns"}
-    # 16 TDPBSSD take at least 16 x 16 cycles at any clock below 10 GHz (> 25 ns); 192 FMAs at least 192 / 4 cycles.
-    assert r["tiles_ns"] > 25
+    # Lower bounds only (a busy machine makes any run slower, never faster; how the arrangements compare is the
+    # benchmark's to print, not a test's): 16 TDPBSSD take at least 16 x 16 cycles at any clock below 10 GHz (> 25 ns),
+    # and so does every arrangement that runs them; 192 FMAs take at least 192 / 4 cycles (> 4.8 ns).
+    assert r["tiles_ns"] > 25 and r["after_ns"] > 25 and r["spread_ns"] > 25
     assert r["vector_ns"] > 4.8
-    # Combined, an item never beats the slower of its two parts by more than timing noise.
-    for k in ("after_ns", "spread_ns"):
-        assert r[k] > 0.8 * max(r["tiles_ns"], r["vector_ns"])
-    # Without vector work the arrangements are the same instructions.
-    r0 = N.amx_overlap(0, items=2000)
-    assert r0["vector_ns"] < 0.1 * r0["tiles_ns"]
+    assert all(math.isfinite(v) for v in r.values())
