@@ -88,10 +88,9 @@ void attention_bf16_reference(const AttentionArgs& a, ThreadPool& pool) {
 // Decode (T = 1) runs the exact f32 kernel: on Zen 4 the vdpbf16ps one, which rounds q and the probabilities to bf16,
 // measured no faster there reading the cache from memory (both ~0.9-1.0 ms a layer at 8k); on an AMX Xeon the f32
 // kernel was the fastest of the three at 8k from memory (2 threads: 0.99-1.00 ms, vdpbf16ps 1.11, AMX tiles 1.32-1.37;
-// docs/BENCHMARKS.md, session 15). Prefill (T > 1) is compute
-// bound and runs the vdpbf16ps kernel where the CPU has it: 1.75-1.8x the f32 kernel's speed on Zen 4 at 512-4096
-// tokens (docs/BENCHMARKS.md, "Attention prefill"), with errors of the size the bf16 cache already adds (as llama.cpp's
-// f16 cache and f16 flash attention do).
+// docs/BENCHMARKS.md, session 15). Prefill (T > 1) is compute bound and runs the vdpbf16ps kernel where the CPU has it:
+// 1.75-1.8x the f32 kernel's speed on Zen 4 at 512-4096 tokens (docs/BENCHMARKS.md, "Attention prefill"), with errors
+// of the size the bf16 cache already adds (as llama.cpp's f16 cache and f16 flash attention do).
 void attention_bf16(const AttentionArgs& a, ThreadPool& pool) {
   if (a.T > 1 && amx_bf16_ok(a.hd)) attention_isa::attention_amx_bf16(a, pool, false);
   else if (a.T > 1 && avx512_bf16_ok(a.hd)) attention_isa::attention_avx512_bf16(a, pool);

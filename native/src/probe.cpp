@@ -113,8 +113,7 @@ AmxOverlapNs amx_overlap(int fma_blocks, int64_t items) {
   if (!(cpu.amx_tile && cpu.amx_int8 && cpu.os_amx && cpu.amx_permitted && cpu.avx512f && cpu.os_avx512))
     throw std::runtime_error("amx_overlap: this CPU (or its OS) does not grant AMX int8 tiles and AVX-512");
   if (fma_blocks < 0 || items <= 0) throw std::invalid_argument("amx_overlap: fma_blocks >= 0 and items > 0");
-  const AmxOverlap r = amx_overlap_probe(fma_blocks, items);
-  return {r.tiles_ns, r.vector_ns, r.after_ns, r.spread_ns};
+  return amx_overlap_probe(fma_blocks, items);
 }
 
 }  // namespace tessera

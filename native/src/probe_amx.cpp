@@ -105,7 +105,7 @@ void overlap_items(int blocks, int64_t items, const int8_t* a, const int8_t* b, 
 
 }  // namespace
 
-AmxOverlap amx_overlap_probe(int fma_blocks, int64_t items) {
+AmxOverlapNs amx_overlap_probe(int fma_blocks, int64_t items) {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.tile(t, 16, 64);
   alignas(64) static int8_t a[4 * 2048], b[4 * 2048];  // 16 KiB of operands: L1
@@ -118,7 +118,7 @@ AmxOverlap amx_overlap_probe(int fma_blocks, int64_t items) {
     run(items);
     return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / double(items);
   };
-  AmxOverlap r;
+  AmxOverlapNs r;
   r.tiles_ns = ns([&](int64_t n) { overlap_items<0>(fma_blocks, n, a, b, c); });
   r.vector_ns = ns([&](int64_t n) { overlap_items<1>(fma_blocks, n, a, b, c); });
   r.after_ns = ns([&](int64_t n) { overlap_items<2>(fma_blocks, n, a, b, c); });

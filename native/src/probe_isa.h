@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/probe.h"  // AmxOverlapNs
+
 namespace tessera {
 uint64_t read_sum_avx512(const uint8_t* p, size_t bytes);  // bytes: multiple of 512
 uint64_t read_sum_avx2(const uint8_t* p, size_t bytes);    // bytes: multiple of 256
@@ -13,11 +15,6 @@ double int8_dot_loop_avx512_vnni(int64_t iters);  // vpdpbusd; returns int8 ops 
 // Tile loops (probe_amx.cpp, AMX flags): call only where CpuFeatures reports AMX usable. Return FLOPs / int8 ops.
 double amx_bf16_loop(int64_t iters);  // tdpbf16ps
 double amx_int8_loop(int64_t iters);  // tdpbssd
-// Whether vector work runs beside tile work on this core: ns per item of 16 TDPBSSD (4 K-steps of a 32 x 32 block,
-// operands reloaded from L1, C tiles zeroed and stored) with fma_blocks x 12 independent 512-bit FMAs, alone, the
-// vector work alone, after the tiles, and spread over the K-steps (probe_amx.cpp). One thread; AMX and AVX-512 only.
-struct AmxOverlap {
-  double tiles_ns = 0, vector_ns = 0, after_ns = 0, spread_ns = 0;
-};
-AmxOverlap amx_overlap_probe(int fma_blocks, int64_t items);
+// tessera/probe.h's amx_overlap measured on the calling thread (probe_amx.cpp), without its checks: AMX and AVX-512 only.
+AmxOverlapNs amx_overlap_probe(int fma_blocks, int64_t items);
 }  // namespace tessera
