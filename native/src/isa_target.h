@@ -25,6 +25,7 @@
 
 // The target lists (GCC); other compilers use the CMake flag sets of the same names: change both together.
 #define TESSERA_TARGET_AVX2 "avx2,fma,f16c"
+#define TESSERA_TARGET_AVX_VNNI "avx2,fma,f16c,avxvnni"  // AVX2 plus the 256-bit VEX vpdpbusd
 #define TESSERA_TARGET_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"
 #define TESSERA_TARGET_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512bf16"
 #define TESSERA_TARGET_AVX512_VNNI "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx512vnni"

@@ -235,7 +235,7 @@ void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, i
   if (kr.isa == QIsa::AVX512VNNI && nt >= vnni_gemm_min_tokens())
     quant::gemm_avx512_vnni(t, w, row_bytes, R, K, xs, nt, out);
   else if (kr.isa == QIsa::AVX2 && nt >= quant_gemm_min_tokens(QIsa::AVX2, t))
-    quant::gemm_avx2(t, w, row_bytes, R, K, xs, nt, out);
+    (avx2_gemm_uses_avx_vnni() ? quant::gemm_avx2_vnni : quant::gemm_avx2)(t, w, row_bytes, R, K, xs, nt, out);
   else
     kr.dot_direct(t, w, row_bytes, R, K, xs, nt, out);
 }

@@ -10,6 +10,7 @@
 #include "quant_kernels.h"
 #include "tessera/bf16.h"
 #include "tessera/cpu.h"
+#include "tessera/tuning.h"
 
 namespace tessera {
 namespace {
@@ -216,6 +217,11 @@ bool qisa_available(QIsa isa, std::string* why) {
   }
   if (why) *why = "available";
   return true;
+}
+
+bool avx2_gemm_uses_avx_vnni() {
+  return cpu_features().avx_vnni && tuning().avx_vnni.load(std::memory_order_relaxed) != 0 &&
+         qisa_available(QIsa::AVX2, nullptr);
 }
 
 QIsa qisa_best() {

@@ -131,6 +131,10 @@ constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would 
 // The driver sends it blocks of quant_gemm_min_tokens(AVX2, t) tokens and more; shorter blocks keep the row tiles
 // (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
 void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out);
+// The same GEMM with AVX-VNNI's vpdpbusd for the integer dots (quant_gemm_avx_vnni.cpp): bit-identical results; the
+// driver takes it where avx2_gemm_uses_avx_vnni() (tessera/quant.h).
+void gemm_avx2_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
+                    float* out);
 // From how many tokens the AVX2 GEMM beat the row tiles, per type: scripts/bench_avx2_gemm_threshold.py (one 768 x
 // 2048 matrix, 2 threads, a Zen 4 running AVX2 code; docs/BENCHMARKS.md, "AVX2 quantized prefill GEMM"). Never below
 // 2: one token is decode, which stays on the row tiles (quant_matvec_multi equals quant_matmul at T = 1 bit for bit),

@@ -47,7 +47,8 @@ def physical_cores() -> int:
 def set_tuning_knob(name: str, value: int) -> int:
     """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
     quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate; decode_rows: rows per task of
-    the one-token mat-vecs, 0 = ~256 KiB of blocks) and returns its previous value;
+    the one-token mat-vecs, 0 = ~256 KiB of blocks; avx_vnni: 0 keeps the AVX2 GEMM on vpmaddubsw, 1 uses AVX-VNNI
+    where the CPU has it) and returns its previous value;
     an unknown name is a ValueError naming it."""
     return int(_native.set_tuning_knob(name, int(value)))
 
@@ -570,8 +571,10 @@ def quant_types() -> list[dict]:
 
 
 def quant_isas() -> list[dict]:
-    """Quantized-kernel ISAs, best first: [{name, available, reason, gemm_min_tokens}] under TESSERA_MAX_ISA;
-    gemm_min_tokens = {type name: token blocks from this long run the ISA's prefill GEMM (0: it has none)}."""
+    """Quantized-kernel ISAs, best first: [{name, available, reason, avx_vnni, gemm_min_tokens}] under TESSERA_MAX_ISA;
+    gemm_min_tokens = {type name: token blocks from this long run the ISA's prefill GEMM (0: it has none)}; avx_vnni:
+    the ISA's prefill GEMM forms its dots with AVX-VNNI's vpdpbusd (avx2 only, where the CPU has it and the avx_vnni
+    knob is 1; the same results as vpmaddubsw)."""
     return list(_native.quant_isas())
 
 

@@ -23,7 +23,7 @@ ISA_FILES = ["probe_avx512.cpp", "probe_avx512_bf16.cpp", "probe_avx2.cpp", "pro
              "dense_avx512.cpp", "dense_avx2.cpp",
              "moe_avx512.cpp", "moe_avx512_bf16.cpp", "moe_avx512_int8.cpp", "moe_avx2.cpp", "amx_vec_avx512.cpp",
              "quant_avx512_vnni.cpp", "quant_avx2.cpp", "quant_gemm_avx512.cpp", "quant_gemm_amx.cpp",
-             "quant_gemm_avx2.cpp",
+             "quant_gemm_avx2.cpp", "quant_gemm_avx_vnni.cpp",
              "attention_avx512.cpp", "attention_avx512_bf16.cpp", "attention_q8_avx512_vnni.cpp", "attention_avx2.cpp",
              "attention_q8_avx2.cpp"]
 ISA_NAME = re.compile(r"avx2|avx512|AVX2|AVX512|V256|V512")

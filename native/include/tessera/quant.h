@@ -55,6 +55,9 @@ inline bool qisa_vnni(QIsa isa) { return isa == QIsa::AVX512VNNI || isa == QIsa:
 // Whether this CPU (under TESSERA_MAX_ISA) runs `isa`; on false *why says what is missing.
 bool qisa_available(QIsa isa, std::string* why);
 QIsa qisa_best();
+// Whether the AVX2 ISA's prefill GEMM runs on AVX-VNNI's vpdpbusd (quant_gemm_avx_vnni.cpp): the CPU reports
+// avx_vnni, the AVX2 ISA is available, and TESSERA_AVX_VNNI (tuning().avx_vnni) is not 0. Same results either way.
+bool avx2_gemm_uses_avx_vnni();
 
 // Exact dequantization of `rows` rows of K values (bit-identical to gguf.quants.dequantize): tests and the embedding
 // lookup (one row at a time). out [rows, K] f32.

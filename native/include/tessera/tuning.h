@@ -57,6 +57,10 @@ struct Tuning {
   // the quantized MoE at T = 1, on AVX-512 VNNI); 0 (default): quant::decode_task_rows's rule, ~256 KiB of blocks a
   // task (docs/BENCHMARKS.md, session 8: 32-row tasks streamed 25-35 % slower on Zen 4). Atomic: tests switch it.
   std::atomic<int64_t> decode_rows{0};
+  // TESSERA_AVX_VNNI: 0 keeps the AVX2 quantized prefill GEMM on vpmaddubsw even where the CPU has AVX-VNNI (for
+  // before/after timings and the tests that compare the two); anything else (default 1): vpdpbusd where CPUID reports
+  // avx_vnni (quant_gemm_avx_vnni.cpp). Both give the same results bit for bit. Atomic: tests switch it.
+  std::atomic<int64_t> avx_vnni{1};
 };
 
 // Constants the kernels keep fixed, and why none of them is a per-CPU knob (issue 16 item 3: no constant claims to
