@@ -407,6 +407,12 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
       quant::rows_to_tokens_avx512(g, R, nt, dst, stream_act);
       return;
     }
+    if (isa == QIsa::AVX2 && a.T > 1) {  // prefill on AVX2: the vector SiLU (decode keeps the scalar one)
+      quant::silu_mul_avx2(g, u, int64_t(R) * nt);
+      for (int s = 0; s < nt; ++s)
+        for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = g[r * nt + s];
+      return;
+    }
     for (int s = 0; s < nt; ++s)
       for (int r = 0; r < R; ++r) act[size_t(sl[size_t(s0 + s)] * I + i0 + r)] = silu(g[r * nt + s]) * u[r * nt + s];
   };

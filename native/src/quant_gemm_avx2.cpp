@@ -57,6 +57,36 @@ void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, co
   gemm_types(t, w, row_bytes, R, K, xs, nt, out);
 }
 
+void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  // silu_mul_avx512's exp (Cephes expf's split of ln2 and polynomial), with 2^m built in the exponent bits: the
+  // argument is clamped to [-88, 88] first, so m stays in [-127, 127] and exp stays finite. Past the clamp silu
+  // saturates as the scalar one does, to within f32 rounding: g -> -inf gives g / e^88 (~1e-38 g: tiny, not -0), g ->
+  // +inf gives g; NaN stays NaN (the clamp passes it through: max/min return their second operand for NaN).
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
+               c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f),
+               lo = _mm256_set1_ps(-88.0f);
+  const __m256 p0 = _mm256_set1_ps(1.9875691500e-4f), p1 = _mm256_set1_ps(1.3981999507e-3f),
+               p2 = _mm256_set1_ps(8.3334519073e-3f), p3 = _mm256_set1_ps(4.1665795894e-2f),
+               p4 = _mm256_set1_ps(1.6666665459e-1f), p5 = _mm256_set1_ps(5.0000001201e-1f);
+  const __m256i bias = _mm256_set1_epi32(127), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(8, n - i))), lanes);
+    const __m256 gv = _mm256_maskload_ps(g + i, m), uv = _mm256_maskload_ps(u + i, m);
+    const __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(_mm256_setzero_ps(), gv)));  // exp(-g)
+    const __m256 e2 = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fnmadd_ps(e2, c2, _mm256_fnmadd_ps(e2, c1, x));
+    __m256 p = _mm256_fmadd_ps(p0, r, p1);
+    p = _mm256_fmadd_ps(p, r, p2);
+    p = _mm256_fmadd_ps(p, r, p3);
+    p = _mm256_fmadd_ps(p, r, p4);
+    p = _mm256_fmadd_ps(p, r, p5);
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));  // 1 + r + r^2 P(r)
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(e2), bias), 23));
+    const __m256 ex = _mm256_mul_ps(p, scale);
+    _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, ex)), uv));
+  }
+}
+
 }  // namespace quant
 }  // namespace tessera
 

@@ -131,6 +131,9 @@ constexpr int kGemmMinTokens = 12;  // below: dot_direct (a 16-lane group would 
 // The driver sends it blocks of quant_gemm_min_tokens(AVX2, t) tokens and more; shorter blocks keep the row tiles
 // (unpack_rows + dot_rows). Its f32 rounding order differs from the row tiles' (same integer dots).
 void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out);
+// g[i] = silu(g[i]) * u[i] for n values, 8 lanes at a time (the MoE's gate/up phase on AVX2): silu_mul_avx512's
+// polynomial exp, its argument clamped to +-88 (see quant_gemm_avx2.cpp); close to the scalar silu, not bit-identical.
+void silu_mul_avx2(float* g, const float* u, int64_t n);
 // The same GEMM with AVX-VNNI's vpdpbusd for the integer dots (quant_gemm_avx_vnni.cpp): bit-identical results; the
 // driver takes it where avx2_gemm_uses_avx_vnni() (tessera/quant.h).
 void gemm_avx2_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
