@@ -340,7 +340,7 @@ NB_MODULE(_native, m) {
     d["amx_tile_min_rows"] = t.amx_tile_min_rows.load();
     d["dense_native_max_tokens"] = t.dense_native_max_tokens;
     d["dense_quant_max_tokens"] = t.dense_quant_max_tokens;
-    d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens;
+    d["avx2_gemm_min_tokens"] = t.avx2_gemm_min_tokens.load();
     d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
     d["vnni_gemm_min_tokens"] = t.vnni_gemm_min_tokens.load();
     d["decode_rows"] = t.decode_rows.load();
@@ -380,13 +380,17 @@ NB_MODULE(_native, m) {
       if (value < 0) throw nb::value_error("decode_rows: must be >= 0 (0: about 256 KiB of blocks a task)");
       return t.decode_rows.exchange(value);
     }
+    if (name == "avx2_gemm_min_tokens") {
+      if (value < 0) throw nb::value_error("avx2_gemm_min_tokens: must be >= 0 (0: the kernels' per-type default)");
+      return t.avx2_gemm_min_tokens.exchange(value);
+    }
     if (name == "avx_vnni") {
       if (value != 0 && value != 1) throw nb::value_error("avx_vnni: must be 0 (vpmaddubsw) or 1 (AVX-VNNI where present)");
       return t.avx_vnni.exchange(value);
     }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
                            " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens, "
-                           "vnni_gemm_min_tokens, decode_rows, avx_vnni)").c_str());
+                           "vnni_gemm_min_tokens, decode_rows, avx2_gemm_min_tokens, avx_vnni)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");

@@ -310,9 +310,10 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
     case QIsa::AMXInt8Emu:
     case QIsa::AVX512VNNI: return vnni_gemm_min_tokens();
     case QIsa::AVX2: {
-      const int64_t knob = tuning().avx2_gemm_min_tokens;  // 0: the measured default of each type
+      const int64_t knob = tuning().avx2_gemm_min_tokens.load(std::memory_order_relaxed);  // 0: per type
       // Never below 2: decode (T = 1) keeps the row tiles (see avx2_gemm_min_tokens).
-      return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1)) : quant::avx2_gemm_min_tokens(t);
+      return knob > 0 ? int(std::clamp<int64_t>(knob, 2, kTokenBlock + 1))
+                      : quant::avx2_gemm_min_tokens(t, avx2_gemm_uses_avx_vnni());
     }
     default: return 0;
   }

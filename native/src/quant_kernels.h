@@ -139,10 +139,20 @@ void silu_mul_avx2(float* g, const float* u, int64_t n);
 void gemm_avx2_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                     float* out);
 // From how many tokens the AVX2 GEMM beat the row tiles, per type: scripts/bench_avx2_gemm_threshold.py (one 768 x
-// 2048 matrix, 2 threads, a Zen 4 running AVX2 code; docs/BENCHMARKS.md, "AVX2 quantized prefill GEMM"). Never below
-// 2: one token is decode, which stays on the row tiles (quant_matvec_multi equals quant_matmul at T = 1 bit for bit),
-// although for Q4_0, Q5_K and IQ4_XS, whose row tiles unpack slowly, the GEMM measured as fast or faster even there.
-constexpr int avx2_gemm_min_tokens(QType t) {
+// 2048 matrix, 2 threads). Never below 2: one token is decode, which stays on the row tiles (quant_matvec_multi equals
+// quant_matmul at T = 1 bit for bit). `vnni`: the GEMM on AVX-VNNI (gemm_avx2_vnni), measured on the only CPUs with it
+// here, an Intel Xeon running AVX2 code (docs/BENCHMARKS.md, session 16): the row tiles won at 2 tokens for every type
+// and at 3 for Q8_0 and IQ4_XS (Q4_K, Q6_K: even at 3). Without: vpmaddubsw, measured on a Zen 4 running AVX2 code
+// ("AVX2 quantized prefill GEMM"), where the GEMM was as fast or faster from 2 tokens for all but Q8_0 (the same
+// Xeon's vpmaddubsw figures wanted 3-6: this table is Zen's, the CPUs that have AVX2 and no AVX-VNNI are mostly AMD's).
+constexpr int avx2_gemm_min_tokens(QType t, bool vnni) {
+  if (vnni) {
+    switch (t) {
+      case QType::Q4_0:
+      case QType::Q5_K: return 3;
+      default: return 4;  // Q8_0, Q4_K, Q6_K, IQ4_XS
+    }
+  }
   switch (t) {
     case QType::Q8_0: return 4;
     default: return 2;  // Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS

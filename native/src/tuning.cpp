@@ -53,7 +53,9 @@ void read_environment(Tuning& t) {
   }
   read_count(t, "TESSERA_DENSE_NATIVE_MAX_T", t.dense_native_max_tokens);
   read_count(t, "TESSERA_DENSE_QUANT_MAX_T", t.dense_quant_max_tokens);
-  read_count(t, "TESSERA_AVX2_GEMM_MIN_T", t.avx2_gemm_min_tokens);
+  int64_t avx2_gemm_min_tokens = 0;
+  read_count(t, "TESSERA_AVX2_GEMM_MIN_T", avx2_gemm_min_tokens);
+  t.avx2_gemm_min_tokens = avx2_gemm_min_tokens;
   int64_t avx_vnni = 1;
   read_count(t, "TESSERA_AVX_VNNI", avx_vnni);
   t.avx_vnni = avx_vnni;

@@ -48,7 +48,8 @@ def set_tuning_knob(name: str, value: int) -> int:
     """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
     quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate; decode_rows: rows per task of
     the one-token mat-vecs, 0 = ~256 KiB of blocks; avx_vnni: 0 keeps the AVX2 GEMM on vpmaddubsw, 1 uses AVX-VNNI
-    where the CPU has it) and returns its previous value;
+    where the CPU has it; avx2_gemm_min_tokens: the AVX2 GEMM's token threshold, 0 = per type) and returns its
+    previous value;
     an unknown name is a ValueError naming it."""
     return int(_native.set_tuning_knob(name, int(value)))
 

@@ -37,10 +37,13 @@ def _avx2_entry() -> dict:
 
 @pytest.fixture
 def knob():
-    """Sets avx_vnni for the test and restores the process's value after it."""
-    before = N.tuning()["avx_vnni"]
+    """Sets avx_vnni for the test and restores the process's value after it. The GEMM runs from 2 tokens meanwhile
+    (avx2_gemm_min_tokens = 2): the two paths' default thresholds differ (quant_kernels.h), and below a threshold a
+    block takes the row tiles, which round in another order."""
+    before, min_t = N.tuning()["avx_vnni"], N.set_tuning_knob("avx2_gemm_min_tokens", 2)
     yield lambda v: N.set_tuning_knob("avx_vnni", v)
     N.set_tuning_knob("avx_vnni", before)
+    N.set_tuning_knob("avx2_gemm_min_tokens", min_t)
 
 
 def _both(knob, f):
@@ -57,10 +60,17 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 def test_knob_and_quant_isas_say_which_path_runs(knob):
     assert N.tuning()["avx_vnni"] == (0 if os.environ.get("TESSERA_AVX_VNNI") == "0" else 1)
+    N.set_tuning_knob("avx2_gemm_min_tokens", 0)  # the per-type defaults, which depend on the path
     knob(1)
     assert _avx2_entry()["avx_vnni"] is HAS_VNNI  # on where the CPU has it and the AVX2 ISA runs
+    vnni_min = _avx2_entry()["gemm_min_tokens"]
     knob(0)
     assert _avx2_entry()["avx_vnni"] is False
+    maddubs_min = _avx2_entry()["gemm_min_tokens"]
+    if HAS_AVX2:  # quant_kernels.h avx2_gemm_min_tokens: each path's measured table (the row tiles win below)
+        assert maddubs_min == {"Q4_0": 2, "Q8_0": 4, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "IQ4_XS": 2}
+        assert vnni_min == ({"Q4_0": 3, "Q8_0": 4, "Q4_K": 4, "Q5_K": 3, "Q6_K": 4, "IQ4_XS": 4} if HAS_VNNI
+                            else maddubs_min)
     assert not any(i["avx_vnni"] for i in N.quant_isas() if i["name"] != "avx2")
     with pytest.raises(ValueError, match="avx_vnni: must be 0"):
         N.set_tuning_knob("avx_vnni", 2)

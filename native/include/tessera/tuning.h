@@ -30,8 +30,9 @@ struct Tuning {
   // decode keeps the row tiles) take the GEMM (quant_gemm_avx2.cpp) for every type, shorter ones the row tiles; above
   // 64 (kTokenBlock) the GEMM never runs (the row path alone, for before/after timings). 0 (default): per type, from
   // where it measured faster
-  // (quant_kernels.h avx2_gemm_min_tokens; tessera.engine.native.quant_isas() lists them).
-  int64_t avx2_gemm_min_tokens = 0;
+  // (quant_kernels.h avx2_gemm_min_tokens, one table for the vpmaddubsw GEMM and one for AVX-VNNI's;
+  // tessera.engine.native.quant_isas() lists them). Atomic: tests switch it (set_tuning_knob).
+  std::atomic<int64_t> avx2_gemm_min_tokens{0};
   // Knobs whose value could not be read, as "NAME=value" lines; engine.native.tuning() raises a named error for them.
   std::string invalid;
   // Knobs the environment set, one TESSERA_* name per line: a stored calibration never overrides them.
