@@ -120,6 +120,35 @@ def test_backends_come_from_the_one_backend_list():
     assert verdict.expert_format("AVX512Int8", "bf16") == "int8" and verdict.expert_format("Reference", "f16") == "f16"
 
 
+def test_quant_kernels_listed_as_the_native_module_reports_them():
+    """The report names the kernels that read GGUF blocks (and, for avx2, whether its prefill dots run on AVX-VNNI):
+    the native module's list minus the emulated AMX twin, which no backend ever picks."""
+    from tessera.engine import native
+    from tessera.engine.hardware.render import to_markdown
+
+    listed = verdict.quant_kernels()
+    assert [q["name"] for q in listed] == [i["name"] for i in native.quant_isas() if i["name"] != "amx_int8_emu"]
+    assert listed[-1] == {"name": "reference", "available": True, "reason": "available", "avx_vnni": False}
+    cpu = {"model": "x", "vendor": "", "sockets": 1, "physical_cores": 8, "logical_cores": 16, "allowed_cpus": 16,
+           "numa_nodes": 1, "source": "cpuid", "flags": {"avx2": True}, "xcr0": "", "amx": {"usable": False,
+                                                                                        "reason": "no AMX"}}
+    report = {"host": "h", "kernel": "6", "python": "3", "cpu": cpu, "gpus": [], "gpu_status": "no CUDA device",
+              "memory": {**MEM, "total_gb": 32.0, "thp_defrag": "madvise", "hugepages_total": 0,
+                         "hugepage_size_kb": 2048, "bandwidth_source": "probe"},
+              "backends": {}, "auto_backend": "AVX2", "auto_reason": "r", "remedies": [],
+              "quant_kernels": [{"name": "avx512_vnni", "available": False, "reason": "CPU lacks avx512_vnni",
+                                 "avx_vnni": False},
+                                {"name": "avx2", "available": True, "reason": "available", "avx_vnni": True},
+                                {"name": "reference", "available": True, "reason": "available", "avx_vnni": False}]}
+    text = to_markdown(report)
+    assert "- avx512_vnni: no (CPU lacks avx512_vnni)" in text
+    assert "- avx2: yes, prefill dots on AVX-VNNI (vpdpbusd)" in text and "- reference: yes\n" in text
+    from tessera.app.wizards.report_html import report_html
+
+    html = report_html(report)  # the hardware wizard's page
+    assert "Quantized GGUF kernels" in html and "CPU lacks avx512_vnni" in html and "prefill dots on AVX-VNNI" in html
+
+
 @pytest.mark.parametrize("with_gpu", [False, True])
 def test_one_headline_ceiling_the_one_that_applies_here(with_gpu):
     """Without a GPU the CPU reads every weight a token needs, so that (lower) bound is the headline; with one the

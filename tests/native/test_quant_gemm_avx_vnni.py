@@ -96,7 +96,7 @@ def test_every_token_count_bit_identical_to_the_maddubs_path(pool, knob, qtype):
     w = random_blocks(qtype, 37, K, rng)  # [37, row_bytes]: a 32-row task and 5 rows padded to a micro-tile
     xs = rng.standard_normal((513, K)).astype(np.float32)
     for T in T_ALL:
-        vnni, maddubs = _both(knob, lambda: matmul(qtype, w, xs[:T], pool, "avx2"))
+        vnni, maddubs = _both(knob, lambda T=T: matmul(qtype, w, xs[:T], pool, "avx2"))
         assert np.isfinite(vnni).all(), f"T={T}: not every output written"
         assert _same_bits(vnni, maddubs), f"T={T}"
 

@@ -88,6 +88,13 @@ def report_html(report: dict) -> str:
         h.append(_row(name, _chip("available" if b["available"] else "unavailable", b["available"])
                       + " &mdash; " + escape(b["reason"]) + f"<br><small>{escape(b['description'])}</small>"))
     h.append("</table>")
+    if report.get("quant_kernels"):  # the kernels that read GGUF quantized blocks (engine.hardware.verdict)
+        h.append("<h3>Quantized GGUF kernels</h3><table>")
+        for q in report["quant_kernels"]:
+            note = " &mdash; prefill dots on AVX-VNNI" if q["avx_vnni"] else ""
+            h.append(_row(q["name"], _chip("available" if q["available"] else "unavailable", q["available"])
+                          + (note if q["available"] else " &mdash; " + escape(q["reason"]))))
+        h.append("</table>")
     tuning = report.get("tuning")
     if tuning:  # engine.tuned.status(): measured on this CPU (when) or defaults in use
         h.append("<h3>Kernel tuning</h3><table>")

@@ -8,6 +8,7 @@
   gpus: [{name, vram_total_gb, vram_free_gb, compute_capability, h2d_gbs, d2h_gbs, driver_version, cuda_runtime, ...}]
   gpu_status: str            ("no CUDA device: ..." is a normal answer)
   backends: {NAME: {available, reason, description, weights}} (engine.backends), auto_backend, auto_reason
+  quant_kernels: [{name, available, reason, avx_vnni}]: the kernels that read GGUF quantized blocks (best first)
   tuning: engine.tuned.status(): {cpu, build, path, stored, measured_at, backend, seconds, message,
           knobs: {NAME: {value, source: measured|environment|default}}}
   model: {...fit and roofline...} (only when a model or preset was given; also type_mix, ram
@@ -30,7 +31,15 @@ from tessera.engine.hardware.cpu import probe_cpu
 from tessera.engine.hardware.gpu import probe_gpus
 from tessera.engine.hardware.memory import SLICES_PER_RUN, probe_memory
 from tessera.engine.hardware.render import to_json, to_markdown
-from tessera.engine.hardware.verdict import backends, estimate, model_load, model_shape, preset_load, remedies
+from tessera.engine.hardware.verdict import (
+    backends,
+    estimate,
+    model_load,
+    model_shape,
+    preset_load,
+    quant_kernels,
+    remedies,
+)
 
 __all__ = ["DEFAULT_SECONDS", "MODEL_CONTEXT", "QUICK_SECONDS", "probe", "to_json", "to_markdown"]
 
@@ -88,7 +97,7 @@ def probe(*, seconds: float = DEFAULT_SECONDS, threads: int | None = None, model
         "gpu_status": gpu_status,
     }
     table, auto, auto_reason = backends()
-    report.update(backends=table, auto_backend=auto, auto_reason=auto_reason)
+    report.update(backends=table, auto_backend=auto, auto_reason=auto_reason, quant_kernels=quant_kernels())
     from tessera.engine import tuned
 
     report["tuning"] = tuned.status()  # this CPU's measured kernel knobs, or that defaults are in use

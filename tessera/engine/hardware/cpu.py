@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 # The flags the report always lists (DESIGN §3 needs these to pick a backend).
-REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+REPORTED_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                   "amx_tile", "amx_int8", "amx_bf16")
 XCR0_BITS = {"x87": 0, "sse": 1, "avx": 2, "opmask": 5, "zmm_hi256": 6, "hi16_zmm": 7, "xtilecfg": 17, "xtiledata": 18}
 # Every flag the report shows, spelled as /proc/cpuinfo spells them (the native probe says "sse42" for "sse4_2").

@@ -69,6 +69,14 @@ def to_markdown(report: dict) -> str:
     for name, b in report["backends"].items():
         lines.append(f"| {name} | {b['description']} | {_yes(b['available'])} | {b['reason']} |")
     lines += ["", f"Auto picks **{report['auto_backend']}**: {report['auto_reason']}."]
+    if report.get("quant_kernels"):
+        lines += ["", "Quantized GGUF files (Q4_K_M, Q8_0, ...) are read in place by the quantized kernels of the "
+                  "backend's level:", ""]
+        for q in report["quant_kernels"]:
+            if not q["available"]:
+                lines.append(f"- {q['name']}: no ({q['reason']})")
+            else:
+                lines.append(f"- {q['name']}: yes" + (", prefill dots on AVX-VNNI (vpdpbusd)" if q["avx_vnni"] else ""))
     if report.get("tuning"):
         from tessera.engine.tuned import describe
 

@@ -26,6 +26,16 @@ def backends() -> tuple[dict[str, dict], str, str]:
     return table, auto, auto_reason
 
 
+def quant_kernels() -> list[dict]:
+    """The quantized (GGUF blocks) kernel ISAs this CPU runs under TESSERA_MAX_ISA, best first: [{name, available,
+    reason, avx_vnni}] (engine.native.quant_isas; avx_vnni: the avx2 prefill GEMM's dots on AVX-VNNI), the emulated
+    AMX twin (a test aid, never chosen) left out."""
+    from tessera.engine import native
+
+    return [{"name": i["name"], "available": bool(i["available"]), "reason": i["reason"],
+             "avx_vnni": bool(i["avx_vnni"])} for i in native.quant_isas() if i["name"] != "amx_int8_emu"]
+
+
 def expert_format(backend: str, stored: str) -> str:
     """How `backend` keeps the routed-expert weights in RAM ("int8", "bf16"), or `stored` when it keeps them as
     loaded (Reference, Torch)."""
