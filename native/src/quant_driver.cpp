@@ -46,7 +46,31 @@ void packed_gemm(QIsa isa, QType t, const uint8_t* w, size_t row_bytes, int R, i
                  int nt, float* out) {
   if (isa == QIsa::AMXInt8 || isa == QIsa::AMXInt8Emu)
     return quant::gemm_amx_packed(t, w, row_bytes, R, K, tokens, nt, out, isa == QIsa::AMXInt8Emu);
+  if (isa == QIsa::AVX2)
+    return (avx2_gemm_uses_avx_vnni() ? quant::gemm_avx2_vnni_packed : quant::gemm_avx2_packed)(t, w, row_bytes, R, K,
+                                                                                              tokens, nt, out);
   quant::gemm_avx512_vnni_packed(t, w, row_bytes, R, K, tokens, nt, out);
+}
+
+// How an ISA with a packed GEMM packs its tokens: 16 a group for the AVX-512 VNNI layout (AMX reads it too), 8 for
+// AVX2's; a group's bytes; whether two weight types share a packing; one group packed.
+int pack_group_tokens(QIsa isa) { return isa == QIsa::AVX2 ? 8 : 16; }
+size_t packed_group_bytes(QIsa isa, QType t, int64_t K) {
+  return isa == QIsa::AVX2 ? quant::gemm_avx2_packed_bytes(t, K, 8) : quant::gemm_avx512_vnni_packed_bytes(t, K, 16);
+}
+bool same_packing(QIsa isa, QType a, QType b) {
+  return isa == QIsa::AVX2 ? quant::gemm_avx2_same_packing(a, b) : quant::gemm_avx512_vnni_same_packing(a, b);
+}
+void pack_group(QIsa isa, QType t, int64_t K, const ActRow* xs, int n, uint8_t* dst) {
+  if (isa == QIsa::AVX2) quant::gemm_avx2_pack(t, K, xs, n, dst);
+  else quant::gemm_avx512_vnni_pack(t, K, xs, n, dst);
+}
+
+// res [R, nt] (a GEMM task's results) -> dst[s][0 .. R): the AVX-512 transpose where the ISA has it, else a loop.
+void rows_to_tokens(QIsa isa, const float* res, int R, int nt, float* const* dst, bool stream = false) {
+  if (isa != QIsa::AVX2) return quant::rows_to_tokens_avx512(res, R, nt, dst, stream);
+  for (int s = 0; s < nt; ++s)
+    for (int r = 0; r < R; ++r) dst[s][r] = res[r * nt + s];
 }
 
 // Grows v to at least n elements and never shrinks it: the prefill's scratch (activations, packed tokens, per-slot
@@ -140,8 +164,9 @@ float* task_buffer(int which, size_t n) {
   return grown(buf[which], n);
 }
 
-void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
+void matmul_gemm_packed(QIsa isa, const Kernels& kr, const float* x, int64_t T, int64_t K, const QMatvecPart* parts,
                         int n_parts, ThreadPool& pool) {
+  const int G = pack_group_tokens(isa);
   thread_local Acts acts_of_thread;
   Acts& acts = acts_of_thread;  // the caller's: a pool lambda naming a thread_local would get its own thread's
   acts.resize(T, K);
@@ -150,14 +175,14 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
   std::vector<size_t> packing_of(static_cast<size_t>(n_parts));
   for (int p = 0; p < n_parts; ++p) {
     size_t j = 0;
-    while (j < packings.size() && !quant::gemm_avx512_vnni_same_packing(packings[j], parts[p].type)) ++j;
+    while (j < packings.size() && !same_packing(isa, packings[j], parts[p].type)) ++j;
     if (j == packings.size()) packings.push_back(parts[p].type);
     packing_of[size_t(p)] = j;
   }
-  const int64_t n_groups = (T + 15) / 16;
+  const int64_t n_groups = (T + G - 1) / G;
   std::vector<size_t> group_bytes(packings.size()), start_of(packings.size() + 1, 0);
   for (size_t j = 0; j < packings.size(); ++j) {
-    group_bytes[j] = quant::gemm_avx512_vnni_packed_bytes(packings[j], K, 16);
+    group_bytes[j] = packed_group_bytes(isa, packings[j], K);
     start_of[j + 1] = start_of[j] + size_t(n_groups) * group_bytes[j];
   }
   thread_local std::vector<uint8_t> buf;
@@ -166,9 +191,9 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     const size_t j = size_t(task / n_groups);
     const int64_t g = task % n_groups;
     ActRow xs[16];
-    const int n = int(std::min<int64_t>(16, T - 16 * g));
-    for (int i = 0; i < n; ++i) xs[i] = acts.row(16 * g + i);
-    quant::gemm_avx512_vnni_pack(packings[j], K, xs, n, packed + start_of[j] + size_t(g) * group_bytes[j]);
+    const int n = int(std::min<int64_t>(G, T - G * g));
+    for (int i = 0; i < n; ++i) xs[i] = acts.row(G * g + i);
+    pack_group(isa, packings[j], K, xs, n, packed + start_of[j] + size_t(g) * group_bytes[j]);
   });
   const int64_t n_tb = (T + kGemmBlock - 1) / kGemmBlock;
   std::vector<int64_t> first(size_t(n_parts) + 1, 0);  // first task of each part
@@ -184,10 +209,10 @@ void matmul_gemm_avx512(QIsa isa, const Kernels& kr, const float* x, int64_t T, 
     const int nt = int(t1 - t0), R = int(std::min(P.N, (rg + 1) * kRowGroup) - rg * kRowGroup);
     float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
     packed_gemm(isa, P.type, P.w + rg * kRowGroup * P.row_bytes, P.row_bytes, R, K,
-                packed + start_of[j] + size_t(t0 / 16) * group_bytes[j], nt, res);
+                packed + start_of[j] + size_t(t0 / G) * group_bytes[j], nt, res);
     float* dst[kGemmBlock];  // token-major: each token's R outputs are contiguous
     for (int s = 0; s < nt; ++s) dst[s] = P.out + (t0 + s) * P.N + rg * kRowGroup;
-    quant::rows_to_tokens_avx512(res, R, nt, dst);
+    rows_to_tokens(isa, res, R, nt, dst);
   });
 }
 
@@ -256,10 +281,11 @@ struct ExpertPacking {
 // Packs, for each active expert e with is_gemm(n_e), the rows act_row(e, s) of its slots s into `buf` (type t,
 // K values): on the pool, one task per 16-token group.
 template <class IsGemm, class ActRowOf>
-void pack_experts(QType t, int64_t K, const std::vector<int64_t>& active,
+void pack_experts(QIsa isa, QType t, int64_t K, const std::vector<int64_t>& active,
                   const std::vector<std::vector<int64_t>>& slots, IsGemm is_gemm, ActRowOf act_row,
                   std::vector<uint8_t>& buf, ExpertPacking& p, ThreadPool& pool) {
-  p.group_bytes = quant::gemm_avx512_vnni_packed_bytes(t, K, 16);
+  const int G = pack_group_tokens(isa);
+  p.group_bytes = packed_group_bytes(isa, t, K);
   p.off.assign(active.size(), ExpertPacking::kNone);
   std::vector<std::pair<int64_t, int64_t>> groups;  // (active index, 16-token group)
   size_t total = 0;
@@ -267,17 +293,17 @@ void pack_experts(QType t, int64_t K, const std::vector<int64_t>& active,
     const int64_t n = int64_t(slots[size_t(active[ai])].size());
     if (!is_gemm(n)) continue;
     p.off[ai] = total;
-    for (int64_t g = 0; g * 16 < n; ++g) groups.emplace_back(int64_t(ai), g);
-    total += size_t((n + 15) / 16) * p.group_bytes;
+    for (int64_t g = 0; g * G < n; ++g) groups.emplace_back(int64_t(ai), g);
+    total += size_t((n + G - 1) / G) * p.group_bytes;
   }
   p.base = aligned64(grown(buf, total + 64));
   pool.parallel_for(int64_t(groups.size()), [&](int64_t task, int) {
     const auto [ai, g] = groups[size_t(task)];
     const auto& sl = slots[size_t(active[size_t(ai)])];
     ActRow xs[16];
-    const int n = int(std::min<int64_t>(16, int64_t(sl.size()) - 16 * g));
-    for (int i = 0; i < n; ++i) xs[i] = act_row(sl[size_t(16 * g + i)]);
-    quant::gemm_avx512_vnni_pack(t, K, xs, n, p.base + p.off[size_t(ai)] + size_t(g) * p.group_bytes);
+    const int n = int(std::min<int64_t>(G, int64_t(sl.size()) - G * g));
+    for (int i = 0; i < n; ++i) xs[i] = act_row(sl[size_t(G * g + i)]);
+    pack_group(isa, t, K, xs, n, p.base + p.off[size_t(ai)] + size_t(g) * p.group_bytes);
   });
 }
 
@@ -321,13 +347,13 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
-  if (qisa_vnni(isa) && a.T >= vnni_gemm_min_tokens()) {
+  if ((qisa_vnni(isa) || isa == QIsa::AVX2) && a.T >= quant_gemm_min_tokens(isa, a.type)) {
     const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
-    return matmul_gemm_avx512(isa, kr, a.x, a.T, a.K, &part, 1, pool);
+    return matmul_gemm_packed(isa, kr, a.x, a.T, a.K, &part, 1, pool);
   }
   const bool wide = qtype_info(a.type).wide;
   thread_local Acts acts_of_thread;
-  Acts& acts = acts_of_thread;  // the caller's (see matmul_gemm_avx512)
+  Acts& acts = acts_of_thread;  // the caller's (see matmul_gemm_packed)
   acts.resize(a.T, a.K);
   pool.parallel_for(a.T, [&](int64_t t, int) { acts.quantize(kr, t, a.x + t * a.K); });
   Tiles tiles(block_path(kr) ? 0 : pool.size(), a.K);  // the row tiles of Reference only (no scratch elsewhere)
@@ -363,8 +389,9 @@ void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
 void quant_matmul_multi(QIsa isa, const float* x, int64_t T, int64_t K, const QMatvecPart* parts, int n_parts,
                         ThreadPool& pool) {
   if (T <= 0 || n_parts <= 0) return;
-  if (qisa_vnni(isa) && T >= vnni_gemm_min_tokens())
-    return matmul_gemm_avx512(isa, kernels_for(isa), x, T, K, parts, n_parts, pool);
+  bool gemm = qisa_vnni(isa) || isa == QIsa::AVX2;  // every part's tokens long enough for its GEMM
+  for (int p = 0; p < n_parts; ++p) gemm = gemm && T >= quant_gemm_min_tokens(isa, parts[p].type);
+  if (gemm) return matmul_gemm_packed(isa, kernels_for(isa), x, T, K, parts, n_parts, pool);
   if (T == 1) return quant_matvec_multi(isa, x, K, parts, n_parts, pool);  // quant_matmul at T = 1, bit for bit
   for (int p = 0; p < n_parts; ++p)  // the row paths: one call per weight
     quant_matmul(isa, {parts[p].type, parts[p].w, parts[p].row_bytes, parts[p].N, K, T, x, parts[p].out}, pool);
@@ -376,12 +403,18 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
   const int64_t E = a.E, H = a.H, I = a.I, k = a.k;
   const bool wide_g = qtype_info(a.gate.type).wide, wide_u = qtype_info(a.up.type).wide,
              wide_d = qtype_info(a.down.type).wide;
-  // Prefill on AVX-512 VNNI: experts with kGemmMinTokens tokens or more take the packed GEMM (ExpertPacking), and
-  // SiLU is the vector one; decode (T = 1) keeps the mat-vec and the scalar SiLU.
+  // Prefill on AVX-512 VNNI (and AMX) and on AVX2: an expert with at least its ISA's GEMM threshold of tokens takes
+  // the packed GEMM (ExpertPacking: its tokens packed once, shared by its row groups and, where the packings agree, by
+  // gate and up), and SiLU is the vector one; decode (T = 1) keeps the mat-vec and the scalar SiLU. AVX2's thresholds
+  // are per type: gate and up take the GEMM from the larger of theirs (one packing), down from its own.
   const bool prefill_vnni = qisa_vnni(isa) && a.T > 1;
-  const int64_t gemm_min = vnni_gemm_min_tokens();  // read once: one call, one threshold
-  auto is_gemm = [&](int64_t n) { return prefill_vnni && n >= gemm_min; };
-  const bool share_gu = quant::gemm_avx512_vnni_same_packing(a.gate.type, a.up.type);
+  const bool prefill_packed = (prefill_vnni || isa == QIsa::AVX2) && a.T > 1;
+  // Read once: one call, one threshold per phase.
+  const int64_t min_gu = std::max(quant_gemm_min_tokens(isa, a.gate.type), quant_gemm_min_tokens(isa, a.up.type));
+  const int64_t min_d = quant_gemm_min_tokens(isa, a.down.type);
+  auto is_gemm_gu = [&](int64_t n) { return prefill_packed && n >= min_gu; };
+  auto is_gemm_d = [&](int64_t n) { return prefill_packed && n >= min_d; };
+  const bool share_gu = same_packing(isa, a.gate.type, a.up.type);
   const int tile_threads = block_path(kr) ? 0 : pool.size();  // the row tiles of Reference only (no scratch elsewhere)
   Tiles tiles_g(tile_threads, H), tiles_u(tile_threads, H), tiles_d(tile_threads, I);
   // This pass's quantized x and hidden activations, act [slot, I] and y [slot, H]: the calling thread's grown
@@ -443,41 +476,43 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     prof::mark(prof::kMoeQuantX);
     xa.resize(T, H);
     pool.parallel_for(T, [&](int64_t t, int) { xa.quantize(kr, t, x + t * H); });
-    if (prefill_vnni) {
+    if (prefill_packed) {
       auto x_row = [&](int64_t slot) { return xa.row(slot / k); };
-      pack_experts(a.gate.type, H, active, slots, is_gemm, x_row, buf_g, pk_g, pool);
-      if (!share_gu) pack_experts(a.up.type, H, active, slots, is_gemm, x_row, buf_u, pk_u, pool);
+      pack_experts(isa, a.gate.type, H, active, slots, is_gemm_gu, x_row, buf_g, pk_g, pool);
+      if (!share_gu) pack_experts(isa, a.up.type, H, active, slots, is_gemm_gu, x_row, buf_u, pk_u, pool);
     }
     const ExpertPacking& pu = share_gu ? pk_g : pk_u;
 
     // Phase gate/up: act[slot, i] = silu(gate_e x_t)[i] * (up_e x_t)[i].
     prof::mark(prof::kMoeGateUp);
     act = act_of_thread.grow(size_t(T * k * I));
-    auto block_of = [&](int64_t e) {  // tokens per task
-      return is_gemm(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
+    auto block_gu = [&](int64_t e) {  // tokens per task, gate/up
+      return is_gemm_gu(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock;
     };
-    auto tasks_of = [&](int64_t rows, int64_t rg_rows, int64_t e) {
-      const int64_t tb = block_of(e);
+    auto block_d = [&](int64_t e) { return is_gemm_d(int64_t(slots[size_t(e)].size())) ? kGemmBlock : kTokenBlock; };
+    auto tasks_of = [&](int64_t rows, int64_t rg_rows, int64_t e, int64_t tb) {
       return ((rows + rg_rows - 1) / rg_rows) * ((int64_t(slots[size_t(e)].size()) + tb - 1) / tb);
     };
     std::vector<int64_t> start(active.size() + 1, 0);
-    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(I, rows_gu, active[i]);
+    for (size_t i = 0; i < active.size(); ++i)
+      start[i + 1] = start[i] + tasks_of(I, rows_gu, active[i], block_gu(active[i]));
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
       const int64_t e = active[ai], local = task - start[ai], n_rg = (I + rows_gu - 1) / rows_gu;
-      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
+      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_gu(e);
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
       const int nt = int(s1 - s0);
       const int64_t i0 = rg * rows_gu;
       const int R = int(std::min(I, i0 + rows_gu) - i0);
-      if (prefill_vnni && pk_g.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
+      if (prefill_packed && pk_g.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* g = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         float* u = task_buffer(1, size_t(kRowGroup * kGemmBlock));
+        const int G = pack_group_tokens(isa);
         packed_gemm(isa, a.gate.type, a.gate.w + (e * I + i0) * a.gate.row_bytes, a.gate.row_bytes, R, H,
-                    pk_g.base + pk_g.off[ai] + size_t(s0 / 16) * pk_g.group_bytes, nt, g);
+                    pk_g.base + pk_g.off[ai] + size_t(s0 / G) * pk_g.group_bytes, nt, g);
         packed_gemm(isa, a.up.type, a.up.w + (e * I + i0) * a.up.row_bytes, a.up.row_bytes, R, H,
-                    pu.base + pu.off[ai] + size_t(s0 / 16) * pu.group_bytes, nt, u);
+                    pu.base + pu.off[ai] + size_t(s0 / G) * pu.group_bytes, nt, u);
         store_act(g, u, R, nt, sl, s0, i0);
         return;
       }
@@ -515,30 +550,31 @@ void quant_moe_forward(QIsa isa, const QMoeArgs& a, ThreadPool& pool) {
     pool.parallel_for(int64_t(used.size()), [&](int64_t n, int) {
       ha.quantize(kr, used[size_t(n)], act + used[size_t(n)] * I);
     });
-    if (prefill_vnni)
-      pack_experts(a.down.type, I, active, slots, is_gemm, [&](int64_t slot) { return ha.row(slot); }, buf_d, pk_d,
-                   pool);
+    if (prefill_packed)
+      pack_experts(isa, a.down.type, I, active, slots, is_gemm_d, [&](int64_t slot) { return ha.row(slot); }, buf_d,
+                   pk_d, pool);
 
     // Phase down: y[slot, h] = (down_e act_slot)[h].
     prof::mark(prof::kMoeDown);
     y = y_of_thread.grow(size_t(T * k * H));
-    for (size_t i = 0; i < active.size(); ++i) start[i + 1] = start[i] + tasks_of(H, rows_d, active[i]);
+    for (size_t i = 0; i < active.size(); ++i)
+      start[i + 1] = start[i] + tasks_of(H, rows_d, active[i], block_d(active[i]));
     pool.parallel_for(start.back(), [&](int64_t task, int ith) {
       const size_t ai = size_t(std::upper_bound(start.begin(), start.end(), task) - start.begin() - 1);
       const int64_t e = active[ai], local = task - start[ai], n_rg = (H + rows_d - 1) / rows_d;
-      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_of(e);
+      const int64_t rg = local % n_rg, tb = local / n_rg, blk = block_d(e);
       const auto& sl = slots[size_t(e)];
       const int64_t s0 = tb * blk, s1 = std::min<int64_t>(int64_t(sl.size()), s0 + blk);
       const int nt = int(s1 - s0);
       const int64_t h0 = rg * rows_d;
       const int R = int(std::min(H, h0 + rows_d) - h0);
-      if (prefill_vnni && pk_d.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
+      if (prefill_packed && pk_d.off[ai] != ExpertPacking::kNone) {  // the packed GEMM
         float* res = task_buffer(0, size_t(kRowGroup * kGemmBlock));  // [row, token]
         packed_gemm(isa, a.down.type, a.down.w + (e * H + h0) * a.down.row_bytes, a.down.row_bytes, R, I,
-                    pk_d.base + pk_d.off[ai] + size_t(s0 / 16) * pk_d.group_bytes, nt, res);
+                    pk_d.base + pk_d.off[ai] + size_t(s0 / pack_group_tokens(isa)) * pk_d.group_bytes, nt, res);
         float* dst[kGemmBlock];
         for (int s = 0; s < nt; ++s) dst[s] = y + sl[size_t(s0 + s)] * H + h0;
-        quant::rows_to_tokens_avx512(res, R, nt, dst, stream_y);
+        rows_to_tokens(isa, res, R, nt, dst, stream_y);
         return;
       }
       if (block_path(kr)) {

@@ -57,6 +57,24 @@ void gemm_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, co
   gemm_types(t, w, row_bytes, R, K, xs, nt, out);
 }
 
+void gemm_avx2_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens, int nt,
+                      float* out) {
+  packed_types(t, w, row_bytes, R, K, tokens, nt, out);
+}
+
+void gemm_avx2_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst) { pack_types(t, K, xs, nt, dst); }
+
+size_t gemm_avx2_packed_bytes(QType t, int64_t K, int nt) {
+  return size_t((nt + kLanes - 1) / kLanes) * TokLayout(padded_k256(K), t == QType::Q6_K ? 16 : 32).group;
+}
+
+bool gemm_avx2_same_packing(QType a, QType b) {
+  auto mode = [](QType t) {  // what a group holds besides xt and dx: 0 nothing, 1 sb, 2 + offset: z
+    return t == QType::Q4_K || t == QType::Q5_K ? 1 : (t == QType::Q4_0 || t == QType::Q6_K) ? 2 + code_offset(t) : 0;
+  };
+  return (a == QType::Q6_K) == (b == QType::Q6_K) && mode(a) == mode(b);  // same G, same sb / z term
+}
+
 void silu_mul_avx2(float* g, const float* u, int64_t n) {
   // silu_mul_avx512's exp (Cephes expf's split of ln2 and polynomial), with 2^m built in the exponent bits: the
   // argument is clamped to [-88, 88] first, so m stays in [-127, 127] and exp stays finite. Past the clamp silu

@@ -39,6 +39,11 @@ void gemm_avx2_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t 
   gemm_types(t, w, row_bytes, R, K, xs, nt, out);
 }
 
+void gemm_avx2_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                           int nt, float* out) {
+  packed_types(t, w, row_bytes, R, K, tokens, nt, out);
+}
+
 }  // namespace quant
 }  // namespace tessera
 

@@ -138,6 +138,16 @@ void silu_mul_avx2(float* g, const float* u, int64_t n);
 // driver takes it where avx2_gemm_uses_avx_vnni() (tessera/quant.h).
 void gemm_avx2_vnni(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,
                     float* out);
+// The AVX2 GEMM on tokens packed once (gemm_avx2_pack: 8 tokens a group, each group gemm_avx2_packed_bytes(t, K, 8)
+// bytes, the last padded with zero tokens) and shared by every row group and by weights whose packing agrees
+// (gemm_avx2_same_packing): per (row, token) the same bits as gemm_avx2 / gemm_avx2_vnni. tokens: group of token 0.
+void gemm_avx2_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
+size_t gemm_avx2_packed_bytes(QType t, int64_t K, int nt);
+bool gemm_avx2_same_packing(QType a, QType b);
+void gemm_avx2_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens, int nt,
+                      float* out);
+void gemm_avx2_vnni_packed(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const uint8_t* tokens,
+                           int nt, float* out);
 // From how many tokens the AVX2 GEMM beat the row tiles, per type: scripts/bench_avx2_gemm_threshold.py (one 768 x
 // 2048 matrix, 2 threads). Never below 2: one token is decode, which stays on the row tiles (quant_matvec_multi equals
 // quant_matmul at T = 1 bit for bit). `vnni`: the GEMM on AVX-VNNI (gemm_avx2_vnni), measured on the only CPUs with it
