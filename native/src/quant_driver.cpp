@@ -145,12 +145,12 @@ struct Acts {
   }
 };
 
-// quant_matmul's prefill on AVX-512 VNNI (T >= kGemmMinTokens), for one weight or several that multiply the same x
-// [T, K] (quant_matmul_multi: a layer's q/k/v projections): x is quantized once, its tokens are packed for the GEMM
-// once per distinct packing (16 at a time, on the pool; Q4_K and Q6_K weights need two) and shared by every row group
-// of every part, and a task runs its kRowGroup rows over up to kGemmBlock tokens, so each row is decoded once per
-// kGemmBlock tokens; all parts' tasks go to one parallel_for. Per (row, token) the same arithmetic as
-// gemm_avx512_vnni whatever the other parts are: bit-identical to one call per part.
+// quant_matmul's prefill on AVX-512 VNNI / AMX and on AVX2 (T at or above the ISA's GEMM threshold), for one weight or
+// several that multiply the same x [T, K] (quant_matmul_multi: a layer's q/k/v projections): x is quantized once, its
+// tokens are packed for the GEMM once per distinct packing (16 at a time for AVX-512, 8 for AVX2, on the pool; Q4_K and
+// Q6_K weights need two) and shared by every row group of every part, and a task runs its kRowGroup rows over up to
+// kGemmBlock tokens, so each row is decoded once per kGemmBlock tokens; all parts' tasks go to one parallel_for. Per
+// (row, token) the same arithmetic as the ISA's GEMM whatever the other parts are: bit-identical to one call per part.
 constexpr int64_t kGemmBlock = 256;
 // act / y buffers at least this large are written with streaming stores (see quant_moe_forward). Chosen above the
 // last-level caches of the machines measured, not tuned: on an AMX Xeon (bench-moe, Q4_K_M layer, 2 threads) streaming
