@@ -120,6 +120,18 @@ def test_backends_come_from_the_one_backend_list():
     assert verdict.expert_format("AVX512Int8", "bf16") == "int8" and verdict.expert_format("Reference", "f16") == "f16"
 
 
+def _rendered_report(flag: str, auto: str, **extra) -> dict:
+    """A hardware report as engine.hardware.probe builds it, for the renderers: an 8-core CPU with `flag`, no GPU,
+    Auto picking `auto`, plus `extra` keys (model, quant_kernels)."""
+    cpu = {"model": "x", "vendor": "", "sockets": 1, "physical_cores": 8, "logical_cores": 16, "allowed_cpus": 16,
+           "numa_nodes": 1, "source": "cpuid", "flags": {flag: True}, "xcr0": "",
+           "amx": {"usable": False, "reason": "no AMX"}}
+    return {"host": "h", "kernel": "6", "python": "3", "cpu": cpu, "gpus": [], "gpu_status": "no CUDA device",
+            "memory": {**MEM, "total_gb": 128.0, "thp_defrag": "madvise", "hugepages_total": 0,
+                       "hugepage_size_kb": 2048, "bandwidth_source": "probe"},
+            "backends": {}, "auto_backend": auto, "auto_reason": "r", "remedies": [], **extra}
+
+
 def test_quant_kernels_listed_as_the_native_module_reports_them():
     """The report names the kernels that read GGUF blocks (and, for avx2, whether its prefill dots run on AVX-VNNI):
     the native module's list minus the emulated AMX twin, which no backend ever picks."""
@@ -129,17 +141,10 @@ def test_quant_kernels_listed_as_the_native_module_reports_them():
     listed = verdict.quant_kernels()
     assert [q["name"] for q in listed] == [i["name"] for i in native.quant_isas() if i["name"] != "amx_int8_emu"]
     assert listed[-1] == {"name": "reference", "available": True, "reason": "available", "avx_vnni": False}
-    cpu = {"model": "x", "vendor": "", "sockets": 1, "physical_cores": 8, "logical_cores": 16, "allowed_cpus": 16,
-           "numa_nodes": 1, "source": "cpuid", "flags": {"avx2": True}, "xcr0": "", "amx": {"usable": False,
-                                                                                        "reason": "no AMX"}}
-    report = {"host": "h", "kernel": "6", "python": "3", "cpu": cpu, "gpus": [], "gpu_status": "no CUDA device",
-              "memory": {**MEM, "total_gb": 32.0, "thp_defrag": "madvise", "hugepages_total": 0,
-                         "hugepage_size_kb": 2048, "bandwidth_source": "probe"},
-              "backends": {}, "auto_backend": "AVX2", "auto_reason": "r", "remedies": [],
-              "quant_kernels": [{"name": "avx512_vnni", "available": False, "reason": "CPU lacks avx512_vnni",
-                                 "avx_vnni": False},
-                                {"name": "avx2", "available": True, "reason": "available", "avx_vnni": True},
-                                {"name": "reference", "available": True, "reason": "available", "avx_vnni": False}]}
+    report = _rendered_report("avx2", "AVX2", quant_kernels=[
+        {"name": "avx512_vnni", "available": False, "reason": "CPU lacks avx512_vnni", "avx_vnni": False},
+        {"name": "avx2", "available": True, "reason": "available", "avx_vnni": True},
+        {"name": "reference", "available": True, "reason": "available", "avx_vnni": False}])
     text = to_markdown(report)
     assert "- avx512_vnni: no (CPU lacks avx512_vnni)" in text
     assert "- avx2: yes, prefill dots on AVX-VNNI (vpdpbusd)" in text and "- reference: yes\n" in text
@@ -167,13 +172,7 @@ def test_one_headline_ceiling_the_one_that_applies_here(with_gpu):
         assert m["decode_tok_s_ceiling"] == m["decode_tok_s_upper_bound_cpu_only"] < m["decode_tok_s_upper_bound"]
         assert m["ceiling_bytes_per_token"] > active and "no GPU" in m["ceiling_counts"]
     assert m["decode_tok_s_ceiling"] == pytest.approx(50e9 / m["ceiling_bytes_per_token"], rel=1e-3)
-    cpu = {"model": "x", "vendor": "", "sockets": 1, "physical_cores": 8, "logical_cores": 16, "allowed_cpus": 16,
-           "numa_nodes": 1, "source": "cpuid", "flags": {"avx512f": True}, "xcr0": "", "amx": {"usable": False,
-                                                                                           "reason": "no AMX"}}
-    report = {"host": "h", "kernel": "6", "python": "3", "cpu": cpu, "gpus": [], "gpu_status": "no CUDA device",
-              "memory": {**MEM, "total_gb": 128.0, "thp_defrag": "madvise", "hugepages_total": 0,
-                         "hugepage_size_kb": 2048, "bandwidth_source": "probe"},
-              "backends": {}, "auto_backend": "AVX512", "auto_reason": "r", "model": m, "remedies": []}
+    report = _rendered_report("avx512f", "AVX512", model=m)
     ceiling = f"{m['decode_tok_s_ceiling']:.1f} tokens/s"
     other = f"{m['decode_tok_s_upper_bound']:.1f} tokens/s"
     for text, figures in ((to_markdown(report), 1), (summary_html(report), 1), (report_html(report), 2)):
