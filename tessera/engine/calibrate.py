@@ -14,6 +14,11 @@ What is tuned, and on which work (only knobs the chosen backend reads are measur
                           quant_moe_default_chunk) is used.
   vnni_gemm_min_tokens    from how many tokens an expert's block takes the AVX-512 VNNI GEMM instead of the mat-vec per
                           token (0: the kernels' 12): the same quantized prefill, backends on avx512_vnni; `tune` only.
+  avx2_gemm_min_tokens    from how many tokens an expert's block takes the AVX2 GEMM instead of the row tiles (0: the
+                          kernels' table per type and dot, 2-4 tokens): a QUANT_SHORT_T-token quantized prefill (about
+                          2 tokens an expert, where this threshold decides), backends whose quantized ISA is avx2;
+                          `tune` only. The tables were measured on a Zen 4 and an Intel Xeon and disagree
+                          (docs/BENCHMARKS.md, session 16): the user's CPU settles it.
 The synthetic layer has the real H, I and k and only as many experts as fit in LAYER_BYTES (weights still far larger
 than the caches, so decode streams them from memory as a real layer does). The quantized prefill routes over all E
 experts as the random-weight files do (per-expert logit offsets N(0, 2) plus per-token N(0, 1), top-k) and drops the
@@ -33,6 +38,7 @@ MARGIN = 0.02  # a candidate replaces the default only when its median is at lea
 LAYER_BYTES = 160e6  # bf16 weights of the synthetic layer, at most (and at least k experts)
 PREFILL_T = 64
 QUANT_PREFILL_T = 2048  # = generate.PREFILL_CHUNK: the longest call the engine makes
+QUANT_SHORT_T = 32  # a short prompt (a chat turn): ~2 tokens an expert on Qwen3-30B-A3B (32 x 8 slots, 128 experts)
 QUANT_TYPE = "Q4_K"  # the quantized synthetic layer's type (the common GGUF experts' type)
 
 
@@ -53,6 +59,8 @@ AMX_TILE_ROWS = Knob("amx_tile_min_rows", 0, (0, 1, 2, 4, 8, 16, 32), "prefill")
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 0, (0, 128, 256, 512, 1024, 2048), "quant_prefill", on_load=False)
 # 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).
 VNNI_GEMM_MIN = Knob("vnni_gemm_min_tokens", 0, (0, 4, 8, 16, 24), "quant_prefill", on_load=False)
+# 0: quant_kernels.h avx2_gemm_min_tokens (per type and dot); one value here applies to every type (the knob's meaning).
+AVX2_GEMM_MIN = Knob("avx2_gemm_min_tokens", 0, (0, 2, 3, 4, 6), "quant_prefill_short", on_load=False)
 
 
 def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
@@ -67,6 +75,8 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
         out.append(QUANT_CHUNK)
     if backend.startswith(("AVX512", "AMX")):  # quantized ISA amx_int8 / avx512_vnni where the CPU has it (run checks)
         out.append(VNNI_GEMM_MIN)
+    if backend.startswith(("AVX512", "AVX2")):  # quantized ISA avx2: AVX2, or AVX-512 without VNNI (run checks)
+        out.append(AVX2_GEMM_MIN)
     return [kn for kn in out if kn.on_load or not on_load]
 
 
@@ -214,18 +224,20 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     work = {"decode": decode, "prefill": prefill}
     env = set(native.tuning()["from_environment"])
     todo = [kn for kn in knobs_for(concrete, on_load=on_load) if tuned.KNOBS[kn.name] not in env]
-    if any(kn.workload == "quant_prefill" for kn in todo) and (H % 256 or I % 256):
+    quantized = ("quant_prefill", "quant_prefill_short")
+    if any(kn.workload in quantized for kn in todo) and (H % 256 or I % 256):
         say(f"quantized knobs: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
-        todo = [kn for kn in todo if kn.workload != "quant_prefill"]
+        todo = [kn for kn in todo if kn.workload not in quantized]
     if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
         todo.remove(VNNI_GEMM_MIN)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
+    if AVX2_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) != "avx2":
+        todo.remove(AVX2_GEMM_MIN)  # the quantized kernels are AVX-512 VNNI's
     shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
-    if any(kn.workload == "quant_prefill" for kn in todo):
-        isa = native.quant_isa_for_backend(concrete)
-        work["quant_prefill"], shape["quant_experts_timed"] = synthetic_quant_prefill(E, H, I, k, QUANT_PREFILL_T,
-                                                                                      experts.pool, isa)
-        say(f"quantized prefill: {QUANT_PREFILL_T} tokens on {shape['quant_experts_timed']} of {E} random "
-            f"{QUANT_TYPE} experts")
+    isa = native.quant_isa_for_backend(concrete)
+    for workload, T in (("quant_prefill", QUANT_PREFILL_T), ("quant_prefill_short", QUANT_SHORT_T)):
+        if any(kn.workload == workload for kn in todo):
+            work[workload], shape["quant_experts_timed"] = synthetic_quant_prefill(E, H, I, k, T, experts.pool, isa)
+            say(f"quantized prefill: {T} tokens on {shape['quant_experts_timed']} of {E} random {QUANT_TYPE} experts")
     for kn in knobs_for(concrete, on_load=on_load):
         if tuned.KNOBS[kn.name] in env:
             say(f"{kn.name}: not measured, {tuned.KNOBS[kn.name]} is set in the environment (it wins)")

@@ -30,7 +30,8 @@ ON_LOAD_ENV = "TESSERA_TUNE_ON_LOAD"  # "0": a load never calibrates (tests set 
 ON_LOAD_SECONDS = 2.0  # timing budget of the first load's calibration (tessera-cli tune: --seconds, default 3)
 # Runtime knobs a record may set (engine.native.set_tuning_knob) and the variable that overrides each.
 KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS",
-         "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T", "vnni_gemm_min_tokens": "TESSERA_VNNI_GEMM_MIN_T"}
+         "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T", "vnni_gemm_min_tokens": "TESSERA_VNNI_GEMM_MIN_T",
+         "avx2_gemm_min_tokens": "TESSERA_AVX2_GEMM_MIN_T"}
 
 
 def default_dir() -> Path:
@@ -190,6 +191,7 @@ VALUE_MEANINGS = {
                                                     "AMX Xeon)"),
     ("prefetch_bytes", -1): ("the kernel's default", "the kernel's default, 8192 bytes ahead"),
     ("vnni_gemm_min_tokens", 0): ("the kernels' default", "the kernels' default, 12 tokens"),
+    ("avx2_gemm_min_tokens", 0): ("per type", "per type and dot: 2-4 tokens (quant_kernels.h avx2_gemm_min_tokens)"),
     ("quant_moe_chunk_tokens", 0): ("the kernels' default", "the kernels' default, 2048 tokens"),
 }
 

@@ -132,7 +132,7 @@ def test_the_record_reaches_the_native_module(tmp_path):
     """What the kernels read (native.tuning(), the atomics in tessera/tuning.h) is the record's value after a load
     applies it, the default before, and the default again when the record is of another build (stale)."""
     rec = _record(spin_us=11, prefetch_bytes=2048, amx_tile_min_rows=2, quant_moe_chunk_tokens=512,
-                  vnni_gemm_min_tokens=8)
+                  vnni_gemm_min_tokens=8, avx2_gemm_min_tokens=3)
     tuned.save(rec, tmp_path)
     knobs, message, native_now = _apply_in_child(tmp_path)
     assert message == "" and all(k["source"] == "measured" for k in knobs.values())
@@ -143,7 +143,8 @@ def test_the_record_reaches_the_native_module(tmp_path):
     assert "measured with native build 'feedfacefeedface'" in message
     assert all(k["source"] == "default" for k in knobs.values())
     assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 0,
-                                                      "quant_moe_chunk_tokens": 0, "vnni_gemm_min_tokens": 0}
+                                                      "quant_moe_chunk_tokens": 0, "vnni_gemm_min_tokens": 0,
+                                                      "avx2_gemm_min_tokens": 0}
 
 
 def test_a_bad_chunk_in_the_environment_is_named():
@@ -181,10 +182,10 @@ def test_measure_knob_times_each_value_with_the_knob_set():
 
 def test_knobs_follow_the_backend():
     names = lambda b, **kw: [k.name for k in calibrate.knobs_for(b, **kw)]  # noqa: E731
-    chunk, gemm = "quant_moe_chunk_tokens", "vnni_gemm_min_tokens"
-    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk, gemm]
-    assert names("AVX2") == ["spin_us", "prefetch_bytes", chunk]
-    assert names("AVX512Int8") == ["spin_us", chunk, gemm] and names("Reference") == ["spin_us"]
+    chunk, gemm, avx2 = "quant_moe_chunk_tokens", "vnni_gemm_min_tokens", "avx2_gemm_min_tokens"
+    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk, gemm, avx2]  # run() keeps the ISA's threshold
+    assert names("AVX2") == ["spin_us", "prefetch_bytes", chunk, avx2]
+    assert names("AVX512Int8") == ["spin_us", chunk, gemm, avx2] and names("Reference") == ["spin_us"]
     assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows", chunk, gemm]
     assert names("AMXBF16-emulated") == ["spin_us", chunk, gemm]
     # the first load's calibration leaves out the slow quantized prefill (tessera-cli tune measures it)
@@ -203,7 +204,7 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
             f"r = calibrate.run('{backend}', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); "
             "print(json.dumps(r))")
     env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
-    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_VNNI_GEMM_MIN_T="0")  # the chunk alone
+    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_VNNI_GEMM_MIN_T="0", TESSERA_AVX2_GEMM_MIN_T="0")
     rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                     check=True).stdout)
     assert list(rec["knobs"]) == ["quant_moe_chunk_tokens"] and rec["shape"]["quant_experts_timed"] == 16
@@ -214,6 +215,26 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
     run, n = calibrate.synthetic_quant_prefill(16, 256, 256, 4, 64, native.make_pool(2), "reference")
     assert n == 4
     run()  # a quant_moe_forward with slots of missing experts dropped (-1) runs
+
+
+def test_the_avx2_gemm_threshold_is_measured_on_a_short_prefill():
+    """On the AVX2 backend, calibrate.run times avx2_gemm_min_tokens on a QUANT_SHORT_T-token quantized prefill (a few
+    tokens an expert: where the threshold decides), every candidate's median stored; the other knobs come from the
+    environment here. Which value wins is the machine's business: not asserted."""
+    from tessera.engine import backends
+
+    if not next(b.available for b in backends.table() if b.name == "AVX2"):
+        pytest.skip("this CPU (or TESSERA_MAX_ISA) runs no AVX2 backend")
+    code = ("import json; from tessera.engine import calibrate; calibrate.LAYER_BYTES = 4e6; "
+            "r = calibrate.run('AVX2', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); print(json.dumps(r))")
+    env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
+    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_QUANT_MOE_CHUNK_T="0")  # the threshold alone
+    rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout)
+    assert list(rec["knobs"]) == ["avx2_gemm_min_tokens"] and rec["shape"]["quant_experts_timed"] == 16
+    k = rec["knobs"]["avx2_gemm_min_tokens"]
+    assert k["value"] in calibrate.AVX2_GEMM_MIN.candidates and k["workload"] == "quant_prefill_short"
+    assert set(k["median_ms"]) == {str(c) for c in calibrate.AVX2_GEMM_MIN.candidates}
 
 
 def test_real_short_tune_on_a_tiny_shape(tmp_path, capsys):
