@@ -31,7 +31,7 @@ def test_json_has_the_fields_the_issue_lists(report):
     cpu = report["cpu"]
     for key in ("model", "physical_cores", "logical_cores", "numa_nodes", "flags", "amx"):
         assert key in cpu, key
-    for flag in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile",
+    for flag in ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile",
                  "amx_int8", "amx_bf16"):
         assert isinstance(cpu["flags"][flag], bool), flag
     assert isinstance(cpu["amx"]["usable"], bool) and isinstance(cpu["amx"]["reason"], str)
@@ -46,7 +46,9 @@ def test_json_has_the_fields_the_issue_lists(report):
     assert report["model"]["decode_tok_s_upper_bound"] > 0
     tuning = report["tuning"]  # engine.tuned.status(): what is measured on this CPU, or that defaults are in use
     assert set(tuning["knobs"]) == {"prefetch_bytes", "spin_us", "amx_tile_min_rows", "quant_moe_chunk_tokens",
-                                     "vnni_gemm_min_tokens"}
+                                     "vnni_gemm_min_tokens", "avx2_gemm_min_tokens"}
+    assert all(isinstance(q["avx_vnni"], bool) for q in report["quant_kernels"])  # the GGUF kernels, best first
+    assert report["quant_kernels"][-1]["name"] == "reference" and report["quant_kernels"][-1]["available"]
     assert tuning["cpu"] and tuning["stored"] in (True, False)
 
 
