@@ -267,10 +267,11 @@ void dot_block(const Kernels& kr, QType t, const uint8_t* w, size_t row_bytes, i
 
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
-// The MoE's prefill GEMM on AVX-512 VNNI: each expert with kGemmMinTokens tokens or more in a chunk has its tokens
-// packed for the GEMM once (16 at a time, on the pool), shared by all its row groups and, when their packings agree,
-// by gate and up; a task then runs kRowGroup rows over up to kGemmBlock of its tokens, so each row is decoded once per
-// kGemmBlock tokens. Per (row, token) the arithmetic of gemm_avx512_vnni (bit-identical to it).
+// The MoE's prefill GEMM on AVX-512 VNNI / AMX and on AVX2: each expert with at least the ISA's GEMM threshold of
+// tokens in a chunk has its tokens packed for the GEMM once (pack_group_tokens at a time, on the pool), shared by all
+// its row groups and, when their packings agree, by gate and up; a task then runs kRowGroup rows over up to kGemmBlock
+// of its tokens, so each row is decoded once per kGemmBlock tokens. Per (row, token) the arithmetic of the ISA's
+// unpacked GEMM (gemm_avx512_vnni, gemm_avx2[_vnni]: bit-identical to it).
 struct ExpertPacking {
   std::vector<size_t> off;  // per active expert: byte offset of its packed tokens, or kNone (row path)
   size_t group_bytes = 0;
@@ -279,7 +280,7 @@ struct ExpertPacking {
 };
 
 // Packs, for each active expert e with is_gemm(n_e), the rows act_row(e, s) of its slots s into `buf` (type t,
-// K values): on the pool, one task per 16-token group.
+// K values): on the pool, one task per group of pack_group_tokens(isa) tokens.
 template <class IsGemm, class ActRowOf>
 void pack_experts(QIsa isa, QType t, int64_t K, const std::vector<int64_t>& active,
                   const std::vector<std::vector<int64_t>>& slots, IsGemm is_gemm, ActRowOf act_row,
@@ -287,7 +288,7 @@ void pack_experts(QIsa isa, QType t, int64_t K, const std::vector<int64_t>& acti
   const int G = pack_group_tokens(isa);
   p.group_bytes = packed_group_bytes(isa, t, K);
   p.off.assign(active.size(), ExpertPacking::kNone);
-  std::vector<std::pair<int64_t, int64_t>> groups;  // (active index, 16-token group)
+  std::vector<std::pair<int64_t, int64_t>> groups;  // (active index, token group)
   size_t total = 0;
   for (size_t ai = 0; ai < active.size(); ++ai) {
     const int64_t n = int64_t(slots[size_t(active[ai])].size());
