@@ -193,6 +193,22 @@ def test_knobs_follow_the_backend():
     assert names("AMXInt8", on_load=True) == ["spin_us", "amx_tile_min_rows"]
 
 
+def _measures_only(knob, backend: str, workload: str) -> None:
+    """calibrate.run(backend) in a child on a 16-expert Q4_K-sized shape, every other knob set by the environment:
+    only `knob` is measured, on `workload`, with a median stored for each candidate."""
+    code = ("import json; from tessera.engine import calibrate; calibrate.LAYER_BYTES = 4e6; "
+            f"r = calibrate.run('{backend}', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); "
+            "print(json.dumps(r))")
+    env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
+    env.update({var: "0" for name, var in tuned.KNOBS.items() if name != knob.name})  # 0: a valid value of each
+    rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout)
+    assert list(rec["knobs"]) == [knob.name] and rec["shape"]["quant_experts_timed"] == 16
+    k = rec["knobs"][knob.name]
+    assert k["value"] in knob.candidates and k["workload"] == workload
+    assert set(k["median_ms"]) == {str(c) for c in knob.candidates}
+
+
 def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
     """calibrate.run on a shape of whole Q4_K blocks times quant_moe_chunk_tokens on the quantized synthetic layer
     (spin_us etc. come from the environment here, so only the chunk is measured), and stores every candidate's
@@ -200,17 +216,7 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
     backend = native.dense_kernel() if native.dense_kernel() in ("AVX512", "AVX2") else None
     if backend is None:
         pytest.skip("the quantized chunk is measured on SIMD backends only")
-    code = ("import json; from tessera.engine import calibrate; calibrate.LAYER_BYTES = 4e6; "
-            f"r = calibrate.run('{backend}', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); "
-            "print(json.dumps(r))")
-    env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
-    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_VNNI_GEMM_MIN_T="0", TESSERA_AVX2_GEMM_MIN_T="0")
-    rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                    check=True).stdout)
-    assert list(rec["knobs"]) == ["quant_moe_chunk_tokens"] and rec["shape"]["quant_experts_timed"] == 16
-    k = rec["knobs"]["quant_moe_chunk_tokens"]
-    assert k["value"] in calibrate.QUANT_CHUNK.candidates and k["workload"] == "quant_prefill"
-    assert set(k["median_ms"]) == {str(c) for c in calibrate.QUANT_CHUNK.candidates}
+    _measures_only(calibrate.QUANT_CHUNK, backend, "quant_prefill")
     monkeypatch.setattr(calibrate, "LAYER_BYTES", 1e5)  # less than one expert's blocks: k experts are made
     run, n = calibrate.synthetic_quant_prefill(16, 256, 256, 4, 64, native.make_pool(2), "reference")
     assert n == 4
@@ -225,16 +231,7 @@ def test_the_avx2_gemm_threshold_is_measured_on_a_short_prefill():
 
     if not next(b.available for b in backends.table() if b.name == "AVX2"):
         pytest.skip("this CPU (or TESSERA_MAX_ISA) runs no AVX2 backend")
-    code = ("import json; from tessera.engine import calibrate; calibrate.LAYER_BYTES = 4e6; "
-            "r = calibrate.run('AVX2', 16, 256, 256, 4, threads=2, seconds=0.05, rounds=2); print(json.dumps(r))")
-    env = {n: v for n, v in os.environ.items() if n not in tuned.KNOBS.values()}
-    env.update(TESSERA_SPIN_US="50", TESSERA_PF="0", TESSERA_QUANT_MOE_CHUNK_T="0")  # the threshold alone
-    rec = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                    check=True).stdout)
-    assert list(rec["knobs"]) == ["avx2_gemm_min_tokens"] and rec["shape"]["quant_experts_timed"] == 16
-    k = rec["knobs"]["avx2_gemm_min_tokens"]
-    assert k["value"] in calibrate.AVX2_GEMM_MIN.candidates and k["workload"] == "quant_prefill_short"
-    assert set(k["median_ms"]) == {str(c) for c in calibrate.AVX2_GEMM_MIN.candidates}
+    _measures_only(calibrate.AVX2_GEMM_MIN, "AVX2", "quant_prefill_short")
 
 
 def test_real_short_tune_on_a_tiny_shape(tmp_path, capsys):
