@@ -21,8 +21,9 @@
 // Q4_0 and Q6_K subtract their code offset (8, 32) as an integer start z = -off * sum(q) of each group's dot, as the
 // AVX-512 GEMM does. So every group's dot is the exact integer sum_i (u_i - off) q_i, as in every other path.
 //
-// The body is quant_gemm_avx2_body.inc, shared with quant_gemm_avx_vnni.cpp. Steps per call: (1) transpose the tokens' activations 8 at a time; (2) per 4 rows, decode them once into a per-thread
-// scratch (u8 codes, f32 A_g and B_g: the same values as quant_body.inc's unpack, by SIMD per block; wide types also
+// The body is quant_gemm_avx2_body.inc, shared with quant_gemm_avx_vnni.cpp. Steps per call: (1) transpose the
+// tokens' activations 8 at a time (or take them packed once per call); (2) per 4 rows, decode them once into a
+// per-thread scratch (u8 codes, f32 A_g and B_g: the same values as quant_body.inc's unpack, by SIMD per block; wide types also
 // get the signed codes), then for every 8-token group the register micro-kernel (4 rows x 8 tokens:
 // int16 and int32 group sums and f32 partial sums per 256 values in 12 ymm). Rows past R are decoded as zeros and not
 // stored; tokens past nt are zero and not stored.
@@ -80,12 +81,11 @@ void silu_mul_avx2(float* g, const float* u, int64_t n) {
   // argument is clamped to [-88, 88] first, so m stays in [-127, 127] and exp stays finite. Past the clamp silu
   // saturates as the scalar one does, to within f32 rounding: g -> -inf gives g / e^88 (~1e-38 g: tiny, not -0), g ->
   // +inf gives g; NaN stays NaN (the clamp passes it through: max/min return their second operand for NaN).
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
-               c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f),
-               lo = _mm256_set1_ps(-88.0f);
-  const __m256 p0 = _mm256_set1_ps(1.9875691500e-4f), p1 = _mm256_set1_ps(1.3981999507e-3f),
-               p2 = _mm256_set1_ps(8.3334519073e-3f), p3 = _mm256_set1_ps(4.1665795894e-2f),
-               p4 = _mm256_set1_ps(1.6666665459e-1f), p5 = _mm256_set1_ps(5.0000001201e-1f);
+  using E = ExpfCephes;
+  const __m256 log2e = _mm256_set1_ps(E::kLog2e), c1 = _mm256_set1_ps(E::kC1), c2 = _mm256_set1_ps(E::kC2),
+               one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(88.0f), lo = _mm256_set1_ps(-88.0f);
+  const __m256 p0 = _mm256_set1_ps(E::kP[0]), p1 = _mm256_set1_ps(E::kP[1]), p2 = _mm256_set1_ps(E::kP[2]),
+               p3 = _mm256_set1_ps(E::kP[3]), p4 = _mm256_set1_ps(E::kP[4]), p5 = _mm256_set1_ps(E::kP[5]);
   const __m256i bias = _mm256_set1_epi32(127), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(8, n - i))), lanes);

@@ -441,11 +441,11 @@ bool gemm_avx512_vnni_same_packing(QType a, QType b) {
 void silu_mul_avx512(float* g, const float* u, int64_t n) {
   // exp(x) = 2^m * p(r), x = m ln2 + r, |r| <= ln2/2 (Cephes expf's split of ln2 and its polynomial). vscalefps
   // saturates: x -> +inf gives inf (silu -> -0), x -> -inf gives 0 (silu -> g); NaN stays NaN.
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), c1 = _mm512_set1_ps(0.693359375f),
-               c2 = _mm512_set1_ps(-2.12194440e-4f), one = _mm512_set1_ps(1.0f);
-  const __m512 p0 = _mm512_set1_ps(1.9875691500e-4f), p1 = _mm512_set1_ps(1.3981999507e-3f),
-               p2 = _mm512_set1_ps(8.3334519073e-3f), p3 = _mm512_set1_ps(4.1665795894e-2f),
-               p4 = _mm512_set1_ps(1.6666665459e-1f), p5 = _mm512_set1_ps(5.0000001201e-1f);
+  using E = ExpfCephes;
+  const __m512 log2e = _mm512_set1_ps(E::kLog2e), c1 = _mm512_set1_ps(E::kC1), c2 = _mm512_set1_ps(E::kC2),
+               one = _mm512_set1_ps(1.0f);
+  const __m512 p0 = _mm512_set1_ps(E::kP[0]), p1 = _mm512_set1_ps(E::kP[1]), p2 = _mm512_set1_ps(E::kP[2]),
+               p3 = _mm512_set1_ps(E::kP[3]), p4 = _mm512_set1_ps(E::kP[4]), p5 = _mm512_set1_ps(E::kP[5]);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
     const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);

@@ -101,6 +101,14 @@ inline int packing_group(QType t) { return t == QType::Q6_K ? 16 : 32; }
 void gemm_avx512_vnni_pack(QType t, int64_t K, const ActRow* xs, int nt, uint8_t* dst);
 // Whether two types' packings are the same bytes for the same tokens (one packing serves both).
 bool gemm_avx512_vnni_same_packing(QType a, QType b);
+// Cephes expf, for the vector SiLUs (silu_mul_avx512, silu_mul_avx2): exp(x) = 2^m (1 + r + r^2 P(r)) with
+// x = m ln2 + r, m = round(x log2e), r = x - m C1 - m C2 (ln2 split in two for an exact first product), P by its
+// six coefficients, highest power first.
+struct ExpfCephes {
+  static constexpr float kLog2e = 1.44269504088896341f, kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+  static constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+};
 // g[i] = silu(g[i]) * u[i] for i < n, 16 at a time (exp by a degree-6 polynomial on [-ln2/2, ln2/2], relative error
 // ~2e-7; not the scalar std::exp's rounding): the MoE's prefill (T > 1) on AVX-512 VNNI.
 void silu_mul_avx512(float* g, const float* u, int64_t n);
