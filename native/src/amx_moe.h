@@ -115,57 +115,79 @@ struct TileGemm {
   }
 
   // Same contract as VecKernels::gemm_bf16, but TDPBF16PS rounding (pairs summed per tile, then accumulated).
+  // Blocks of 32 rows x 2 n-blocks (C tiles 4-7) over the whole K. Loop order by M: up to kNOuterMaxRows rows, n-pair
+  // outer (each pair's weights, 2 x K/32 KB, come from memory once and serve every row block from L2; the rows' bf16
+  // activations, <= 1 MB at K = 2048, stay in L2 across the pairs); above, row blocks outer, as the rows no longer fit.
+  // C tiles are stored straight into C where an n-block is whole (a bounce buffer and a copy only at N's edge).
+  // One slab, one thread, AMX Xeon (docs/BENCHMARKS.md, session 17): at M = 256 gate 0.65 -> 0.80 TFLOP/s, down
+  // (K = 768) 0.53 -> 0.82; row blocks outer stay ahead from M = 512.
+  static constexpr int64_t kNOuterMaxRows = 256;
   static void bf16(const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda, int64_t M, int64_t nb0,
                    int64_t nb1, float* C, int64_t ldc) {
-    alignas(64) float cbuf[4][16 * 16];
     const int64_t stride = lda * 2;
     int cur0 = -1, cur1 = -1;
-    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    // C[m0 .. m0 + 32, nb, nb + 1] (the rows and n-blocks that exist).
+    auto block = [&](int64_t m0, int64_t nb) {
       const int ra0 = static_cast<int>(std::min<int64_t>(16, M - m0));
       const int ra1 = static_cast<int>(std::clamp<int64_t>(M - m0 - 16, 0, 16));
-      if (ra0 != cur0 || ra1 != cur1) {
+      if (ra0 != cur0 || ra1 != cur1) {  // LDTILECFG zeroes the tiles; nothing is live between blocks
         Tiles::config(gemm_tile_config(ra0, ra1));
         cur0 = ra0;
         cur1 = ra1;
       }
+      const bool two = nb + 1 < nb1;
       const uint16_t* a0 = A + m0 * lda;
       const uint16_t* a1 = a0 + 16 * lda;
-      for (int64_t nb = nb0; nb < nb1; nb += 2) {
-        const bool two = nb + 1 < nb1;
-        Tiles::template zero<4>();
-        Tiles::template zero<5>();
-        if (ra1) {
-          Tiles::template zero<6>();
-          Tiles::template zero<7>();
-        }
-        for (int64_t kb = 0; kb < L.kblocks; ++kb) {
-          Tiles::template load<0>(a0 + kb * kTileKBF16, stride);
-          if (ra1) Tiles::template load<1>(a1 + kb * kTileKBF16, stride);
-          Tiles::template load<2>(L.tile(W, nb, kb), 64);
-          if (two) Tiles::template load<3>(L.tile(W, nb + 1, kb), 64);
-          Tiles::template dpbf16ps<4, 0, 2>();
-          if (two) Tiles::template dpbf16ps<5, 0, 3>();
-          if (ra1) {
-            Tiles::template dpbf16ps<6, 1, 2>();
-            if (two) Tiles::template dpbf16ps<7, 1, 3>();
-          }
-        }
-        Tiles::template store<4>(cbuf[0], 64);
-        if (two) Tiles::template store<5>(cbuf[1], 64);
-        if (ra1) {
-          Tiles::template store<6>(cbuf[2], 64);
-          if (two) Tiles::template store<7>(cbuf[3], 64);
-        }
-        for (int i = 0; i < (ra1 ? 2 : 1); ++i)
-          for (int j = 0; j < (two ? 2 : 1); ++j) {
-            const int64_t n0 = (nb + j) * kTileN;
-            const int64_t ncols = std::min<int64_t>(16, L.N - n0);
-            for (int r = 0; r < (i ? ra1 : ra0); ++r)
-              if (ncols > 0) std::memcpy(C + (m0 + 16 * i + r) * ldc + n0, &cbuf[2 * i + j][r * 16], ncols * 4);
-          }
+      Tiles::template zero<4>();
+      Tiles::template zero<5>();
+      if (ra1) {
+        Tiles::template zero<6>();
+        Tiles::template zero<7>();
       }
+      for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+        Tiles::template load<0>(a0 + kb * kTileKBF16, stride);
+        Tiles::template load<2>(L.tile(W, nb, kb), 64);
+        Tiles::template dpbf16ps<4, 0, 2>();
+        if (ra1) {
+          Tiles::template load<1>(a1 + kb * kTileKBF16, stride);
+          Tiles::template dpbf16ps<6, 1, 2>();
+        }
+        if (two) {
+          Tiles::template load<3>(L.tile(W, nb + 1, kb), 64);
+          Tiles::template dpbf16ps<5, 0, 3>();
+          if (ra1) Tiles::template dpbf16ps<7, 1, 3>();
+        }
+      }
+      store_c<4>(L, C, ldc, m0, nb, ra0);
+      if (two) store_c<5>(L, C, ldc, m0, nb + 1, ra0);
+      if (ra1) {
+        store_c<6>(L, C, ldc, m0 + 16, nb, ra1);
+        if (two) store_c<7>(L, C, ldc, m0 + 16, nb + 1, ra1);
+      }
+    };
+    if (M <= kNOuterMaxRows) {
+      for (int64_t nb = nb0; nb < nb1; nb += 2)
+        for (int64_t m0 = 0; m0 < M; m0 += 32) block(m0, nb);
+    } else {
+      for (int64_t m0 = 0; m0 < M; m0 += 32)
+        for (int64_t nb = nb0; nb < nb1; nb += 2) block(m0, nb);
     }
     Tiles::release();
+  }
+
+ private:
+  // C tile t (rows rows from m0, n-block nb) into C: straight where the n-block is whole, else through a bounce
+  // buffer that keeps the columns past N unwritten.
+  template <int t>
+  static void store_c(const MatLayout& L, float* C, int64_t ldc, int64_t m0, int64_t nb, int rows) {
+    const int64_t n0 = nb * kTileN, ncols = std::min<int64_t>(kTileN, L.N - n0);
+    if (ncols == kTileN) {
+      Tiles::template store<t>(C + m0 * ldc + n0, ldc * 4);
+      return;
+    }
+    alignas(64) float cbuf[16 * 16];
+    Tiles::template store<t>(cbuf, 64);
+    for (int r = 0; r < rows; ++r) std::memcpy(C + (m0 + r) * ldc + n0, &cbuf[r * 16], ncols * 4);
   }
 };
 
