@@ -256,90 +256,221 @@ inline void prefetch_part(const char* p, int64_t bytes, int64_t step, int64_t st
   for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
 }
 
-// Both block products on AMX tiles (TDPBF16PS: 16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with AMX-BF16;
-// every other step (queries rounded to bf16 once, online softmax, probabilities rounded to bf16, store) is
-// Bf16Kernel's, and so are the operands' layouts, which are already what the tiles read:
-// - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs: row p of kp's half (lo / hi keys)
-//   is dims (2p, 2p + 1) of 16 keys in unpack order, so B_lo(c) = kp + c * 32, B_hi(c) = + 32, rows 128 bytes apart,
-//   and C = s[r][0..16) / [16..32) in the same unpack order as Bf16Kernel's.
-// - Values: A = 16 rows of pb (16 pairs of keys, pair_key's order); B = pack_values' pairs (row q: keys pair_key(q),
-//   +1 for 16 dims of a chunk in unpack order, rows 2 hd elements apart); C = acc's 16 x 16 floats of a chunk half,
-//   loaded, accumulated and stored back (acc keeps Bf16Kernel's unpack order, so store_row is shared).
-// Each product is exact (bf16 x bf16 in f32) and the sums f32, as vdpbf16ps gives; the order of the additions differs
-// (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the tolerance tests/engine/test_attention.py holds it to.
-// Tiles: 0 A, 2-3 B, 4-5 C; rows are padded to whole tiles (kRowPad), the pad rows' results never read.
+// The AMX kernel: both products on TDPBF16PS tiles (16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with
+// AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span and 16 query rows: the
+// scores [16, 128] (C tiles of two key tiles at a time), one online-softmax step for the whole span, then the value
+// products with the rows' accumulators loaded into C tiles once per span (two 32-dim chunks at a time). Against one
+// step per 32-key block, the per-row softmax work (the max's reduction, alpha, the rescale of the accumulator) and the
+// accumulators' round trips through memory happen a quarter as often, and the tiles are configured once per task.
+// Operand layouts are Bf16Kernel's (already what the tiles read):
+// - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs (row p of a tile's kp: dims 2p, 2p + 1
+//   of 16 keys in unpack order, lo then hi keys, rows 128 bytes apart); C = s[r][32 j .. 32 j + 32) for key tile j in
+//   Bf16Kernel's unpack order.
+// - Values: A = 16 rows of pb for key tile j (16 pairs of keys, pair_key's order); B = pack_values' pairs (rows 2 hd
+//   elements apart); C = acc's 16 x 16 floats of a chunk half (acc in Bf16Kernel's unpack order: store_row is shared).
+// Rounding and sums as Bf16Kernel's (q and p rounded to bf16, products exact, f32 sums; the denominator sums the rounded
+// probabilities); the order of the additions differs (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the
+// tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0 A, 2-3 B, 4-7 C; rows padded to whole
+// tiles (pad rows: zero queries and probabilities, results never read).
+constexpr int64_t kSpanTiles = 4;                   // key tiles per span
+constexpr int64_t kSpanKeys = kSpanTiles * kKeys;   // positions per span: the row stride of s and pb
+
 template <class Tiles>
-struct AmxKernel : Bf16Kernel {
-  static constexpr int64_t kRowPad = 16;
+struct AmxAttention {
   static void configure() {
     amx::TileConfig c;
-    c.tile(0, 16, 64).tile(2, 16, 64).tile(3, 16, 64).tile(4, 16, 64).tile(5, 16, 64);
+    for (int t : {0, 2, 3, 4, 5, 6, 7}) c.tile(t, 16, 64);
     Tiles::config(c);
   }
-  static void load_queries(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, int64_t g, Scratch& w) {
-    Bf16Kernel::load_queries(a, h, t0, t1, g, w);
-    const size_t rows = size_t((t1 - t0) * g), padded = (rows + 15) / 16 * 16;
-    w.qb.resize(padded * size_t(a.hd));
-    std::fill(w.qb.begin() + rows * size_t(a.hd), w.qb.end(), uint16_t(0));  // pad rows: finite
-  }
-  static void scores(Scratch& w, int64_t rows, int64_t hd, const uint16_t* tile, int nk) {
-    w.kp.resize(size_t(hd * kKeys));
-    pack_keys(tile, hd, nk, w.kp.data());
-    const uint16_t* Q = w.qb.data();
-    const uint16_t* kp = w.kp.data();
-    float* s = w.s.data();
-    const int64_t steps = (rows + 15) / 16;
-    configure();
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-      Tiles::template zero<4>();
-      Tiles::template zero<5>();
-      for (int64_t c = 0; c < hd; c += 32) {
-        Tiles::template load<0>(Q + r0 * hd + c, hd * 2);
-        Tiles::template load<2>(kp + c * kKeys, 128);
-        Tiles::template load<3>(kp + c * kKeys + 32, 128);
-        Tiles::template dpbf16ps<4, 0, 2>();
-        Tiles::template dpbf16ps<5, 0, 3>();
+  // s[r0 .. r0 + 16][32 j .. 32 j + 32) for key tiles j0 and j0 + 1 (when two).
+  static void scores(const uint16_t* Q, int64_t hd, const uint16_t* kp, int64_t j0, bool two, float* s) {
+    const uint16_t* k0 = kp + j0 * hd * kKeys;
+    const uint16_t* k1 = k0 + hd * kKeys;
+    Tiles::template zero<4>();
+    Tiles::template zero<5>();
+    if (two) {
+      Tiles::template zero<6>();
+      Tiles::template zero<7>();
+    }
+    for (int64_t c = 0; c < hd; c += 32) {
+      Tiles::template load<0>(Q + c, hd * 2);
+      Tiles::template load<2>(k0 + c * kKeys, 128);
+      Tiles::template dpbf16ps<4, 0, 2>();
+      Tiles::template load<3>(k0 + c * kKeys + 32, 128);
+      Tiles::template dpbf16ps<5, 0, 3>();
+      if (two) {
+        Tiles::template load<2>(k1 + c * kKeys, 128);
+        Tiles::template dpbf16ps<6, 0, 2>();
+        Tiles::template load<3>(k1 + c * kKeys + 32, 128);
+        Tiles::template dpbf16ps<7, 0, 3>();
       }
-      Tiles::template store<4>(s + r0 * kKeys, kKeys * 4);
-      Tiles::template store<5>(s + r0 * kKeys + 16, kKeys * 4);
-      prefetch_part(w.prefetch_k, hd * 64, r0 / 16, steps);
     }
-    Tiles::release();
+    float* s0 = s + j0 * kKeys;
+    Tiles::template store<4>(s0, kSpanKeys * 4);
+    Tiles::template store<5>(s0 + 16, kSpanKeys * 4);
+    if (two) {
+      Tiles::template store<6>(s0 + kKeys, kSpanKeys * 4);
+      Tiles::template store<7>(s0 + kKeys + 16, kSpanKeys * 4);
+    }
   }
-  static void values(Scratch& w, int64_t rows, int64_t hd, const uint16_t* v, int nk) {
-    w.vp.resize(size_t(hd * kKeys));
-    if (nk < kKeys) std::fill(w.vp.begin(), w.vp.end(), uint16_t(0));  // pairs past nk: 0, never garbage x 0
-    pack_values(v, hd, nk, w.vp.data());
-    float* acc = w.acc.data();
-    for (int64_t r = 0; r < rows; ++r) {  // acc = alpha * acc (most blocks past the first leave every alpha at 1)
-      const float al = w.alpha[size_t(r)];
-      if (al == 1.0f) continue;
-      const __m512 f = _mm512_set1_ps(al);
-      for (int64_t i = 0; i < hd; i += 16)
-        _mm512_storeu_ps(acc + r * hd + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + i), f));
+  // acc[r0 .. r0 + 16][chunks c0 and c0 + 32 (when two)] += p x V over the span's ntile key tiles.
+  static void values(const uint16_t* pb, const uint16_t* vp, int64_t hd, int64_t ntile, int64_t c0, bool two,
+                     float* acc) {
+    float* a0 = acc + c0;
+    Tiles::template load<4>(a0, hd * 4);
+    Tiles::template load<5>(a0 + 16, hd * 4);
+    if (two) {
+      Tiles::template load<6>(a0 + 32, hd * 4);
+      Tiles::template load<7>(a0 + 48, hd * 4);
     }
-    const uint16_t* p = w.pb.data();
-    const uint16_t* vp = w.vp.data();
-    const int64_t steps = (rows + 15) / 16;
-    configure();
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-      Tiles::template load<0>(p + r0 * kKeys, kKeys * 2);
-      for (int64_t c = 0; c < hd; c += 32) {
-        float* a0 = acc + r0 * hd + c;
-        Tiles::template load<4>(a0, hd * 4);
-        Tiles::template load<5>(a0 + 16, hd * 4);
-        Tiles::template load<2>(vp + 2 * c, hd * 4);
-        Tiles::template load<3>(vp + 2 * c + 32, hd * 4);
-        Tiles::template dpbf16ps<4, 0, 2>();
-        Tiles::template dpbf16ps<5, 0, 3>();
-        Tiles::template store<4>(a0, hd * 4);
-        Tiles::template store<5>(a0 + 16, hd * 4);
+    for (int64_t j = 0; j < ntile; ++j) {
+      const uint16_t* v = vp + j * hd * kKeys + 2 * c0;
+      Tiles::template load<0>(pb + j * kKeys, kSpanKeys * 2);
+      Tiles::template load<2>(v, hd * 4);
+      Tiles::template dpbf16ps<4, 0, 2>();
+      Tiles::template load<3>(v + 32, hd * 4);
+      Tiles::template dpbf16ps<5, 0, 3>();
+      if (two) {
+        Tiles::template load<2>(v + 64, hd * 4);
+        Tiles::template dpbf16ps<6, 0, 2>();
+        Tiles::template load<3>(v + 96, hd * 4);
+        Tiles::template dpbf16ps<7, 0, 3>();
       }
-      prefetch_part(w.prefetch_v, hd * 64, r0 / 16, steps);
     }
-    Tiles::release();
+    Tiles::template store<4>(a0, hd * 4);
+    Tiles::template store<5>(a0 + 16, hd * 4);
+    if (two) {
+      Tiles::template store<6>(a0 + 32, hd * 4);
+      Tiles::template store<7>(a0 + 48, hd * 4);
+    }
   }
 };
+
+// One row's online-softmax step over a span of ntile key tiles (scores s in unpack order per tile, the row sees its
+// first `seen` positions): p = exp(s - m_new) rounded to bf16 into pb (Bf16Kernel::round_probs' layout per tile; zero
+// where unseen), lv (16 lane sums) and m updated, and the factor that rescales the row's accumulator returned.
+inline float span_softmax(const float* s, int64_t ntile, int64_t seen, float& m, float* lv, uint16_t* pb) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  if (seen <= 0) {  // the row sees none of these keys: p = 0, accumulator unchanged
+    for (int64_t j = 0; j < ntile; ++j) _mm512_storeu_si512(pb + j * kKeys, _mm512_setzero_si512());
+    return 1.0f;
+  }
+  __m512 x[2 * kSpanTiles];
+  __m512 mx = ninf;
+  if (seen == ntile * kKeys) {  // every key of the span seen (all but the causal diagonal's spans): no mask
+    for (int64_t i = 0; i < 2 * ntile; ++i) mx = _mm512_max_ps(mx, x[i] = _mm512_loadu_ps(s + 16 * i));
+  } else {
+    for (int64_t j = 0; j < ntile; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const __m512i key = _mm512_add_epi32(Bf16Kernel::key_lanes(h), _mm512_set1_epi32(int(j * kKeys)));
+        const __mmask16 in = _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(int(seen)));
+        x[2 * j + h] = _mm512_mask_blend_ps(in, ninf, _mm512_loadu_ps(s + j * kKeys + 16 * h));
+        mx = _mm512_max_ps(mx, x[2 * j + h]);
+      }
+  }
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  const __m512 mn = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < ntile; ++j) {
+    const __m512 p0 = exp_nonpositive(_mm512_sub_ps(x[2 * j], mn));
+    const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x[2 * j + 1], mn));
+    const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // as Bf16Kernel::round_probs
+    _mm512_storeu_si512(pb + j * kKeys, b);
+    sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
+                                           _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(int(0xffff0000u))))));
+  }
+  // m = -inf before the first span: 0 (the accumulator is 0 anyway); past the first spans the max seldom moves.
+  const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
+  _mm512_storeu_ps(lv, _mm512_fmadd_ps(_mm512_loadu_ps(lv), _mm512_set1_ps(alpha), sum));
+  m = m_new;
+  return alpha;
+}
+
+// attention_flash.inc's flash_attention contract (tasks, key splits and their merge), on spans and tiles.
+template <class Tiles>
+void amx_flash_attention(const AttentionArgs& a, ThreadPool& pool) {
+  using K = AmxAttention<Tiles>;
+  const int64_t g = a.nh / a.nkv, hd = a.hd;
+  const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
+                             kTasksPerThread);  // attention_tasks.h
+  const int64_t splits = tasks.splits, blocks_per_split = tasks.blocks_per_split, slot = tasks.slot;
+  thread_local std::vector<float> partials;  // [units, splits, slot], only when the keys are split
+  if (splits > 1) partials.resize(size_t(tasks.units * splits * slot));
+  float* const parts = partials.data();
+
+  pool.parallel_for(tasks.units * splits, [&](int64_t task, int) {
+    thread_local Scratch scratch_of_thread;
+    Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
+    const AttentionTasks::Task tk = tasks.of_task(task);
+    const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows;
+    const int64_t padded = (rows + 15) / 16 * 16;
+    w.acc.assign(size_t(padded * hd), 0.0f);
+    w.s.resize(size_t(padded * kSpanKeys));
+    w.pb.assign(size_t(padded * kSpanKeys), 0);  // pad rows stay 0
+    w.kp.resize(size_t(kSpanTiles * hd * kKeys));
+    w.vp.resize(size_t(kSpanTiles * hd * kKeys));
+    w.m.assign(size_t(rows), -INFINITY);
+    w.lv.assign(size_t(rows * 16), 0.0f);
+    Bf16Kernel::load_queries(a, h, t0, t1, g, w);  // row (t - t0) * g + j: token t, query head h * g + j
+    w.qb.resize(size_t(padded * hd));
+    std::fill(w.qb.begin() + rows * hd, w.qb.end(), uint16_t(0));  // pad rows: finite
+    const uint16_t* kt = a.kt + h * ((a.C + kKeys - 1) / kKeys) * kKeys * hd;  // [ceil(C/32), hd, 32]
+    const uint16_t* v = a.v + h * a.C * hd;                                    // [C, hd]
+    const int64_t kend = std::min(a.start + t1, (split + 1) * blocks_per_split * kKeys);  // causal end of the range
+    const int64_t steps = padded / 16;
+    K::configure();
+    for (int64_t s0 = split * blocks_per_split * kKeys; s0 < kend; s0 += kSpanKeys) {
+      const int64_t nsk = std::min(kSpanKeys, kend - s0), ntile = (nsk + kKeys - 1) / kKeys;
+      for (int64_t j = 0; j < ntile; ++j) {  // each key tile's pairs, once per span for every row block
+        const int nk = int(std::min<int64_t>(kKeys, nsk - j * kKeys));
+        uint16_t* vpj = w.vp.data() + j * hd * kKeys;
+        if (nk < kKeys) std::fill(vpj, vpj + hd * kKeys, uint16_t(0));  // pairs past nk: 0, never garbage x 0
+        pack_keys(kt + (s0 + j * kKeys) * hd, hd, nk, w.kp.data() + j * hd * kKeys);
+        pack_values(v + (s0 + j * kKeys) * hd, hd, nk, vpj);
+      }
+      const int64_t ahead = s0 + kSpanKeys, ahead_keys = std::min(kSpanKeys, kend - ahead);  // the next span's K, V
+      // Phases over all the task's rows, each on one operand set that fits L1 (the keys' pairs for the scores, the
+      // values' pairs for the products), and no tile load right behind the vector stores of the softmax.
+      for (int64_t r0 = 0; r0 < padded; r0 += 16) {
+        if (ahead_keys > 0)
+          prefetch_part(reinterpret_cast<const char*>(kt + ahead * hd), ahead_keys * hd * 2, r0 / 16, steps);
+        for (int64_t j = 0; j < ntile; j += 2)
+          K::scores(w.qb.data() + r0 * hd, hd, w.kp.data(), j, j + 1 < ntile, w.s.data() + r0 * kSpanKeys);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t seen = std::clamp<int64_t>(a.start + t0 + r / g + 1 - s0, 0, nsk);
+        const float alpha = span_softmax(w.s.data() + r * kSpanKeys, ntile, seen, w.m[size_t(r)], w.lv.data() + r * 16,
+                                         w.pb.data() + r * kSpanKeys);
+        if (alpha != 1.0f) {
+          const __m512 f = _mm512_set1_ps(alpha);
+          float* acc = w.acc.data() + r * hd;
+          for (int64_t i = 0; i < hd; i += 16) _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), f));
+        }
+      }
+      for (int64_t r0 = 0; r0 < padded; r0 += 16) {
+        if (ahead_keys > 0)
+          prefetch_part(reinterpret_cast<const char*>(v + ahead * hd), ahead_keys * hd * 2, r0 / 16, steps);
+        for (int64_t c = 0; c < hd; c += 64)
+          K::values(w.pb.data() + r0 * kSpanKeys, w.vp.data(), hd, ntile, c, c + 32 < hd, w.acc.data() + r0 * hd);
+      }
+    }
+    Tiles::release();
+    w.l.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) w.l[size_t(r)] = _mm512_reduce_add_ps(_mm512_loadu_ps(w.lv.data() + r * 16));
+    if (splits > 1) {  // leave the partial for the merge
+      float* p = parts + task * slot;
+      std::copy(w.m.begin(), w.m.end(), p);
+      std::copy(w.l.begin(), w.l.end(), p + rows);
+      std::copy(w.acc.begin(), w.acc.begin() + rows * hd, p + 2 * rows);  // not the pad rows
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      Bf16Kernel::store_row(w.acc.data() + r * hd, 1.0f / w.l[size_t(r)],
+                            a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd, hd);
+  });
+  if (splits == 1) return;
+  merge_key_ranges16<Bf16Kernel>(tasks, parts, a.nh, hd, a.out, pool);
+}
 
 }  // namespace
 
@@ -348,8 +479,8 @@ void attention_isa::attention_avx512_bf16(const AttentionArgs& a, ThreadPool& po
 }
 
 void attention_isa::attention_amx_bf16(const AttentionArgs& a, ThreadPool& pool, bool emulated) {
-  if (emulated) flash_attention<AmxKernel<EmuTiles>>(a, pool);
-  else flash_attention<AmxKernel<HwTiles>>(a, pool);
+  if (emulated) amx_flash_attention<EmuTiles>(a, pool);
+  else amx_flash_attention<HwTiles>(a, pool);
 }
 
 }  // namespace tessera
