@@ -119,7 +119,6 @@ void values_all(const float* p, const uint16_t* v, int64_t hd, int nk, const flo
 
 // The f32 block products for attention_flash.inc: queries scaled in f32, probabilities used as computed.
 struct F32Kernel {
-  static constexpr int64_t kRowPad = 1;
   static __m512i key_lanes(int half) {  // scores in (even, odd) lanes: lane i of half h is key 2i + h
     return _mm512_add_epi32(_mm512_set1_epi32(half), _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
                                                                        24, 26, 28, 30));

@@ -172,7 +172,6 @@ void pack_values(const uint16_t* v, int64_t hd, int nk, uint16_t* vp) {
 
 // The bf16 block products for attention_flash.inc.
 struct Bf16Kernel {
-  static constexpr int64_t kRowPad = 1;
   static __m512i key_lanes(int half) {  // scores in unpack order
     return _mm512_add_epi32(_mm512_load_si512(kUnpackLow), _mm512_set1_epi32(4 * half));
   }
@@ -257,11 +256,13 @@ inline void prefetch_part(const char* p, int64_t bytes, int64_t step, int64_t st
 }
 
 // The AMX kernel: both products on TDPBF16PS tiles (16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with
-// AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span and 16 query rows: the
-// scores [16, 128] (C tiles of two key tiles at a time), one online-softmax step for the whole span, then the value
-// products with the rows' accumulators loaded into C tiles once per span (two 32-dim chunks at a time). Against one
-// step per 32-key block, the per-row softmax work (the max's reduction, alpha, the rescale of the accumulator) and the
-// accumulators' round trips through memory happen a quarter as often, and the tiles are configured once per task.
+// AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span, for all the task's rows:
+// the scores [16, 128] of each 16-row block (C tiles of two key tiles at a time), then one online-softmax step per row
+// for the whole span, then the value products with each row block's accumulators loaded into C tiles once per span (two
+// 32-dim chunks at a time). Against one step per 32-key block, the per-row softmax work (the max's reduction, alpha,
+// the accumulator's rescale) and the accumulators' round trips through memory happen a quarter as often, the tiles are
+// configured once per task, each phase's operand pairs (the span's keys, then its values: 32 KB each at hd = 128) stay
+// in L1, and no tile load follows right behind the softmax's vector stores.
 // Operand layouts are Bf16Kernel's (already what the tiles read):
 // - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs (row p of a tile's kp: dims 2p, 2p + 1
 //   of 16 keys in unpack order, lo then hi keys, rows 128 bytes apart); C = s[r][32 j .. 32 j + 32) for key tile j in
