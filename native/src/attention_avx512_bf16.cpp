@@ -247,14 +247,6 @@ struct Bf16Kernel {
 
 #include "amx_tiles_local.inc"  // HwTiles (inline asm) and EmuTiles, file-local
 
-// Prefetches the part `step` of `steps` of the `bytes` at p (whole lines) into L2, or nothing when p is null: a block
-// ahead's K tile or V rows spread over the steps of this block's products.
-inline void prefetch_part(const char* p, int64_t bytes, int64_t step, int64_t steps) {
-  if (!p) return;
-  const int64_t lines = bytes / 64, l0 = lines * step / steps, l1 = lines * (step + 1) / steps;
-  for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
-}
-
 // The AMX kernel: both products on TDPBF16PS tiles (16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with
 // AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span, for all the task's rows:
 // the scores [16, 128] of each 16-row block (C tiles of two key tiles at a time), then one online-softmax step per row
@@ -429,12 +421,19 @@ void amx_flash_attention(const AttentionArgs& a, ThreadPool& pool) {
         pack_keys(kt + (s0 + j * kKeys) * hd, hd, nk, w.kp.data() + j * hd * kKeys);
         pack_values(v + (s0 + j * kKeys) * hd, hd, nk, vpj);
       }
-      const int64_t ahead = s0 + kSpanKeys, ahead_keys = std::min(kSpanKeys, kend - ahead);  // the next span's K, V
+      // The next span's K tiles and V rows (ahead_keys positions, hd * 2 bytes each), prefetched a share per row block
+      // (whole lines, per_block of them; no division per block).
+      const int64_t ahead = s0 + kSpanKeys, ahead_keys = std::min(kSpanKeys, kend - ahead);
+      const int64_t ahead_lines = std::max<int64_t>(0, ahead_keys) * hd * 2 / 64, per_block = (ahead_lines + steps - 1) / steps;
+      auto prefetch_share = [&](const uint16_t* base, int64_t block) {
+        const char* p = reinterpret_cast<const char*>(base + ahead * hd);
+        for (int64_t l = block * per_block; l < std::min(ahead_lines, (block + 1) * per_block); ++l)
+          _mm_prefetch(p + l * 64, _MM_HINT_T1);
+      };
       // Phases over all the task's rows, each on one operand set that fits L1 (the keys' pairs for the scores, the
       // values' pairs for the products), and no tile load right behind the vector stores of the softmax.
       for (int64_t r0 = 0; r0 < padded; r0 += 16) {
-        if (ahead_keys > 0)
-          prefetch_part(reinterpret_cast<const char*>(kt + ahead * hd), ahead_keys * hd * 2, r0 / 16, steps);
+        prefetch_share(kt, r0 / 16);
         for (int64_t j = 0; j < ntile; j += 2)
           K::scores(w.qb.data() + r0 * hd, hd, w.kp.data(), j, j + 1 < ntile, w.s.data() + r0 * kSpanKeys);
       }
@@ -449,8 +448,7 @@ void amx_flash_attention(const AttentionArgs& a, ThreadPool& pool) {
         }
       }
       for (int64_t r0 = 0; r0 < padded; r0 += 16) {
-        if (ahead_keys > 0)
-          prefetch_part(reinterpret_cast<const char*>(v + ahead * hd), ahead_keys * hd * 2, r0 / 16, steps);
+        prefetch_share(v, r0 / 16);
         for (int64_t c = 0; c < hd; c += 64)
           K::values(w.pb.data() + r0 * kSpanKeys, w.vp.data(), hd, ntile, c, c + 32 < hd, w.acc.data() + r0 * hd);
       }
