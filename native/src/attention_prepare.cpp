@@ -12,21 +12,19 @@
 
 #include "tessera/attention.h"
 #include "tessera/bf16.h"
+#include "tessera/row_norm.h"
 
 namespace tessera {
 namespace {
 
 constexpr int64_t kTile = 32;  // positions per key tile ([nkv, ceil(C/32), hd, 32])
 
-// out[i] = weight[i] * (x[i] * rsqrt(mean(x^2) + eps)) then RoPE: out = y * cos + rotate_half(y) * sin, with
+// y = rms_norm_row(x) (tessera/row_norm.h), then RoPE: out = y * cos + rotate_half(y) * sin, with
 // rotate_half(y) = (-y[half:], y[:half]); as engine.model.rms_norm and Rope.apply (and decode_layer.cpp) compute them.
 // x and out may be the same row.
 void norm_rope(const float* x, const float* weight, const float* cos, const float* sin, int64_t hd, float eps,
                float* y, float* out) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < hd; ++i) ss += double(x[i]) * double(x[i]);
-  const float r = 1.0f / std::sqrt(float(ss / double(hd)) + eps);
-  for (int64_t i = 0; i < hd; ++i) y[i] = weight[i] * (x[i] * r);
+  rms_norm_row(x, weight, hd, eps, y);
   const int64_t half = hd / 2;
   for (int64_t i = 0; i < half; ++i) {
     const float a = y[i], b = y[i + half];

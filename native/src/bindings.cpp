@@ -24,6 +24,7 @@
 #include "tessera/probe.h"
 #include "tessera/quant.h"  // quantized GGUF kernels (quant_bindings.inc)
 #include "tessera/quant_decode.h"  // fused decode mat-vecs (quant_decode_bindings.inc)
+#include "tessera/row_norm.h"  // RMSNorm and residual adds over rows (row_norm_bindings.inc)
 #include "tessera/step_profile.h"  // decode-step phase timers (decode_layer_bindings.inc)
 #include "tessera/tuning.h"
 
@@ -235,6 +236,7 @@ nb::ndarray<nb::numpy, uint8_t> aligned_empty(size_t nbytes) {
 #include "attention_q8_bindings.inc"  // attention over a q8_0 KV cache: bind_attention_q8(m)
 #include "quant_decode_bindings.inc"  // fused decode mat-vecs: bind_quant_decode(m)
 #include "decode_layer_bindings.inc"  // one decoder layer at T = 1: bind_decode_layer(m)
+#include "row_norm_bindings.inc"  // RMSNorm and residual adds over rows: bind_row_norm(m)
 
 }  // namespace
 
@@ -439,6 +441,7 @@ NB_MODULE(_native, m) {
   bind_attention_q8(m);  // attention over a q8_0 KV cache (attention_q8_bindings.inc)
   bind_quant_decode(m);  // quant_matvec_multi (quant_decode_bindings.inc)
   bind_decode_layer(m);  // DecodeLayer, QuantMoeLayer (decode_layer_bindings.inc)
+  bind_row_norm(m);  // rms_norm_rows, add_rows (row_norm_bindings.inc)
 
   m.def("read_bandwidth", [](ThreadPool& pool, double buffer_mib, double seconds) {
     nb::gil_scoped_release nogil;

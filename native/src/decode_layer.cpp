@@ -13,6 +13,7 @@
 #include "tessera/bf16.h"
 #include "tessera/dense.h"
 #include "tessera/quant_decode.h"
+#include "tessera/row_norm.h"
 #include "tessera/step_profile.h"
 
 namespace tessera {
@@ -26,14 +27,6 @@ void matvec_f32(const float* w, int64_t N, int64_t K, const float* x, float* out
     const int64_t n0 = task * kF32Rows, n1 = std::min(N, n0 + kF32Rows);
     dense_matvec_f32_rows(w + n0 * K, n1 - n0, K, x, out + n0);
   });
-}
-
-// out[i] = weight[i] * (x[i] * rsqrt(mean(x^2) + eps)) over n values: engine.model.rms_norm.
-void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* out) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-  const float r = 1.0f / std::sqrt(float(ss / double(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * r);
 }
 
 // x [hd] in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]) (engine.model.Rope.apply).
@@ -99,7 +92,7 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   const int64_t H = P.H, nh = P.nh, nkv = P.nkv, hd = P.hd;
   const size_t nH = static_cast<size_t>(H), nq = static_cast<size_t>(nh * hd), nk = static_cast<size_t>(nkv * hd);
   std::vector<float> xn(nH), q(nq), k(nk), v(nk), att(nq), o(nH);
-  rms_norm(S.x, P.input_norm, H, P.eps, xn.data());
+  rms_norm_row(S.x, P.input_norm, H, P.eps, xn.data());
   prof::mark(prof::kQkv);
 
   // q/k/v: the quantized ones in one dispatch with x quantized once (engine.dense.FusedMatvec), the 16-bit ones in
@@ -125,13 +118,13 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   // q8_0 blocks, as engine.kv_q8.quantize_q8_0 writes them).
   for (int64_t h = 0; h < nh; ++h) {
     float* qh = q.data() + h * hd;
-    rms_norm(qh, P.q_norm, hd, P.eps, qh);
+    rms_norm_row(qh, P.q_norm, hd, P.eps, qh);
     rope(qh, S.cos, S.sin, hd);
   }
   const int64_t tiles = (S.C + 31) / 32, tile = S.start / 32, lane = S.start % 32;
   for (int64_t h = 0; h < nkv; ++h) {
     float* kh = k.data() + h * hd;
-    rms_norm(kh, P.k_norm, hd, P.eps, kh);
+    rms_norm_row(kh, P.k_norm, hd, P.eps, kh);
     rope(kh, S.cos, S.sin, hd);
     if (S.k8) {
       write_q8_position(kh, v.data() + h * hd, h, S.start, hd, S.C, S.k8, S.ks, S.v8, S.vs);
@@ -156,7 +149,7 @@ void decode_layer_step(const DecodeLayerPlan& P, const DecodeStep& S, ThreadPool
   decode_matvec(P.o, P.isa, att.data(), o.data(), pool);
   prof::mark(prof::kPostNorm);
   for (int64_t i = 0; i < H; ++i) S.h[i] = S.x[i] + o[size_t(i)];
-  rms_norm(S.h, P.post_norm, H, P.eps, S.normed);
+  rms_norm_row(S.h, P.post_norm, H, P.eps, S.normed);
   if (!P.has_router) return;
 
   const int64_t E = P.router.N;

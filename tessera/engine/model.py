@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tessera.engine import native
 from tessera.engine.attention import attend, prepare_attend_native, prepares_native
 from tessera.engine.decode_layer import DecodeLayerStep, DecodeStack
 from tessera.engine.dense import (
@@ -168,6 +169,9 @@ class Block:
         self.post_attention_layernorm = _f32(p["post_attention_layernorm.weight"], device)  # [H]
         prefix = f"model.layers.{layer}."
         self.self_attn = Attention(cfg, _sub(p, "self_attn."), rope, device, prefix + "self_attn.")
+        # On the CPU the norms and residual adds run natively on the dense pool (one pass over the rows each; torch
+        # ran them on the step's one thread, four passes a norm: ~10 % of a long prefill).
+        self.pool = dense_pool() if self.device.type == "cpu" else None
         mlp = _sub(p, "mlp.")
         moe = cfg.is_moe_layer(layer)
         self.mlp = MoE(cfg, mlp, device, prefix + "mlp.") if moe else DenseMLP(mlp, device, prefix + "mlp.")
@@ -190,8 +194,22 @@ class Block:
                 self.mlp.record(self.layer, step.routing[0], stats)
                 return step.out  # [1, H]
             return step.h + self.mlp(self.layer, step.normed, experts, stats, step.routing)  # [1, H]
+        if self.pool is not None and x.dtype == torch.float32:
+            return self._native_residuals(x, cos, sin, cache, mask, experts, stats)
         h = x + self.self_attn(self.layer, rms_norm(x, self.input_layernorm, self.eps), cos, sin, cache, mask)  # [T, H]
         return h + self.mlp(self.layer, rms_norm(h, self.post_attention_layernorm, self.eps), experts, stats)  # [T, H]
+
+    def _native_residuals(self, x, cos, sin, cache: KVCache, mask, experts: ExpertBackend, stats: RoutingStats | None):
+        """The layer as above with its norms and residual adds native: h = x + attn(norm(x)) and out = h + mlp(norm(h)),
+        h and out written into the attention's and the MLP's fresh outputs."""
+        x = x.contiguous()  # [T, H]
+        normed = torch.empty_like(x)  # [T, H]
+        native.rms_norm_rows(x, self.input_layernorm, self.eps, normed, self.pool)
+        h = self.self_attn(self.layer, normed, cos, sin, cache, mask).contiguous()  # [T, H]
+        native.rms_norm_rows(h, self.post_attention_layernorm, self.eps, normed, self.pool, add=x)  # h += x
+        out = self.mlp(self.layer, normed, experts, stats).contiguous()  # [T, H]
+        native.add_rows(out, h, self.pool)  # out += h
+        return out
 
 
 def _sub(p: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -156,6 +156,19 @@ def attention_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
     _native.attention_prepare(q, k, v, q_norm, k_norm, cos, sin, eps, kt, vc, start, pool)
 
 
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor, pool,
+                  add: torch.Tensor | None = None) -> None:
+    """engine.model.rms_norm over the rows of x [..., n] (float32, contiguous) into out (same shape), on the pool; with
+    `add`, x += add first, in place (a residual add fused into the norm that follows it). The squares are summed in
+    double, as the native decode step does. A bad argument raises ValueError/TypeError naming it."""
+    _native.rms_norm_rows(x, add, weight, eps, out, pool)
+
+
+def add_rows(dst: torch.Tensor, src: torch.Tensor, pool) -> None:
+    """dst += src (float32, contiguous, same size), on the pool."""
+    _native.add_rows(dst, src, pool)
+
+
 def attention_q8_kernel(head_dim: int) -> str:
     """The native attention kernel over a q8_0 KV cache this CPU runs for `head_dim`: "AVX512_VNNI" (int8 products by
     vpdpbusd), "AVX2" (int8 products by vpmaddubsw, where the CPU has AVX2 + FMA + F16C but no AVX-512 VNNI, or
