@@ -427,9 +427,11 @@ inline float span_softmax(const float* s, int64_t ntile, int64_t seen, float& m,
   return alpha;
 }
 
-// attention_flash.inc's flash_attention contract (tasks, key splits and their merge), on spans and tiles.
+// attention_flash.inc's flash_attention contract (tasks, key splits and their merge), on spans and tiles. Not inlined
+// into the exported attention_amx_bf16, whose name says no ISA: its AVX-512 code stays in this ISA-named driver
+// (tests/native/test_isa_isolation.py) and so do its thread_local accesses (tests/native/test_kernel_tls.py).
 template <class Tiles>
-void amx_flash_attention(const AttentionArgs& a, ThreadPool& pool) {
+__attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, ThreadPool& pool) {
   using K = AmxAttention<Tiles>;
   const int64_t g = a.nh / a.nkv, hd = a.hd;
   const AttentionTasks tasks(a.T, a.nh, a.nkv, hd, a.start, pool.size(), kRowsPerTask, kKeys, kMinSplitBlocks,
