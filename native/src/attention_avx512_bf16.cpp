@@ -249,9 +249,9 @@ struct Bf16Kernel {
 
 // The AMX kernel: both products on TDPBF16PS tiles (16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with
 // AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span, for all the task's rows:
-// the scores [16, 128] of each 16-row block (C tiles of two key tiles at a time), then one online-softmax step per row
-// for the whole span, then the value products with each row block's accumulators loaded into C tiles once per span (two
-// 32-dim chunks at a time). Against one step per 32-key block, the per-row softmax work (the max's reduction, alpha,
+// the scores [32 rows, 32 keys] of each pair of 16-row blocks and key tile (2x2 C tiles), then one online-softmax step
+// per row for the whole span, then the value products with each pair of row blocks' accumulators loaded into C tiles
+// once per span (one 32-dim chunk at a time); an odd last row block alone (1x4: two key tiles or two chunks at a time). Against one step per 32-key block, the per-row softmax work (the max's reduction, alpha,
 // the accumulator's rescale) and the accumulators' round trips through memory happen a quarter as often, the tiles are
 // configured once per task, each phase's operand pairs (the span's keys, then its values: 32 KB each at hd = 128) stay
 // in L1, and no tile load follows right behind the softmax's vector stores.
@@ -263,8 +263,9 @@ struct Bf16Kernel {
 //   elements apart); C = acc's 16 x 16 floats of a chunk half (acc in Bf16Kernel's unpack order: store_row is shared).
 // Rounding and sums as Bf16Kernel's (q and p rounded to bf16, products exact, f32 sums; the denominator sums the rounded
 // probabilities); the order of the additions differs (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the
-// tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0 A, 2-3 B, 4-7 C; rows padded to whole
+// tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0-1 A, 2-3 B, 4-7 C; rows padded to whole
 // tiles (pad rows: zero queries and probabilities, results never read).
+// Four tiles: eight (256 keys) put the keys' and the values' pairs (64 KB each) out of L1: 7-15 % slower (session 17).
 constexpr int64_t kSpanTiles = 4;                   // key tiles per span
 constexpr int64_t kSpanKeys = kSpanTiles * kKeys;   // positions per span: the row stride of s and pb
 
