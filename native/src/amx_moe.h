@@ -6,7 +6,8 @@
 //
 // forward: rows grouped by expert; per expert with M rows, gate/up/down run on AMX tiles when M >= the tile threshold
 // and on the vector kernels (amx_vec.h, same packing) otherwise. Every output element is computed by one task in a
-// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path. int8:
+// fixed order, so results do not depend on the thread count; the int8 pipeline is bit-identical on either path (pieces
+// of kInt8Bf16MinRows rows or more take bf16 tiles over their dequantized weights instead: see there). int8:
 // activations carry two digits (amx_pack.h quantize_row_i8): the vector path loads each weight row once for both
 // (decode reads the same bytes, as AVX512Int8's kernel does), the tiles run both digit tiles against each B tile. bf16:
 // tiles take bf16 activations (TDPBF16PS), vectors keep them f32 (fp32 FMA on the widened bf16 weights).
@@ -42,6 +43,22 @@ constexpr int64_t kTileMinRowsBF16 = 2, kTileMinRowsInt8 = 16;
 // int8 T=512 413 -> 447-467; 12 and 16 within noise of 8; int8 decode 1.32 ms vs 1.38 ms). Decode keeps 48 gate/up and
 // 128 down tasks at k = 8.
 constexpr int64_t kSlabBlocks = 8;
+
+// Int8 pieces with at least this many rows run on bf16 tiles: each slab's int8 weights dequantized to bf16 per task
+// (vec.dequant_bf16, into this thread's L2), the rows' activations rounded to bf16, then TileGemm::bf16 (one tile
+// product per 32 values and no per-group epilogue, where the two-digit int8 tiles take two per 64 and an epilogue per
+// 64-value group that the tiles cannot hide). Costs the weights' dequantization once per piece and slab, and a bf16
+// rounding of weights and activations (2^-9 each: layer error 1.04 % -> 1.12 % when every piece takes it). Measured on
+// the AMX Xeon (2 cores, Qwen3-30B-A3B layer, bench-moe AMXInt8, docs/BENCHMARKS.md session 17), GOP/s with this
+// threshold / with the int8 tiles only: T=1024 (~64 rows a piece) 64: 450, 128: 491-511 / 484-495; T=2048 (~128)
+// 64: 571-577, 128: 557-583 / 539-544; T=4096 (~256) 758-765 / 525; T=512 (~32) with 32: 303 / 385-402.
+// TESSERA_AMX_INT8_BF16_MIN_ROWS overrides (0: never); tests force either path with _native.set_amx_int8_bf16_min_rows.
+constexpr int64_t kInt8Bf16MinRows = 128;
+
+inline int64_t int8_bf16_min_rows() {
+  const int64_t v = tuning().amx_int8_bf16_min_rows.load(std::memory_order_relaxed);
+  return v < 0 ? kInt8Bf16MinRows : (v == 0 ? INT64_MAX : v);
+}
 
 inline int64_t tile_min_rows(WeightFormat fmt) {
   const int64_t v = tuning().amx_tile_min_rows.load(std::memory_order_relaxed);
@@ -175,6 +192,15 @@ struct TileGemm {
     Tiles::release();
   }
 
+  // C[M, slab] for an int8 matrix on bf16 tiles: the slab's n-blocks dequantized (vec.dequant_bf16) into buf (the
+  // caller's, (nb1 - nb0) * Kp / 32 KB), then bf16() on them with A's bf16 rows (lda elements).
+  static void i8_bf16(const VecKernels& vec, const MatLayout& L, const uint8_t* W, const uint16_t* A, int64_t lda,
+                      int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc, uint16_t* buf) {
+    const MatLayout B = MatLayout::make(WeightFormat::BF16, L.N - nb0 * kTileN, L.Kp, 0);  // the slab from nb0 on
+    for (int64_t nb = nb0; nb < nb1; ++nb) vec.dequant_bf16(L, W, nb, buf + (nb - nb0) * B.kblocks * 512);
+    bf16(B, reinterpret_cast<const uint8_t*>(buf), A, lda, M, 0, nb1 - nb0, C + nb0 * kTileN, ldc);
+  }
+
  private:
   // C tile t (rows rows from m0, n-block nb) into C: straight where the n-block is whole, else through a bounce
   // buffer that keeps the columns past N unwritten.
@@ -246,6 +272,7 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   const VecKernels& vec = vec_best();
   const int64_t min_rows = tile_min_rows(Fmt);
   constexpr bool kInt8 = Fmt == WeightFormat::Int8;
+  const int64_t bf16_rows = kInt8 ? int8_bf16_min_rows() : INT64_MAX;  // int8 pieces on bf16 tiles
   const bool prof = tuning().profile;
   const double t_start = prof ? now_us() : 0.0;
 
@@ -282,12 +309,14 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   }
   if (!pieces.empty()) gstart.push_back(pieces.size());
   // Which rows run on tiles: those of pieces with at least min_rows rows.
-  std::vector<char> row_tiles(R);
-  bool any_tiles = false;
+  std::vector<char> row_tiles(R), row_bf16(R);
+  bool any_tiles = false, any_bf16 = false;
   for (const Piece& p : pieces) {
-    const bool t = p.r1 - p.r0 >= min_rows;
+    const bool t = p.r1 - p.r0 >= min_rows, b = p.r1 - p.r0 >= bf16_rows;
     std::fill(row_tiles.begin() + p.r0, row_tiles.begin() + p.r1, t);
+    std::fill(row_bf16.begin() + p.r0, row_bf16.begin() + p.r1, b);
     any_tiles |= t;
+    any_bf16 |= b;
   }
 
   // Scratch: per token X [T, row] (int8: hi digits then lo digits, 2 Kp bytes, with scales and corrections; bf16: Kp
@@ -299,14 +328,17 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   // load in one L1 set.
   auto rowb = [&](const MatLayout& ML) -> int64_t { return ML.Kp * ab + 64; };
   const int64_t TX = kInt8 || any_tiles ? T : 0;  // tokens converted once
+  const int64_t TB = kInt8 && any_bf16 ? T : 0;     // int8: tokens also rounded to bf16 for the pieces on bf16 tiles
   const int64_t G = max_rows;
   thread_local Scratch scratch;
-  scratch.reset(Scratch::need(TX * GU.Kp, 2) + 2 * Scratch::need(TX * GU.ngroups, 4) + Scratch::need(G * rowb(GU), 1) +
+  scratch.reset(Scratch::need(TX * GU.Kp, 2) + 2 * Scratch::need(TX * GU.ngroups, 4) + Scratch::need(TB * GU.Kp, 2) +
+                Scratch::need(G * rowb(GU), 1) +
                 2 * Scratch::need(G * GU.ngroups, 4) + 2 * Scratch::need(G * I, 4) + Scratch::need(G * rowb(D), 1) +
                 2 * Scratch::need(G * D.ngroups, 4) + Scratch::need(G * H, 4));
   uint8_t* X = scratch.take<uint8_t>(TX * GU.Kp * 2);
   float* xs = scratch.take<float>(TX * GU.ngroups);
   int32_t* xcorr = scratch.take<int32_t>(TX * GU.ngroups);
+  uint16_t* Xb = scratch.take<uint16_t>(TB * GU.Kp);
   uint8_t* A = scratch.take<uint8_t>(G * rowb(GU));
   float* as = scratch.take<float>(G * GU.ngroups);
   int32_t* acorr = scratch.take<int32_t>(G * GU.ngroups);
@@ -328,7 +360,13 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
                   int64_t M, int64_t nb0, int64_t nb1, float* C, int64_t ldc) {
     if constexpr (kInt8) {
       const int8_t* a = reinterpret_cast<const int8_t*>(Ain);
-      if (M >= min_rows)
+      if (M >= bf16_rows) {  // the slab's weights as bf16 in this thread's buffer (L2), reused by every row block
+        thread_local std::vector<uint16_t> buf;
+        const size_t need = size_t((nb1 - nb0) * (ML.Kp / kTileKBF16)) * 512;
+        if (buf.size() < need) buf.resize(need);
+        TileGemm<Tiles>::i8_bf16(vec, ML, W, reinterpret_cast<const uint16_t*>(Ain), rowb(ML) / 2, M, nb0, nb1, C, ldc,
+                                 buf.data());
+      } else if (M >= min_rows)
         TileGemm<Tiles>::i8(vec, ML, W, a, rowb(ML), sc, cr, M, nb0, nb1, C, ldc);
       else
         vec.gemm_i8(ML, W, a, rowb(ML), sc, cr, M, nb0, nb1, C, ldc);
@@ -341,10 +379,11 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
 
   // 1. each token's activations once: int8 digits with scales and corrections, or bf16 for the rows on tiles.
   chunks(TX, [&](int64_t t) {
-    if constexpr (kInt8)
+    if constexpr (kInt8) {
       vec.quantize_i8(GU, x + t * H, reinterpret_cast<int8_t*>(X) + t * 2 * GU.Kp, xs + t * GU.ngroups,
                       xcorr + t * GU.ngroups);
-    else
+      if (TB) vec.convert_bf16(GU, x + t * H, Xb + t * GU.Kp);
+    } else
       vec.convert_bf16(GU, x + t * H, reinterpret_cast<uint16_t*>(X) + t * GU.Kp);
   });
   double t_conv = 0, t_gu = 0, t_h = 0, t_down = 0, t_comb = 0, t_mark = prof ? now_us() : 0.0;
@@ -373,6 +412,10 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     chunks(GRn, [&](int64_t i) {
       const int64_t r = g0 + i, t = row_tok[r];
       if constexpr (kInt8) {
+        if (row_bf16[r]) {
+          std::memcpy(A + i * rowb(GU), Xb + t * GU.Kp, GU.Kp * 2);
+          return;
+        }
         std::memcpy(A + i * rowb(GU), X + t * 2 * GU.Kp, 2 * GU.Kp);
         std::memcpy(as + i * GU.ngroups, xs + t * GU.ngroups, GU.ngroups * 4);
         std::memcpy(acorr + i * GU.ngroups, xcorr + t * GU.ngroups, GU.ngroups * 4);
@@ -399,9 +442,12 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     // 4. h rows converted for the down projection.
     chunks(GRn, [&](int64_t i) {
       const float* v = Hb + i * I;
-      if constexpr (kInt8)
-        vec.quantize_i8(D, v, reinterpret_cast<int8_t*>(Hq + i * rowb(D)), hs + i * D.ngroups, hcorr + i * D.ngroups);
-      else if (row_tiles[g0 + i])
+      if constexpr (kInt8) {
+        if (row_bf16[g0 + i])
+          vec.convert_bf16(D, v, reinterpret_cast<uint16_t*>(Hq + i * rowb(D)));
+        else
+          vec.quantize_i8(D, v, reinterpret_cast<int8_t*>(Hq + i * rowb(D)), hs + i * D.ngroups, hcorr + i * D.ngroups);
+      } else if (row_tiles[g0 + i])
         vec.convert_bf16(D, v, reinterpret_cast<uint16_t*>(Hq + i * rowb(D)));
       else
         pad_row_f32(D, v, reinterpret_cast<float*>(Hq + i * rowb(D)));

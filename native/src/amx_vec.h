@@ -37,6 +37,10 @@ struct VecKernels {
   // Activation rows as amx_pack.h's quantize_row_i8 / convert_row_bf16 define them, bit for bit.
   void (*quantize_i8)(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
   void (*convert_bf16)(const MatLayout& L, const float* x, uint16_t* q);
+  // n-block nb of an int8 matrix (L) as bf16 tiles in amx_layout.h's bf16 layout: out[kb * 512 + r * 32 + 2 n + q] =
+  // bf16(float(w_q) * scale) for K = 32 kb + 2 r + q, kb < Kp / 32 (f32_to_bf16: round to nearest even, NaN quiet),
+  // w_q the stored byte - 128 and scale its (lane, group)'s; the same bits on either variant.
+  void (*dequant_bf16)(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out);
 };
 
 const VecKernels& vec_scalar();

@@ -268,6 +268,37 @@ void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
   for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
 }
 
+// f32_to_bf16 lane-wise (convert_bf16's rounding) of 16 lanes, in the low 16 bits of each 32-bit lane.
+inline __m512i bf16_lanes(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+// The scalar twin's contract: each int8 tile row r (K quad 4 r .. 4 r + 3 of 16 lanes) gives bf16 rows 2 (r % 8) and
+// 2 (r % 8) + 1 of bf16 tile 2 kb + r / 8, as (K, K + 1) pairs per lane.
+void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out) {
+  const float* sc = L.scales(W, nb);
+  const __m512i flip = _mm512_set1_epi32(int(0x80808080u));
+  for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+    const uint8_t* t = L.tile(W, nb, kb);
+    const __m512 scale = _mm512_loadu_ps(sc + ((kb * kTileKInt8) / L.group) * kTileN);
+    for (int r = 0; r < 16; ++r) {
+      const __m512i v = _mm512_xor_si512(_mm512_load_si512(t + r * 64), flip);  // bytes w_q, signed
+      __m512i b[4];
+      for (int q = 0; q < 4; ++q) {
+        const __m512i w = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24);
+        b[q] = bf16_lanes(_mm512_mul_ps(_mm512_cvtepi32_ps(w), scale));
+      }
+      uint16_t* dst = out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
+      _mm512_storeu_si512(dst, _mm512_or_si512(b[0], _mm512_slli_epi32(b[1], 16)));
+      _mm512_storeu_si512(dst + 32, _mm512_or_si512(b[2], _mm512_slli_epi32(b[3], 16)));
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace tessera::amx
@@ -278,7 +309,8 @@ TESSERA_ISA_END
 namespace tessera::amx {
 
 const VecKernels* vec_avx512() {
-  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16};
+  static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16,
+                            dequant_bf16};
   return &k;
 }
 

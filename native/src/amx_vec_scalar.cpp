@@ -74,11 +74,24 @@ void silu_mul_rows(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = silu_mul(g[i], u[i]);
 }
 
+void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out) {
+  const float* sc = L.scales(W, nb);
+  for (int64_t k = 0; k < L.Kp; ++k) {
+    const uint8_t* t = L.tile(W, nb, k / kTileKInt8);
+    const int64_t kk = k % kTileKInt8;
+    for (int n = 0; n < kTileN; ++n) {
+      const float v = static_cast<float>(static_cast<int>(t[(kk / 4) * 64 + n * 4 + kk % 4]) - 128) *
+                      sc[(k / L.group) * kTileN + n];
+      out[(k / 32) * 512 + ((k % 32) / 2) * 32 + 2 * n + k % 2] = f32_to_bf16(v);
+    }
+  }
+}
+
 }  // namespace
 
 const VecKernels& vec_scalar() {
   static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_row_i8,
-                            convert_row_bf16};
+                            convert_row_bf16, dequant_bf16};
   return k;
 }
 

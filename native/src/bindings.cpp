@@ -356,6 +356,11 @@ NB_MODULE(_native, m) {
     return tuning().amx_tile_min_rows.exchange(rows);
   }, nb::arg("rows"), "Tests: force the AMX tile path (1), the vector path (huge) or the per-format default (0); "
      "returns the previous value.");
+  m.def("set_amx_int8_bf16_min_rows", [](int64_t rows) {
+    if (rows < -1) throw nb::value_error("rows: must be >= -1 (-1: the kernel's default, 0: never)");
+    return tuning().amx_int8_bf16_min_rows.exchange(rows);
+  }, nb::arg("rows"), "Tests: AMXInt8 pieces with at least this many rows on bf16 tiles over dequantized weights "
+     "(-1: the kernel's default, 0: never); returns the previous value.");
   m.def("set_tuning_knob", [](const std::string& name, int64_t value) -> int64_t {
     Tuning& t = tuning();
     if (name == "prefetch_bytes") {

@@ -39,6 +39,8 @@ void read_environment(Tuning& t) {
   t.profile = std::getenv("TESSERA_PROFILE") != nullptr;
   if (t.profile) t.from_environment += "TESSERA_PROFILE\n";
   if (const char* v = env("TESSERA_AMX_TILE_MIN_ROWS")) t.amx_tile_min_rows = std::max<int64_t>(0, std::atoll(v));
+  if (const char* v = env("TESSERA_AMX_INT8_BF16_MIN_ROWS"))
+    t.amx_int8_bf16_min_rows = std::max<int64_t>(0, std::atoll(v));
   if (const char* v = env("TESSERA_QUANT_MOE_CHUNK_T")) {
     char* end = nullptr;
     long long n = std::strtoll(v, &end, 10);

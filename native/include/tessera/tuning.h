@@ -42,6 +42,9 @@ struct Tuning {
   // items 1-2). Atomic: a stored calibration sets it, and tests switch it while the process runs
   // (set_amx_tile_min_rows).
   std::atomic<int64_t> amx_tile_min_rows{0};
+  // AMXInt8 pieces with at least this many rows run on bf16 tiles over their dequantized weights (amx_moe.h): -1 the
+  // kernel's default, 0 never. TESSERA_AMX_INT8_BF16_MIN_ROWS, tests: set_amx_int8_bf16_min_rows.
+  std::atomic<int64_t> amx_int8_bf16_min_rows{-1};
   // TESSERA_QUANT_MOE_CHUNK_T: tokens per pass of the quantized MoE (quant_driver.cpp). Each pass reads (and on
   // AVX-512 VNNI decodes) every active expert's rows once, so a longer pass reuses each weight over more tokens, at the
   // cost of scratch ~ T * k * (I + H) floats, kept from call to call. 0 (default): quant_moe_default_chunk, 2048
