@@ -248,13 +248,13 @@ struct Bf16Kernel {
 #include "amx_tiles_local.inc"  // HwTiles (inline asm) and EmuTiles, file-local
 
 // The AMX kernel: both products on TDPBF16PS tiles (16 rows x 16 pairs x 16 columns, f32 accumulate) for CPUs with
-// AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span, for all the task's rows:
-// the scores [32 rows, 32 keys] of each pair of 16-row blocks and key tile (2x2 C tiles), then one online-softmax step
-// per row for the whole span, then the value products with each pair of row blocks' accumulators loaded into C tiles
-// once per span (one 32-dim chunk at a time); an odd last row block alone (1x4: two key tiles or two chunks at a time). Against one step per 32-key block, the per-row softmax work (the max's reduction, alpha,
-// the accumulator's rescale) and the accumulators' round trips through memory happen a quarter as often, the tiles are
-// configured once per task, each phase's operand pairs (the span's keys, then its values: 32 KB each at hd = 128) stay
-// in L1, and no tile load follows right behind the softmax's vector stores.
+// AMX-BF16, with its own driver over spans of up to four 32-key tiles (128 positions). Per span, for all the task's
+// rows: the scores [32 rows, 32 keys] of each pair of 16-row blocks and key tile (2x2 C tiles), then one online-softmax
+// step per row for the whole span, then the value products with each pair of row blocks' accumulators loaded into C
+// tiles once per span (one 32-dim chunk at a time). Against one step per 32-key block, the per-row softmax work (the
+// max's reduction, alpha, the accumulator's rescale) and the accumulators' round trips through memory happen a quarter
+// as often, the tiles are configured once per task, each phase's operand pairs (the span's keys, then its values: 32
+// KB each at hd = 128) stay in L1, and no tile load follows right behind the softmax's vector stores.
 // Operand layouts are Bf16Kernel's (already what the tiles read):
 // - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs (row p of a tile's kp: dims 2p, 2p + 1
 //   of 16 keys in unpack order, lo then hi keys, rows 128 bytes apart); C = s[r][32 j .. 32 j + 32) for key tile j in
@@ -263,8 +263,8 @@ struct Bf16Kernel {
 //   elements apart); C = acc's 16 x 16 floats of a chunk half (acc in Bf16Kernel's unpack order: store_row is shared).
 // Rounding and sums as Bf16Kernel's (q and p rounded to bf16, products exact, f32 sums; the denominator sums the rounded
 // probabilities); the order of the additions differs (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the
-// tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0-1 A, 2-3 B, 4-7 C; rows padded to whole
-// tiles (pad rows: zero queries and probabilities, results never read).
+// tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0-1 A, 2-3 B, 4-7 C; rows padded to 32
+// (pad rows: zero queries and probabilities, results never read).
 // Four tiles: eight (256 keys) put the keys' and the values' pairs (64 KB each) out of L1: 7-15 % slower (session 17).
 constexpr int64_t kSpanTiles = 4;                   // key tiles per span
 constexpr int64_t kSpanKeys = kSpanTiles * kKeys;   // positions per span: the row stride of s and pb
@@ -276,71 +276,9 @@ struct AmxAttention {
     for (int t = 0; t < 8; ++t) c.tile(t, 16, 64);
     Tiles::config(c);
   }
-  // s[r0 .. r0 + 16][32 j .. 32 j + 32) for key tiles j0 and j0 + 1 (when two).
-  static void scores(const uint16_t* Q, int64_t hd, const uint16_t* kp, int64_t j0, bool two, float* s) {
-    const uint16_t* k0 = kp + j0 * hd * kKeys;
-    const uint16_t* k1 = k0 + hd * kKeys;
-    Tiles::template zero<4>();
-    Tiles::template zero<5>();
-    if (two) {
-      Tiles::template zero<6>();
-      Tiles::template zero<7>();
-    }
-    for (int64_t c = 0; c < hd; c += 32) {
-      Tiles::template load<0>(Q + c, hd * 2);
-      Tiles::template load<2>(k0 + c * kKeys, 128);
-      Tiles::template dpbf16ps<4, 0, 2>();
-      Tiles::template load<3>(k0 + c * kKeys + 32, 128);
-      Tiles::template dpbf16ps<5, 0, 3>();
-      if (two) {
-        Tiles::template load<2>(k1 + c * kKeys, 128);
-        Tiles::template dpbf16ps<6, 0, 2>();
-        Tiles::template load<3>(k1 + c * kKeys + 32, 128);
-        Tiles::template dpbf16ps<7, 0, 3>();
-      }
-    }
-    float* s0 = s + j0 * kKeys;
-    Tiles::template store<4>(s0, kSpanKeys * 4);
-    Tiles::template store<5>(s0 + 16, kSpanKeys * 4);
-    if (two) {
-      Tiles::template store<6>(s0 + kKeys, kSpanKeys * 4);
-      Tiles::template store<7>(s0 + kKeys + 16, kSpanKeys * 4);
-    }
-  }
-  // acc[r0 .. r0 + 16][chunks c0 and c0 + 32 (when two)] += p x V over the span's ntile key tiles.
-  static void values(const uint16_t* pb, const uint16_t* vp, int64_t hd, int64_t ntile, int64_t c0, bool two,
-                     float* acc) {
-    float* a0 = acc + c0;
-    Tiles::template load<4>(a0, hd * 4);
-    Tiles::template load<5>(a0 + 16, hd * 4);
-    if (two) {
-      Tiles::template load<6>(a0 + 32, hd * 4);
-      Tiles::template load<7>(a0 + 48, hd * 4);
-    }
-    for (int64_t j = 0; j < ntile; ++j) {
-      const uint16_t* v = vp + j * hd * kKeys + 2 * c0;
-      Tiles::template load<0>(pb + j * kKeys, kSpanKeys * 2);
-      Tiles::template load<2>(v, hd * 4);
-      Tiles::template dpbf16ps<4, 0, 2>();
-      Tiles::template load<3>(v + 32, hd * 4);
-      Tiles::template dpbf16ps<5, 0, 3>();
-      if (two) {
-        Tiles::template load<2>(v + 64, hd * 4);
-        Tiles::template dpbf16ps<6, 0, 2>();
-        Tiles::template load<3>(v + 96, hd * 4);
-        Tiles::template dpbf16ps<7, 0, 3>();
-      }
-    }
-    Tiles::template store<4>(a0, hd * 4);
-    Tiles::template store<5>(a0 + 16, hd * 4);
-    if (two) {
-      Tiles::template store<6>(a0 + 32, hd * 4);
-      Tiles::template store<7>(a0 + 48, hd * 4);
-    }
-  }
-  // Two row blocks at a time (Q rows r0 and r0 + 16: tiles 0 and 1) against one key tile's lo and hi keys (tiles 2,
-  // 3): C = s of 32 rows x 32 keys, one operand load per product instead of 1.25.
-  static void scores2(const uint16_t* Q, int64_t hd, const uint16_t* kp, int64_t j, float* s) {
+  // s[r0 .. r0 + 32][32 j .. 32 j + 32): two row blocks (Q rows r0 and r0 + 16: tiles 0 and 1) against one key tile's
+  // lo and hi keys (tiles 2, 3), one operand load per product.
+  static void scores(const uint16_t* Q, int64_t hd, const uint16_t* kp, int64_t j, float* s) {
     const uint16_t* k = kp + j * hd * kKeys;
     Tiles::template zero<4>();
     Tiles::template zero<5>();
@@ -362,8 +300,9 @@ struct AmxAttention {
     Tiles::template store<6>(s0 + 16 * kSpanKeys, kSpanKeys * 4);
     Tiles::template store<7>(s0 + 16 * kSpanKeys + 16, kSpanKeys * 4);
   }
-  // Two row blocks (pb rows r0 and r0 + 16: tiles 0 and 1) against one 32-dim chunk's lo and hi halves (tiles 2, 3).
-  static void values2(const uint16_t* pb, const uint16_t* vp, int64_t hd, int64_t ntile, int64_t c, float* acc) {
+  // acc[r0 .. r0 + 32][chunk c] += p x V over the span's ntile key tiles: two row blocks (pb rows r0 and r0 + 16:
+  // tiles 0 and 1) against the chunk's lo and hi halves (tiles 2, 3).
+  static void values(const uint16_t* pb, const uint16_t* vp, int64_t hd, int64_t ntile, int64_t c, float* acc) {
     float* a0 = acc + c;
     float* a1 = a0 + 16 * hd;
     Tiles::template load<4>(a0, hd * 4);
@@ -447,7 +386,7 @@ __attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, Threa
     Scratch& w = opaque_ref(scratch_of_thread);  // not the thread_local's name in the loops (thread_scratch.h)
     const AttentionTasks::Task tk = tasks.of_task(task);
     const int64_t split = tk.split, h = tk.h, t0 = tk.t0, t1 = tk.t1, rows = tk.rows;
-    const int64_t padded = (rows + 15) / 16 * 16;
+    const int64_t padded = (rows + 31) / 32 * 32;  // whole pairs of 16-row tiles
     w.acc.assign(size_t(padded * hd), 0.0f);
     w.s.resize(size_t(padded * kSpanKeys));
     w.pb.assign(size_t(padded * kSpanKeys), 0);  // pad rows stay 0
@@ -475,7 +414,8 @@ __attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, Threa
       // The next span's K tiles and V rows (ahead_keys positions, hd * 2 bytes each), prefetched a share per row block
       // (whole lines, per_block of them; no division per block).
       const int64_t ahead = s0 + kSpanKeys, ahead_keys = std::min(kSpanKeys, kend - ahead);
-      const int64_t ahead_lines = std::max<int64_t>(0, ahead_keys) * hd * 2 / 64, per_block = (ahead_lines + steps - 1) / steps;
+      const int64_t ahead_lines = std::max<int64_t>(0, ahead_keys) * hd * 2 / 64;
+      const int64_t per_block = (ahead_lines + steps - 1) / steps;
       auto prefetch_share = [&](const uint16_t* base, int64_t block) {
         const char* p = reinterpret_cast<const char*>(base + ahead * hd);
         for (int64_t l = block * per_block; l < std::min(ahead_lines, (block + 1) * per_block); ++l)
@@ -483,15 +423,11 @@ __attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, Threa
       };
       // Phases over all the task's rows, each on one operand set that fits L1 (the keys' pairs for the scores, the
       // values' pairs for the products), and no tile load right behind the vector stores of the softmax.
-      for (int64_t r0 = 0; r0 < padded; r0 += 32) {  // row blocks in pairs, the last one alone
+      for (int64_t r0 = 0; r0 < padded; r0 += 32) {  // pairs of row blocks
         prefetch_share(kt, r0 / 16);
-        if (r0 + 16 < padded) {
-          prefetch_share(kt, r0 / 16 + 1);
-          for (int64_t j = 0; j < ntile; ++j) K::scores2(w.qb.data() + r0 * hd, hd, w.kp.data(), j, w.s.data() + r0 * kSpanKeys);
-        } else {
-          for (int64_t j = 0; j < ntile; j += 2)
-            K::scores(w.qb.data() + r0 * hd, hd, w.kp.data(), j, j + 1 < ntile, w.s.data() + r0 * kSpanKeys);
-        }
+        prefetch_share(kt, r0 / 16 + 1);
+        for (int64_t j = 0; j < ntile; ++j)
+          K::scores(w.qb.data() + r0 * hd, hd, w.kp.data(), j, w.s.data() + r0 * kSpanKeys);
       }
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t seen = std::clamp<int64_t>(a.start + t0 + r / g + 1 - s0, 0, nsk);
@@ -505,14 +441,9 @@ __attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, Threa
       }
       for (int64_t r0 = 0; r0 < padded; r0 += 32) {
         prefetch_share(v, r0 / 16);
-        if (r0 + 16 < padded) {
-          prefetch_share(v, r0 / 16 + 1);
-          for (int64_t c = 0; c < hd; c += 32)
-            K::values2(w.pb.data() + r0 * kSpanKeys, w.vp.data(), hd, ntile, c, w.acc.data() + r0 * hd);
-        } else {
-          for (int64_t c = 0; c < hd; c += 64)
-            K::values(w.pb.data() + r0 * kSpanKeys, w.vp.data(), hd, ntile, c, c + 32 < hd, w.acc.data() + r0 * hd);
-        }
+        prefetch_share(v, r0 / 16 + 1);
+        for (int64_t c = 0; c < hd; c += 32)
+          K::values(w.pb.data() + r0 * kSpanKeys, w.vp.data(), hd, ntile, c, w.acc.data() + r0 * hd);
       }
     }
     Tiles::release();
