@@ -256,13 +256,13 @@ struct Bf16Kernel {
 // as often, the tiles are configured once per task, each phase's operand pairs (the span's keys, then its values: 32
 // KB each at hd = 128) stay in L1, and no tile load follows right behind the softmax's vector stores.
 // Operand layouts are Bf16Kernel's (already what the tiles read):
-// - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs (row p of a tile's kp: dims 2p, 2p + 1
-//   of 16 keys in unpack order, lo then hi keys, rows 128 bytes apart); C = s[r][32 j .. 32 j + 32) for key tile j in
-//   Bf16Kernel's unpack order.
+// - Scores: A = 16 query rows x 32 dims (qb, row stride hd); B = pack_keys' pairs (row p of a tile's kp: dims 2p,
+//   2p + 1 of 16 keys in unpack order, lo then hi keys, rows 128 bytes apart); C = s[r][32 j .. 32 j + 32) for key
+//   tile j in Bf16Kernel's unpack order.
 // - Values: A = 16 rows of pb for key tile j (16 pairs of keys, pair_key's order); B = pack_values' pairs (rows 2 hd
 //   elements apart); C = acc's 16 x 16 floats of a chunk half (acc in Bf16Kernel's unpack order: store_row is shared).
-// Rounding and sums as Bf16Kernel's (q and p rounded to bf16, products exact, f32 sums; the denominator sums the rounded
-// probabilities); the order of the additions differs (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the
+// Rounding and sums as Bf16Kernel's (q and p rounded to bf16, products exact, f32 sums; the denominator sums the
+// rounded probabilities); the order of the additions differs (TDPBF16PS sums a tile's 16 pairs, with DAZ/FTZ), within the
 // tolerance tests/engine/test_attention.py holds every bf16 kernel to. Tiles: 0-1 A, 2-3 B, 4-7 C; rows padded to 32
 // (pad rows: zero queries and probabilities, results never read).
 // Four tiles: eight (256 keys) put the keys' and the values' pairs (64 KB each) out of L1: 7-15 % slower (session 17).
@@ -357,8 +357,9 @@ inline float span_softmax(const float* s, int64_t ntile, int64_t seen, float& m,
     const __m512 p1 = exp_nonpositive(_mm512_sub_ps(x[2 * j + 1], mn));
     const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // as Bf16Kernel::round_probs
     _mm512_storeu_si512(pb + j * kKeys, b);
-    sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
-                                           _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(int(0xffff0000u))))));
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));  // the rounded p0, p1 as round_probs leaves them
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(int(0xffff0000u))));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(even, odd));
   }
   // m = -inf before the first span: 0 (the accumulator is 0 anyway); past the first spans the max seldom moves.
   const float alpha = m_new == m ? 1.0f : std::exp(m - m_new);
