@@ -308,7 +308,7 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     max_rows = std::max(max_rows, grows);
   }
   if (!pieces.empty()) gstart.push_back(pieces.size());
-  // Which rows run on tiles: those of pieces with at least min_rows rows.
+  // Which rows run on tiles (pieces with at least min_rows rows) and, int8 only, on bf16 tiles (at least bf16_rows).
   std::vector<char> row_tiles(R), row_bf16(R);
   bool any_tiles = false, any_bf16 = false;
   for (const Piece& p : pieces) {

@@ -253,28 +253,22 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
   }
 }
 
-// f32_to_bf16 (tessera/bf16.h) lane-wise: round to nearest even, NaN -> quiet NaN.
-void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
-  for (int64_t k = 0; k < L.K; k += 16) {
-    const __mmask16 m = tail_mask(L.K - k);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_mask_storeu_epi16(q + k, m, _mm512_cvtepi32_epi16(r));
-  }
-  for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
-}
-
-// f32_to_bf16 lane-wise (convert_bf16's rounding) of 16 lanes, in the low 16 bits of each 32-bit lane.
+// f32_to_bf16 (tessera/bf16.h) lane-wise: round to nearest even, NaN -> quiet NaN; 16 lanes, each result in the low
+// 16 bits of its 32-bit lane.
 inline __m512i bf16_lanes(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
+  for (int64_t k = 0; k < L.K; k += 16) {
+    const __mmask16 m = tail_mask(L.K - k);
+    _mm256_mask_storeu_epi16(q + k, m, _mm512_cvtepi32_epi16(bf16_lanes(_mm512_maskz_loadu_ps(m, x + k))));
+  }
+  for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
 }
 
 // The scalar twin's contract: each int8 tile row r (K quad 4 r .. 4 r + 3 of 16 lanes) gives bf16 rows 2 (r % 8) and

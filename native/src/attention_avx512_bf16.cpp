@@ -448,18 +448,7 @@ __attribute__((noinline)) void amx_flash_attention(const AttentionArgs& a, Threa
       }
     }
     Tiles::release();
-    w.l.resize(size_t(rows));
-    for (int64_t r = 0; r < rows; ++r) w.l[size_t(r)] = _mm512_reduce_add_ps(_mm512_loadu_ps(w.lv.data() + r * 16));
-    if (splits > 1) {  // leave the partial for the merge
-      float* p = parts + task * slot;
-      std::copy(w.m.begin(), w.m.end(), p);
-      std::copy(w.l.begin(), w.l.end(), p + rows);
-      std::copy(w.acc.begin(), w.acc.begin() + rows * hd, p + 2 * rows);  // not the pad rows
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r)
-      Bf16Kernel::store_row(w.acc.data() + r * hd, 1.0f / w.l[size_t(r)],
-                            a.out + ((t0 + r / g) * a.nh + h * g + r % g) * hd, hd);
+    finish_task<Bf16Kernel>(a, tk, g, splits > 1 ? parts + task * slot : nullptr, w);
   });
   if (splits == 1) return;
   merge_key_ranges16<Bf16Kernel>(tasks, parts, a.nh, hd, a.out, pool);
