@@ -45,7 +45,8 @@ def main() -> None:
     wp = torch.softmax(torch.randn(T, k, generator=gen), -1)  # [T, k]
     idp = torch.argsort(torch.rand(T, n, generator=gen), dim=1)[:, :k].contiguous()  # [T, k]
     isa = native.quant_isa_for_backend(concrete)
-    quant = {t: calibrate.synthetic_quant_prefill(E, H, I, k, T, backends[t].pool, isa)[0] for t in args.threads}
+    qlayer = calibrate.synthetic_quant_layer(E, H, I, k)
+    quant = {t: calibrate.synthetic_quant_prefill(qlayer, E, k, T, backends[t].pool, isa) for t in args.threads}
     state = {"i": 0}
 
     def decode(t: int) -> None:  # 8 steps on fresh random experts (weights from memory)

@@ -346,6 +346,7 @@ NB_MODULE(_native, m) {
     d["quant_moe_chunk_tokens"] = t.quant_moe_chunk_tokens.load();
     d["vnni_gemm_min_tokens"] = t.vnni_gemm_min_tokens.load();
     d["decode_rows"] = t.decode_rows.load();
+    d["decode_streams"] = t.decode_streams.load();
     d["avx_vnni"] = t.avx_vnni.load();
     d["invalid"] = t.invalid;
     d["from_environment"] = t.from_environment;
@@ -387,6 +388,11 @@ NB_MODULE(_native, m) {
       if (value < 0) throw nb::value_error("decode_rows: must be >= 0 (0: about 256 KiB of blocks a task)");
       return t.decode_rows.exchange(value);
     }
+    if (name == "decode_streams") {
+      if (value < 0 || value > 2)
+        throw nb::value_error("decode_streams: must be 0 (the CPU's default), 1 or 2");
+      return t.decode_streams.exchange(value);
+    }
     if (name == "avx2_gemm_min_tokens") {
       if (value < 0) throw nb::value_error("avx2_gemm_min_tokens: must be >= 0 (0: the kernels' per-type default)");
       return t.avx2_gemm_min_tokens.exchange(value);
@@ -397,7 +403,7 @@ NB_MODULE(_native, m) {
     }
     throw nb::value_error(("set_tuning_knob: no runtime knob " + name +
                            " (prefetch_bytes, spin_us, amx_tile_min_rows, quant_moe_chunk_tokens, "
-                           "vnni_gemm_min_tokens, decode_rows, avx2_gemm_min_tokens, avx_vnni)").c_str());
+                           "vnni_gemm_min_tokens, decode_rows, decode_streams, avx2_gemm_min_tokens, avx_vnni)").c_str());
   }, nb::arg("name"), nb::arg("value"),
      "Calibration (tessera/engine/tuned.py): set one runtime knob, returns the previous value. Does not look at the "
      "environment: the caller skips the knobs tuning()['from_environment'] names.");

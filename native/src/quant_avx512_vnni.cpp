@@ -407,25 +407,40 @@ void dot_direct_int(const uint8_t* w, size_t row_bytes, int R, int64_t K, const 
   const int64_t nsb = K / 256;
   if (nt == 1) {  // decode: each row's sums kept, then reduced 16 rows at a time (reduce_tokens: the same bits)
     const ActRow& x = xs[0];
-    alignas(64) __m512 accs[kRowGroup];
-    alignas(32) __m256 maccs[kRowGroup];
-    for (int r0 = 0; r0 < R; r0 += kRowGroup) {
-      const int n = std::min<int>(R - r0, int(kRowGroup));
-      for (int r = 0; r < n; ++r) {
-        const uint8_t* row = w + size_t(r0 + r) * row_bytes;
-        __m512 acc = _mm512_setzero_ps();
-        __m256 macc = _mm256_setzero_ps();
-        const int sbb = int(row_bytes / nsb);
+    const int sbb = int(row_bytes / nsb);
+    auto step = [&](const uint8_t* row, int64_t sb, __m512& acc, __m256& macc) __attribute__((always_inline)) {
+      prefetch_ahead(row + sb * sbb, sbb);
+      SuperInt s;
+      load_super<t>(row, sb, s);
+      accumulate_super<t>(s, x, sb, acc, macc);
+    };
+    // decode_streams() sequential streams: rows [0, h) and [h, R) (h = R for one), a row of each in turn, super-block
+    // by super-block; h a whole number of row groups.
+    const int h = decode_streams() == 2
+                      ? std::min<int>(R, ((R + 1) / 2 + int(kRowGroup) - 1) / int(kRowGroup) * int(kRowGroup))
+                      : R;
+    alignas(64) __m512 accs[2][kRowGroup];
+    alignas(32) __m256 maccs[2][kRowGroup];
+    for (int g0 = 0; g0 < h; g0 += kRowGroup) {
+      const int na = std::min<int>(h - g0, int(kRowGroup));
+      const int nb = std::max(0, std::min<int>(R - h - g0, int(kRowGroup)));
+      for (int r = 0; r < na; ++r) {
+        const bool two = r < nb;
+        const uint8_t* ra = w + size_t(g0 + r) * row_bytes;
+        const uint8_t* rb = w + size_t(h + g0 + r) * row_bytes;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        __m256 macc0 = _mm256_setzero_ps(), macc1 = _mm256_setzero_ps();
         for (int64_t sb = 0; sb < nsb; ++sb) {
-          prefetch_ahead(row + sb * sbb, sbb);
-          SuperInt s;
-          load_super<t>(row, sb, s);
-          accumulate_super<t>(s, x, sb, acc, macc);
+          step(ra, sb, acc0, macc0);
+          if (two) step(rb, sb, acc1, macc1);
         }
-        accs[r] = acc;
-        maccs[r] = macc;
+        accs[0][r] = acc0;
+        maccs[0][r] = macc0;
+        accs[1][r] = acc1;
+        maccs[1][r] = macc1;
       }
-      reduce_tokens(accs, has_b<t>() ? maccs : nullptr, n, out + r0);
+      reduce_tokens(accs[0], has_b<t>() ? maccs[0] : nullptr, na, out + g0);
+      if (nb > 0) reduce_tokens(accs[1], has_b<t>() ? maccs[1] : nullptr, nb, out + h + g0);
     }
     return;
   }
@@ -470,21 +485,31 @@ void dot_direct_32(const uint8_t* w, size_t row_bytes, int R, int64_t K, const A
   const __m512i zero = _mm512_setzero_si512();
   if (nt == 1) {  // decode: dx folded into A
     const ActRow& x = xs[0];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + size_t(r) * row_bytes;
-      __m512 acc = _mm512_setzero_ps();
-      const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
-      for (int64_t sb = 0; sb < nsb; ++sb) {
-        prefetch_ahead(row + sb * sbb, sbb);
-        Chunk32 s;
-        load_block32<t>(row, K, sb, x.d256[sb], s);
-        acc = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb), acc);
-        for (int c = 0; c < s.nc; ++c) {
-          const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
-          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], acc);
-        }
+    const int sbb = int(8 * (t == QType::Q8_0 ? 34 : 18));
+    // One row's sum: acc over its super-blocks (chunks of 256 values), in order.
+    auto step = [&](const uint8_t* row, int64_t sb, __m512& acc) __attribute__((always_inline)) {
+      prefetch_ahead(row + sb * sbb, sbb);
+      Chunk32 s;
+      load_block32<t>(row, K, sb, x.d256[sb], s);
+      acc = _mm512_fnmadd_ps(s.b, _mm512_loadu_ps(x.s16 + 16 * sb), acc);
+      for (int c = 0; c < s.nc; ++c) {
+        const __m512i p = _mm512_dpbusd_epi32(zero, s.u[c], _mm512_loadu_si512(x.q + 256 * sb + 64 * c));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s.a[c], acc);
       }
-      out[r] = _mm512_reduce_add_ps(acc);
+    };
+    // decode_streams() sequential streams: rows [0, h) and [h, R) (h = R for one), a row of each in turn.
+    const int h = decode_streams() == 2 ? (R + 1) / 2 : R;
+    for (int r = 0; r < h; ++r) {
+      const bool two = h + r < R;
+      const uint8_t* ra = w + size_t(r) * row_bytes;
+      const uint8_t* rb = w + size_t(h + r) * row_bytes;
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        step(ra, sb, acc0);
+        if (two) step(rb, sb, acc1);
+      }
+      out[r] = _mm512_reduce_add_ps(acc0);
+      if (two) out[h + r] = _mm512_reduce_add_ps(acc1);
     }
     return;
   }

@@ -64,6 +64,10 @@ void read_environment(Tuning& t) {
   int64_t decode_rows = 0;
   read_count(t, "TESSERA_DECODE_ROWS", decode_rows);
   t.decode_rows = decode_rows;
+  int64_t decode_streams = 0;
+  read_count(t, "TESSERA_DECODE_STREAMS", decode_streams);
+  if (decode_streams > 2) t.invalid += "TESSERA_DECODE_STREAMS=" + std::to_string(decode_streams) + "\n";
+  else t.decode_streams = decode_streams;
   g_seen = nullptr;
 }
 

@@ -14,6 +14,9 @@ What is tuned, and on which work (only knobs the chosen backend reads are measur
                           quant_moe_default_chunk) is used.
   vnni_gemm_min_tokens    from how many tokens an expert's block takes the AVX-512 VNNI GEMM instead of the mat-vec per
                           token (0: the kernels' 12): the same quantized prefill, backends on avx512_vnni; `tune` only.
+  decode_streams          sequential row streams per thread of the quantized decode mat-vecs (AVX-512 VNNI: 1 or 2; 0:
+                          the CPU's default, Intel 2, others 1): one-token steps of the quantized MoE on random Q4_K
+                          blocks (weights from memory), backends whose quantized ISA is amx_int8 or avx512_vnni.
   avx2_gemm_min_tokens    from how many tokens an expert's block takes the AVX2 GEMM instead of the row tiles (0: the
                           kernels' table per type and dot, 2-4 tokens): a QUANT_SHORT_T-token quantized prefill (about
                           2 tokens an expert, where this threshold decides), backends whose quantized ISA is avx2;
@@ -47,7 +50,7 @@ class Knob:
     name: str
     default: int  # the value the kernels use without a record (tessera/tuning.h)
     candidates: tuple[int, ...]
-    workload: str  # "decode", "prefill" (bf16 layer) or "quant_prefill" (Q4_K blocks)
+    workload: str  # "decode", "prefill" (bf16 layer), "quant_prefill", "quant_prefill_short", "quant_decode" (Q4_K)
     on_load: bool = True  # measured by the first load's short calibration too (else by `tessera-cli tune` only)
 
 
@@ -59,6 +62,8 @@ AMX_TILE_ROWS = Knob("amx_tile_min_rows", 0, (0, 1, 2, 4, 8, 16, 32), "prefill")
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 0, (0, 128, 256, 512, 1024, 2048), "quant_prefill", on_load=False)
 # 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).
 VNNI_GEMM_MIN = Knob("vnni_gemm_min_tokens", 0, (0, 4, 8, 16, 24), "quant_prefill", on_load=False)
+# 0: quant::decode_streams's per-vendor default (Intel 2, others 1).
+DECODE_STREAMS = Knob("decode_streams", 0, (0, 1, 2), "quant_decode")
 # 0: quant_kernels.h avx2_gemm_min_tokens (per type and dot); one value here applies to every type (the knob's meaning).
 AVX2_GEMM_MIN = Knob("avx2_gemm_min_tokens", 0, (0, 2, 3, 4, 6), "quant_prefill_short", on_load=False)
 
@@ -74,7 +79,7 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
     if backend.startswith(("AVX512", "AVX2", "AMX")):
         out.append(QUANT_CHUNK)
     if backend.startswith(("AVX512", "AMX")):  # quantized ISA amx_int8 / avx512_vnni where the CPU has it (run checks)
-        out.append(VNNI_GEMM_MIN)
+        out += [VNNI_GEMM_MIN, DECODE_STREAMS]
     if backend.startswith(("AVX512", "AVX2")):  # quantized ISA avx2: AVX2, or AVX-512 without VNNI (run checks)
         out.append(AVX2_GEMM_MIN)
     return [kn for kn in out if kn.on_load or not on_load]
@@ -157,9 +162,9 @@ def random_q4k(rows: int, K: int, lead: int, gen):
     return raw.reshape(lead, rows, nb * 144)
 
 
-def synthetic_quant_prefill(E: int, H: int, I: int, k: int, T: int, pool, isa: str, seed: int = 2):
-    """(run, n): `run()` is one quant_moe_forward of T tokens on a random Q4_K layer of the real H, I with n of the E
-    experts (as many as LAYER_BYTES holds, at least k), routed as described at the top of this file."""
+def synthetic_quant_layer(E: int, H: int, I: int, k: int, seed: int = 2):
+    """(gate, up, down, n, gen): a random Q4_K layer of the real H, I with n of the E experts (as many as LAYER_BYTES
+    holds, at least k): gate/up [n, I, row_bytes(H)], down [n, H, row_bytes(I)]; gen: the generator, for the routing."""
     import torch
 
     from tessera.engine import native
@@ -167,7 +172,41 @@ def synthetic_quant_prefill(E: int, H: int, I: int, k: int, T: int, pool, isa: s
     per_expert = 2 * I * native.quant_row_bytes(QUANT_TYPE, H) + H * native.quant_row_bytes(QUANT_TYPE, I)
     n = int(max(k, min(E, LAYER_BYTES // per_expert)))
     gen = torch.Generator().manual_seed(seed)
-    gate, up, down = random_q4k(I, H, n, gen), random_q4k(I, H, n, gen), random_q4k(H, I, n, gen)
+    return random_q4k(I, H, n, gen), random_q4k(I, H, n, gen), random_q4k(H, I, n, gen), n, gen
+
+
+def synthetic_quant_decode(layer, k: int, pool, isa: str):
+    """`run()`: one quant_moe_forward of one token on `layer` (synthetic_quant_layer's), k fresh random experts each
+    call from a cycle of 64 draws, so the weights come from memory as in a real decode step."""
+    import torch
+
+    from tessera.engine import native
+
+    gate, up, down, n, gen = layer
+    H = down.shape[1]
+    draws = [torch.randperm(n, generator=gen)[:k].reshape(1, k).contiguous() for _ in range(64)]  # [1, k] each
+    x = torch.randn(1, H, generator=gen)  # [1, H]
+    weights = torch.softmax(torch.randn(1, k, generator=gen), -1)  # [1, k]
+    out = torch.empty(1, H)  # [1, H]
+    state = {"i": 0}
+
+    def run() -> None:
+        state["i"] = (state["i"] + 1) % len(draws)
+        native.quant_moe_forward(QUANT_TYPE, gate, QUANT_TYPE, up, QUANT_TYPE, down, draws[state["i"]], weights, x, out,
+                                 pool, isa)
+
+    return run
+
+
+def synthetic_quant_prefill(layer, E: int, k: int, T: int, pool, isa: str):
+    """`run()` is one quant_moe_forward of T tokens on `layer` (synthetic_quant_layer's: n of the E experts), routed
+    as described at the top of this file."""
+    import torch
+
+    from tessera.engine import native
+
+    gate, up, down, n, gen = layer
+    H = down.shape[1]
     logits = 2 * torch.randn(1, E, generator=gen) + torch.randn(T, E, generator=gen)  # [T, E]
     top, ids = torch.topk(logits, k, dim=1)  # [T, k]
     weights = torch.softmax(top, -1).float().contiguous()  # [T, k]
@@ -180,7 +219,7 @@ def synthetic_quant_prefill(E: int, H: int, I: int, k: int, T: int, pool, isa: s
     def run() -> None:
         native.quant_moe_forward(QUANT_TYPE, gate, QUANT_TYPE, up, QUANT_TYPE, down, ids, weights, x, out, pool, isa)
 
-    return run, n
+    return run
 
 
 def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = None, seconds: float = 3.0,
@@ -224,20 +263,27 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     work = {"decode": decode, "prefill": prefill}
     env = set(native.tuning()["from_environment"])
     todo = [kn for kn in knobs_for(concrete, on_load=on_load) if tuned.KNOBS[kn.name] not in env]
-    quantized = ("quant_prefill", "quant_prefill_short")
+    quantized = ("quant_prefill", "quant_prefill_short", "quant_decode")
     if any(kn.workload in quantized for kn in todo) and (H % 256 or I % 256):
         say(f"quantized knobs: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
         todo = [kn for kn in todo if kn.workload not in quantized]
-    if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
-        todo.remove(VNNI_GEMM_MIN)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
+    for kn in (VNNI_GEMM_MIN, DECODE_STREAMS):
+        if kn in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
+            todo.remove(kn)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
     if AVX2_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) != "avx2":
         todo.remove(AVX2_GEMM_MIN)  # the quantized kernels are AVX-512 VNNI's
     shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}
     isa = native.quant_isa_for_backend(concrete)
+    if any(kn.workload in quantized for kn in todo):
+        qlayer = synthetic_quant_layer(E, H, I, k)
+        shape["quant_experts_timed"] = qlayer[3]
     for workload, T in (("quant_prefill", QUANT_PREFILL_T), ("quant_prefill_short", QUANT_SHORT_T)):
         if any(kn.workload == workload for kn in todo):
-            work[workload], shape["quant_experts_timed"] = synthetic_quant_prefill(E, H, I, k, T, experts.pool, isa)
-            say(f"quantized prefill: {T} tokens on {shape['quant_experts_timed']} of {E} random {QUANT_TYPE} experts")
+            work[workload] = synthetic_quant_prefill(qlayer, E, k, T, experts.pool, isa)
+            say(f"quantized prefill: {T} tokens on {qlayer[3]} of {E} random {QUANT_TYPE} experts")
+    if any(kn.workload == "quant_decode" for kn in todo):
+        work["quant_decode"] = synthetic_quant_decode(qlayer, k, experts.pool, isa)
+        say(f"quantized decode: one token on {k} of {qlayer[3]} random {QUANT_TYPE} experts a step")
     for kn in knobs_for(concrete, on_load=on_load):
         if tuned.KNOBS[kn.name] in env:
             say(f"{kn.name}: not measured, {tuned.KNOBS[kn.name]} is set in the environment (it wins)")

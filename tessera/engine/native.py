@@ -47,7 +47,8 @@ def physical_cores() -> int:
 def set_tuning_knob(name: str, value: int) -> int:
     """Sets one runtime knob the kernels read per call (spin_us, prefetch_bytes, amx_tile_min_rows,
     quant_moe_chunk_tokens, vnni_gemm_min_tokens; engine.tuned and engine.calibrate; decode_rows: rows per task of
-    the one-token mat-vecs, 0 = ~256 KiB of blocks; avx_vnni: 0 keeps the AVX2 GEMM on vpmaddubsw, 1 uses AVX-VNNI
+    the one-token mat-vecs, 0 = ~256 KiB of blocks; decode_streams: their row streams per thread, 1 or 2, 0 = the
+    CPU's default (Intel 2, others 1); avx_vnni: 0 keeps the AVX2 GEMM on vpmaddubsw, 1 uses AVX-VNNI
     where the CPU has it; avx2_gemm_min_tokens: the AVX2 GEMM's token threshold, 0 = per type) and returns its
     previous value;
     an unknown name is a ValueError naming it."""
@@ -68,6 +69,8 @@ def tuning() -> dict:
     knobs["from_environment"] = knobs["from_environment"].split()
     for line in knobs.pop("invalid").splitlines():
         name, _, value = line.partition("=")
+        if name == "TESSERA_DECODE_STREAMS":
+            raise TesseraError(name, f"must be 0 (the CPU's default), 1 or 2, got {value!r}")
         raise TesseraError(name, f"must be a whole number >= 0, got {value!r}")
     return knobs
 

@@ -31,7 +31,7 @@ ON_LOAD_SECONDS = 2.0  # timing budget of the first load's calibration (tessera-
 # Runtime knobs a record may set (engine.native.set_tuning_knob) and the variable that overrides each.
 KNOBS = {"prefetch_bytes": "TESSERA_PF", "spin_us": "TESSERA_SPIN_US", "amx_tile_min_rows": "TESSERA_AMX_TILE_MIN_ROWS",
          "quant_moe_chunk_tokens": "TESSERA_QUANT_MOE_CHUNK_T", "vnni_gemm_min_tokens": "TESSERA_VNNI_GEMM_MIN_T",
-         "avx2_gemm_min_tokens": "TESSERA_AVX2_GEMM_MIN_T"}
+         "avx2_gemm_min_tokens": "TESSERA_AVX2_GEMM_MIN_T", "decode_streams": "TESSERA_DECODE_STREAMS"}
 
 
 def default_dir() -> Path:
@@ -193,6 +193,8 @@ VALUE_MEANINGS = {
     ("vnni_gemm_min_tokens", 0): ("the kernels' default", "the kernels' default, 12 tokens"),
     ("avx2_gemm_min_tokens", 0): ("per type", "per type and dot: 2-4 tokens (quant_kernels.h avx2_gemm_min_tokens)"),
     ("quant_moe_chunk_tokens", 0): ("the kernels' default", "the kernels' default, 2048 tokens"),
+    ("decode_streams", 0): ("per CPU vendor", "per CPU vendor: 2 on Intel, 1 elsewhere (quant_kernels.h "
+                                              "decode_streams)"),
 }
 
 

@@ -132,7 +132,7 @@ def test_the_record_reaches_the_native_module(tmp_path):
     """What the kernels read (native.tuning(), the atomics in tessera/tuning.h) is the record's value after a load
     applies it, the default before, and the default again when the record is of another build (stale)."""
     rec = _record(spin_us=11, prefetch_bytes=2048, amx_tile_min_rows=2, quant_moe_chunk_tokens=512,
-                  vnni_gemm_min_tokens=8, avx2_gemm_min_tokens=3)
+                  vnni_gemm_min_tokens=8, avx2_gemm_min_tokens=3, decode_streams=1)
     tuned.save(rec, tmp_path)
     knobs, message, native_now = _apply_in_child(tmp_path)
     assert message == "" and all(k["source"] == "measured" for k in knobs.values())
@@ -144,7 +144,7 @@ def test_the_record_reaches_the_native_module(tmp_path):
     assert all(k["source"] == "default" for k in knobs.values())
     assert {n: native_now[n] for n in tuned.KNOBS} == {"spin_us": 50, "prefetch_bytes": -1, "amx_tile_min_rows": 0,
                                                       "quant_moe_chunk_tokens": 0, "vnni_gemm_min_tokens": 0,
-                                                      "avx2_gemm_min_tokens": 0}
+                                                      "avx2_gemm_min_tokens": 0, "decode_streams": 0}
 
 
 def test_a_bad_chunk_in_the_environment_is_named():
@@ -183,14 +183,17 @@ def test_measure_knob_times_each_value_with_the_knob_set():
 def test_knobs_follow_the_backend():
     names = lambda b, **kw: [k.name for k in calibrate.knobs_for(b, **kw)]  # noqa: E731
     chunk, gemm, avx2 = "quant_moe_chunk_tokens", "vnni_gemm_min_tokens", "avx2_gemm_min_tokens"
-    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk, gemm, avx2]  # run() keeps the ISA's threshold
+    streams = "decode_streams"
+    # run() keeps the quantized ISA's knobs (AVX-512 VNNI's or AVX2's)
+    assert names("AVX512") == ["spin_us", "prefetch_bytes", chunk, gemm, streams, avx2]
     assert names("AVX2") == ["spin_us", "prefetch_bytes", chunk, avx2]
-    assert names("AVX512Int8") == ["spin_us", chunk, gemm, avx2] and names("Reference") == ["spin_us"]
-    assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows", chunk, gemm]
-    assert names("AMXBF16-emulated") == ["spin_us", chunk, gemm]
-    # the first load's calibration leaves out the slow quantized prefill (tessera-cli tune measures it)
-    assert names("AVX512", on_load=True) == ["spin_us", "prefetch_bytes"]
-    assert names("AMXInt8", on_load=True) == ["spin_us", "amx_tile_min_rows"]
+    assert names("AVX512Int8") == ["spin_us", chunk, gemm, streams, avx2] and names("Reference") == ["spin_us"]
+    assert names("AMXBF16") == ["spin_us", "amx_tile_min_rows", chunk, gemm, streams]
+    assert names("AMXBF16-emulated") == ["spin_us", chunk, gemm, streams]
+    # the first load's calibration leaves out the slow quantized prefill (tessera-cli tune measures it), not the
+    # quantized decode's streams (one-token steps: quick)
+    assert names("AVX512", on_load=True) == ["spin_us", "prefetch_bytes", streams]
+    assert names("AMXInt8", on_load=True) == ["spin_us", "amx_tile_min_rows", streams]
 
 
 def _measures_only(knob, backend: str, workload: str) -> None:
@@ -218,9 +221,22 @@ def test_the_quantized_chunk_is_measured_on_a_real_sized_prefill(monkeypatch):
         pytest.skip("the quantized chunk is measured on SIMD backends only")
     _measures_only(calibrate.QUANT_CHUNK, backend, "quant_prefill")
     monkeypatch.setattr(calibrate, "LAYER_BYTES", 1e5)  # less than one expert's blocks: k experts are made
-    run, n = calibrate.synthetic_quant_prefill(16, 256, 256, 4, 64, native.make_pool(2), "reference")
-    assert n == 4
-    run()  # a quant_moe_forward with slots of missing experts dropped (-1) runs
+    layer = calibrate.synthetic_quant_layer(16, 256, 256, 4)
+    assert layer[3] == 4
+    calibrate.synthetic_quant_prefill(layer, 16, 4, 64, native.make_pool(2), "reference")()  # slots of missing
+    # experts dropped (-1): a quant_moe_forward runs
+
+
+def test_the_decode_streams_are_measured_on_quantized_decode_steps():
+    """Where the quantized kernels are AVX-512 VNNI's (amx_int8 or avx512_vnni), calibrate.run times decode_streams on
+    one-token quantized MoE steps, every candidate's median stored; which value wins is the machine's business."""
+    from tessera.engine import backends
+
+    available = [b.name for b in backends.table() if b.available and b.name in ("AMXInt8", "AVX512Int8")]
+    backend = next((b for b in available if native.quant_isa_for_backend(b) in ("amx_int8", "avx512_vnni")), None)
+    if backend is None:
+        pytest.skip("this CPU (or TESSERA_MAX_ISA) has no AVX-512 VNNI quantized kernels")
+    _measures_only(calibrate.DECODE_STREAMS, backend, "quant_decode")
 
 
 def test_the_avx2_gemm_threshold_is_measured_on_a_short_prefill():

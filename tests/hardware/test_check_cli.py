@@ -46,7 +46,7 @@ def test_json_has_the_fields_the_issue_lists(report):
     assert report["model"]["decode_tok_s_upper_bound"] > 0
     tuning = report["tuning"]  # engine.tuned.status(): what is measured on this CPU, or that defaults are in use
     assert set(tuning["knobs"]) == {"prefetch_bytes", "spin_us", "amx_tile_min_rows", "quant_moe_chunk_tokens",
-                                     "vnni_gemm_min_tokens", "avx2_gemm_min_tokens"}
+                                     "vnni_gemm_min_tokens", "avx2_gemm_min_tokens", "decode_streams"}
     assert all(isinstance(q["avx_vnni"], bool) for q in report["quant_kernels"])  # the GGUF kernels, best first
     assert report["quant_kernels"][-1]["name"] == "reference" and report["quant_kernels"][-1]["available"]
     assert tuning["cpu"] and tuning["stored"] in (True, False)
