@@ -215,17 +215,25 @@ float row_dot_iq4_xs(const uint8_t* row, int64_t nsb, const ActRow& x, bool fetc
 template <QType t>
 void rows_direct(const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt, float* out) {
   const int64_t nsb = K / 256;
-  for (int r = 0; r < R; ++r) {
+  auto dot = [&](int r, int i) __attribute__((always_inline)) {  // out[r * nt + i] = row r . token i
     const uint8_t* row = w + size_t(r) * row_bytes;
-    for (int i = 0; i < nt; ++i) {
-      float& o = out[r * nt + i];
-      const bool fetch = i == 0;
-      if constexpr (t == QType::Q4_K || t == QType::Q5_K) o = row_dot_q45_k<t == QType::Q5_K>(row, nsb, xs[i], fetch);
-      else if constexpr (t == QType::Q6_K) o = row_dot_q6_k(row, nsb, xs[i], fetch);
-      else if constexpr (t == QType::IQ4_XS) o = row_dot_iq4_xs(row, nsb, xs[i], fetch);
-      else o = row_dot_32<t>(row, K, xs[i], fetch);
+    float& o = out[r * nt + i];
+    const bool fetch = i == 0;
+    if constexpr (t == QType::Q4_K || t == QType::Q5_K) o = row_dot_q45_k<t == QType::Q5_K>(row, nsb, xs[i], fetch);
+    else if constexpr (t == QType::Q6_K) o = row_dot_q6_k(row, nsb, xs[i], fetch);
+    else if constexpr (t == QType::IQ4_XS) o = row_dot_iq4_xs(row, nsb, xs[i], fetch);
+    else o = row_dot_32<t>(row, K, xs[i], fetch);
+  };
+  if (nt == 1) {  // decode: decode_streams() sequential streams, rows [0, h) and [h, R), a row of each in turn
+    const int h = decode_streams() == 2 ? (R + 1) / 2 : R;
+    for (int r = 0; r < h; ++r) {
+      dot(r, 0);
+      if (h + r < R) dot(h + r, 0);
     }
+    return;
   }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < nt; ++i) dot(r, i);
 }
 
 void dot_direct_avx2(QType t, const uint8_t* w, size_t row_bytes, int R, int64_t K, const ActRow* xs, int nt,

@@ -14,9 +14,9 @@ What is tuned, and on which work (only knobs the chosen backend reads are measur
                           quant_moe_default_chunk) is used.
   vnni_gemm_min_tokens    from how many tokens an expert's block takes the AVX-512 VNNI GEMM instead of the mat-vec per
                           token (0: the kernels' 12): the same quantized prefill, backends on avx512_vnni; `tune` only.
-  decode_streams          sequential row streams per thread of the quantized decode mat-vecs (AVX-512 VNNI: 1 or 2; 0:
-                          the CPU's default, Intel 2, others 1): one-token steps of the quantized MoE on random Q4_K
-                          blocks (weights from memory), backends whose quantized ISA is amx_int8 or avx512_vnni.
+  decode_streams          sequential row streams per thread of the quantized decode mat-vecs (1 or 2; 0: the CPU's
+                          default, Intel 2, others 1): one-token steps of the quantized MoE on random Q4_K blocks
+                          (weights from memory), every backend with a SIMD quantized ISA.
   avx2_gemm_min_tokens    from how many tokens an expert's block takes the AVX2 GEMM instead of the row tiles (0: the
                           kernels' table per type and dot, 2-4 tokens): a QUANT_SHORT_T-token quantized prefill (about
                           2 tokens an expert, where this threshold decides), backends whose quantized ISA is avx2;
@@ -78,8 +78,10 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
         out.append(AMX_TILE_ROWS)
     if backend.startswith(("AVX512", "AVX2", "AMX")):
         out.append(QUANT_CHUNK)
+    if backend.startswith(("AVX512", "AVX2", "AMX")):
+        out.append(DECODE_STREAMS)
     if backend.startswith(("AVX512", "AMX")):  # quantized ISA amx_int8 / avx512_vnni where the CPU has it (run checks)
-        out += [VNNI_GEMM_MIN, DECODE_STREAMS]
+        out.append(VNNI_GEMM_MIN)
     if backend.startswith(("AVX512", "AVX2")):  # quantized ISA avx2: AVX2, or AVX-512 without VNNI (run checks)
         out.append(AVX2_GEMM_MIN)
     return [kn for kn in out if kn.on_load or not on_load]
@@ -267,9 +269,8 @@ def run(backend: str, E: int, H: int, I: int, k: int, *, threads: int | None = N
     if any(kn.workload in quantized for kn in todo) and (H % 256 or I % 256):
         say(f"quantized knobs: not measured, H={H} and I={I} are not whole {QUANT_TYPE} blocks (256 values)")
         todo = [kn for kn in todo if kn.workload not in quantized]
-    for kn in (VNNI_GEMM_MIN, DECODE_STREAMS):
-        if kn in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
-            todo.remove(kn)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
+    if VNNI_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) not in ("amx_int8", "avx512_vnni"):
+        todo.remove(VNNI_GEMM_MIN)  # this CPU's AVX-512 lacks VNNI: the quantized kernels are AVX2's
     if AVX2_GEMM_MIN in todo and native.quant_isa_for_backend(concrete) != "avx2":
         todo.remove(AVX2_GEMM_MIN)  # the quantized kernels are AVX-512 VNNI's
     shape = {"E": E, "H": H, "I": I, "k": k, "experts_timed": n}

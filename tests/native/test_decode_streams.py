@@ -1,6 +1,7 @@
-"""The AVX-512 VNNI decode mat-vecs read a call's rows as one or two sequential streams per thread (tessera/tuning.h
+"""The decode mat-vecs that read the blocks directly (AVX-512 VNNI, AVX2) read a call's rows as one or two sequential
+streams per thread (tessera/tuning.h
 decode_streams; 0: the CPU's default, Intel 2, others 1; TESSERA_DECODE_STREAMS or a stored calibration set it). Two
-streams cut the rows in halves and take a row of each in turn: every row is written, each row's sums run in the same
+streams cut the rows in halves and take a row of each in turn (AVX-512: a super-block of each in turn): every row is written, each row's sums run in the same
 order, so the results are the same bits as one stream's, for every type, row count (odd, under and over a row group)
 and the MoE decode; and they stay correct against float64 on the dequantized weights."""
 
@@ -18,8 +19,8 @@ from tests.native.quant_cases import TYPES, dequantized, matmul, nmse, quant_isa
 from tests.native.test_quant_moe_chunk import _case, _moe
 
 KNOB = "decode_streams"
-pytestmark = pytest.mark.skipif("avx512_vnni" not in quant_isas(), reason="this CPU does not run AVX-512 VNNI")
-ISAS = [i for i in quant_isas() if i in ("amx_int8", "avx512_vnni")]  # both decode on the VNNI mat-vec
+ISAS = [i for i in quant_isas() if i in ("amx_int8", "avx512_vnni", "avx2")]  # amx_int8 decodes on the VNNI mat-vec
+pytestmark = pytest.mark.skipif(not ISAS, reason="this CPU runs no SIMD quantized kernels")
 ROWS = (1, 2, 3, 31, 32, 33, 63, 65, 100, 257)  # kRowGroup is 32: halves of whole row groups, odd tails
 
 

@@ -62,8 +62,8 @@ struct Tuning {
   // task (docs/BENCHMARKS.md, session 8: 32-row tasks streamed 25-35 % slower on Zen 4). Atomic: tests switch it.
   std::atomic<int64_t> decode_rows{0};
   // TESSERA_DECODE_STREAMS: sequential row streams per thread of the decode mat-vecs that read the blocks directly
-  // (AVX-512 VNNI dot_direct at T = 1: the quantized MoE's decode and every quantized dense mat-vec): 1, or 2 (the
-  // call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, quant::decode_streams (Intel 2,
+  // (dot_direct at T = 1 on AVX-512 VNNI and AVX2: the quantized MoE's decode and every quantized dense mat-vec): 1,
+  // or 2 (the call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, quant::decode_streams (Intel 2,
   // others 1). Results are the same bits either way. Atomic: measured by the calibration (calibrate.py
   // DECODE_STREAMS), tests switch it.
   std::atomic<int64_t> decode_streams{0};
