@@ -1,9 +1,9 @@
 """The decode mat-vecs that read the blocks directly (AVX-512 VNNI, AVX2) read a call's rows as one or two sequential
-streams per thread (tessera/tuning.h
-decode_streams; 0: the CPU's default, Intel 2, others 1; TESSERA_DECODE_STREAMS or a stored calibration set it). Two
-streams cut the rows in halves and take a row of each in turn (AVX-512: a super-block of each in turn): every row is written, each row's sums run in the same
-order, so the results are the same bits as one stream's, for every type, row count (odd, under and over a row group)
-and the MoE decode; and they stay correct against float64 on the dequantized weights."""
+streams per thread (tessera/tuning.h decode_streams; 0: the CPU's default, Intel 2, others 1; TESSERA_DECODE_STREAMS
+or a stored calibration set it). Two streams cut the rows in halves and take a row (AVX-512: a super-block) of each in
+turn: every row is written, each row's sums run in the same order, so the results are the same bits as one stream's,
+for every type, row count (odd, under and over a row group) and the MoE decode; and they stay correct against float64
+on the dequantized weights."""
 
 from __future__ import annotations
 
