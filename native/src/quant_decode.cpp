@@ -1,7 +1,7 @@
 // quant_matvec_multi (tessera/quant_decode.h): a decode step's mat-vecs that share one activation row, in one pool
-// dispatch. Per row group exactly what quant_matmul does at T = 1 (kRowGroup rows per task, dot_direct where the ISA
-// has it, else the 4-row tile), so the outputs equal three separate quant_matmul calls bit for bit; what it saves is
-// two activation quantizations, two pool wake-ups and two Python calls per layer.
+// dispatch. quant_matmul at T = 1 is this function with one part where the ISA has dot_direct; elsewhere (Reference's
+// 4-row tiles) per row group exactly what quant_matmul does, so the outputs equal separate quant_matmul calls bit for
+// bit; what it saves is two activation quantizations, two pool wake-ups and two Python calls per layer.
 #include "tessera/quant_decode.h"
 
 #include <algorithm>

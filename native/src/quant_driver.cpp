@@ -355,10 +355,13 @@ int quant_gemm_min_tokens(QIsa isa, QType t) {
 
 void quant_matmul(QIsa isa, const QMatmulArgs& a, ThreadPool& pool) {
   const Kernels& kr = kernels_for(isa);
-  if ((qisa_vnni(isa) || isa == QIsa::AVX2) && a.T >= quant_gemm_min_tokens(isa, a.type)) {
-    const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
+  const QMatvecPart part{a.type, a.w, a.row_bytes, a.N, a.out};
+  if ((qisa_vnni(isa) || isa == QIsa::AVX2) && a.T >= quant_gemm_min_tokens(isa, a.type))
     return matmul_gemm_packed(isa, kr, a.x, a.T, a.K, &part, 1, pool);
-  }
+  // One token on a direct-read kernel (the lm_head at decode): the decode mat-vec's ~256 KiB tasks and row streams,
+  // not 32-row tasks (one stream each: the AMX Xeon's Q6_K lm_head read 11.5 GB/s that way). The same bits: each
+  // row's dot_direct does not depend on the rows beside it.
+  if (a.T == 1 && kr.dot_direct) return quant_matvec_multi(isa, a.x, a.K, &part, 1, pool);
   const bool wide = qtype_info(a.type).wide;
   thread_local Acts acts_of_thread;
   Acts& acts = acts_of_thread;  // the caller's (see matmul_gemm_packed)
