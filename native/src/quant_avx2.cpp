@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "quant_kernels.h"
+#include "tessera/tuning.h"
 #include "tessera/bf16.h"
 
 #include "isa_target.h"

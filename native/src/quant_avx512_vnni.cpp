@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "quant_kernels.h"
+#include "tessera/tuning.h"
 #include "tessera/bf16.h"
 
 #include "isa_target.h"

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "quant_kernels.h"
-#include "tessera/cpu.h"
 #include "tessera/quant_decode.h"
 #include "tessera/step_profile.h"
 #include "tessera/tuning.h"
@@ -318,12 +317,6 @@ int64_t decode_task_rows(size_t row_bytes) {
   if (knob > 0) return std::min(knob, kDecodeMaxRows);
   const int64_t rows = int64_t(kDecodeTaskBytes / std::max<size_t>(row_bytes, 1)) / 16 * 16;
   return std::clamp(rows, kRowGroup, kDecodeMaxRows);
-}
-int decode_streams() {
-  const int64_t knob = tuning().decode_streams.load(std::memory_order_relaxed);
-  if (knob > 0) return int(std::min<int64_t>(knob, 2));
-  static const int by_vendor = cpu_features().vendor == "GenuineIntel" ? 2 : 1;
-  return by_vendor;
 }
 }  // namespace quant
 

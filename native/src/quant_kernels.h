@@ -37,13 +37,6 @@ constexpr int64_t kRowGroup = 32;  // rows per driver task
 constexpr size_t kDecodeTaskBytes = size_t(256) << 10;
 constexpr int64_t kDecodeMaxRows = 2048;
 int64_t decode_task_rows(size_t row_bytes);
-// Sequential row streams per thread of a direct-read decode mat-vec (1 or 2): the knob tuning().decode_streams, or
-// for 0 this CPU's default. Two streams, the call's rows in halves with a row of each in turn, keep twice the misses
-// in flight per core: on an AMX Xeon VM (2 cores) a Q4_K_M MoE layer's decode read 21.1 -> 24.5 GB/s, Q8_0 22.7 ->
-// 27.6 on AVX-512 VNNI (the read probe: 26.6-27.4), 21.6 -> 24.4 and 25.1 -> 28.5 on AVX2, end to end 6.9 -> 8.6 tok/s
-// on the 48-layer Q4_K_M (docs/BENCHMARKS.md, session 18). AVX-512 VNNI alternates super-blocks, AVX2 whole rows. On Zen 4 two interleaved rows measured 1.2-2x slower (session 2, an older kernel): one stream there. The same
-// bits either way (each row's sums run in the same order).
-int decode_streams();
 
 // The direct-read kernels (dot_direct: AVX-512 VNNI, AVX2) read one row after the other (at decode:
 // decode_streams() sequential streams per thread), and prefetch this far ahead into the next rows of each stream,

@@ -1,6 +1,8 @@
 // The one reader of TESSERA_* environment variables in the native module (tessera/tuning.h).
 #include "tessera/tuning.h"
 
+#include "tessera/cpu.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -72,6 +74,13 @@ void read_environment(Tuning& t) {
 }
 
 }  // namespace
+
+int decode_streams() {
+  const int64_t knob = tuning().decode_streams.load(std::memory_order_relaxed);
+  if (knob > 0) return int(std::min<int64_t>(knob, 2));
+  static const int by_vendor = cpu_features().vendor == "GenuineIntel" ? 2 : 1;
+  return by_vendor;
+}
 
 Tuning& tuning() {
   static Tuning* t = [] {

@@ -62,7 +62,7 @@ AMX_TILE_ROWS = Knob("amx_tile_min_rows", 0, (0, 1, 2, 4, 8, 16, 32), "prefill")
 QUANT_CHUNK = Knob("quant_moe_chunk_tokens", 0, (0, 128, 256, 512, 1024, 2048), "quant_prefill", on_load=False)
 # 0: quant_kernels.h kGemmMinTokens (12), the kernels' default; the kernel never goes below 2 (decode: the mat-vec).
 VNNI_GEMM_MIN = Knob("vnni_gemm_min_tokens", 0, (0, 4, 8, 16, 24), "quant_prefill", on_load=False)
-# 0: quant::decode_streams's per-vendor default (Intel 2, others 1).
+# 0: the per-vendor default of native/include/tessera/tuning.h decode_streams() (Intel 2, others 1).
 DECODE_STREAMS = Knob("decode_streams", 0, (0, 1, 2), "quant_decode")
 # 0: quant_kernels.h avx2_gemm_min_tokens (per type and dot); one value here applies to every type (the knob's meaning).
 AVX2_GEMM_MIN = Knob("avx2_gemm_min_tokens", 0, (0, 2, 3, 4, 6), "quant_prefill_short", on_load=False)

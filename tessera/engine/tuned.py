@@ -193,7 +193,7 @@ VALUE_MEANINGS = {
     ("vnni_gemm_min_tokens", 0): ("the kernels' default", "the kernels' default, 12 tokens"),
     ("avx2_gemm_min_tokens", 0): ("per type", "per type and dot: 2-4 tokens (quant_kernels.h avx2_gemm_min_tokens)"),
     ("quant_moe_chunk_tokens", 0): ("the kernels' default", "the kernels' default, 2048 tokens"),
-    ("decode_streams", 0): ("per CPU vendor", "per CPU vendor: 2 on Intel, 1 elsewhere (quant_kernels.h "
+    ("decode_streams", 0): ("per CPU vendor", "per CPU vendor: 2 on Intel, 1 elsewhere (tessera/tuning.h "
                                               "decode_streams)"),
 }
 

@@ -63,7 +63,7 @@ struct Tuning {
   std::atomic<int64_t> decode_rows{0};
   // TESSERA_DECODE_STREAMS: sequential row streams per thread of the decode mat-vecs that read the blocks directly
   // (dot_direct at T = 1 on AVX-512 VNNI and AVX2: the quantized MoE's decode and every quantized dense mat-vec): 1,
-  // or 2 (the call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, quant::decode_streams (Intel 2,
+  // or 2 (the call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, decode_streams() below (Intel 2,
   // others 1). Results are the same bits either way. Atomic: measured by the calibration (calibrate.py
   // DECODE_STREAMS), tests switch it.
   std::atomic<int64_t> decode_streams{0};
@@ -102,5 +102,15 @@ struct Tuning {
 
 // Read on first call (thread-safe), then the same object for the life of the process.
 Tuning& tuning();
+
+// Sequential streams per thread of the memory-bound decode loops, 1 or 2: the knob tuning().decode_streams, or for 0
+// this CPU's default. Two streams keep twice the misses in flight per core: on an AMX Xeon VM (2 cores) a Q4_K_M MoE
+// layer's decode read 21.1 -> 24.5 GB/s, Q8_0 22.7 -> 27.6 on AVX-512 VNNI (the read probe: 26.6-27.4), 21.6 -> 24.4
+// and 25.1 -> 28.5 on AVX2, end to end 6.9 -> 8.6 tok/s on the 48-layer Q4_K_M (docs/BENCHMARKS.md, session 18). On
+// Zen 4 two interleaved rows measured 1.2-2x slower (session 2, an older kernel): one stream there. Readers: the
+// quantized decode mat-vecs (quant_kernels.h; AVX-512 VNNI alternates super-blocks of two rows, AVX2 whole rows).
+// Results are the same bits either way. (The bf16 decode attention with two key-range tasks taking turns per thread
+// measured no faster at 8k: docs/BENCHMARKS.md, session 18.)
+int decode_streams();
 
 }  // namespace tessera
