@@ -4,7 +4,8 @@ blocks: random bytes, finite f16 scales), run by the quantized kernels read in p
 
 Decode (T=1, k experts) as microseconds and GB/s of quantized weight bytes read (3 projections x k experts), also as a
 percentage of this machine's read bandwidth: median over rounds that each probe the bandwidth and time decode back to
-back, interleaved across ISAs. Prefill (each --prompt-lengths T) as milliseconds and GFLOP/s (2 * k * 3 * H * I per
+back, interleaved across ISAs. The decode steps cycle through copies of the layer (decode_copies) and the probe reads
+a buffer of the same size, so that neither runs from a last-level cache larger than one layer. Prefill (each --prompt-lengths T) as milliseconds and GFLOP/s (2 * k * 3 * H * I per
 token), median of runs. Each decode step routes to fresh random experts, so weights come from memory, not cache.
 Reference is checked for error, not timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +38,27 @@ def random_blocks(type_name: str, E: int, rows: int, K: int, rng: np.random.Gene
         scale = (rng.uniform(1e-3, 2e-2, raw.shape[:-1]) * rng.choice([-1.0, 1.0], raw.shape[:-1])).astype(np.float16)
         raw[..., off:off + 2] = scale.view(np.uint8).reshape(*raw.shape[:-1], 2)
     return raw.reshape(E, rows, -1)
+
+
+def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest cache of CPU 0 as Linux reports it (sysfs `index*/size`, e.g. "491520K"), 0 where it says nothing."""
+    sizes = [0]
+    for f in cpu.glob("index*/size"):
+        text = f.read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes)
+
+
+def decode_copies(layer_bytes: int, cache_bytes: int, free_bytes: int) -> int:
+    """How many copies of the layer the decode steps cycle through: enough for a working set of twice the last-level
+    cache (an AMX Xeon VM reports a 480 MB L3: one 392 MB Q4_K_M layer decoded alone stayed partly in it between steps
+    and read "110 %" of the memory probe; docs/BENCHMARKS.md, session 18), at most 16 and a quarter of the free RAM."""
+    want = -(-2 * cache_bytes // max(layer_bytes, 1))
+    room = free_bytes // 4 // max(layer_bytes, 1)
+    return int(max(1, min(want, 16, room)))
 
 
 def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, ...], log) -> dict:
@@ -104,14 +127,26 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, 
         forward(isa, ids4, w4, x4, out)
         results[isa] = {"rel_err_vs_float64": float((out.double() - exact).norm() / exact.norm())}
 
+    layer_bytes = gate.nbytes + up.nbytes + down.nbytes
+    copies = decode_copies(layer_bytes, last_level_cache_bytes(), N.free_ram())
+    layers = [(gate, up, down)] + [(gate.copy(), up.copy(), down.copy()) for _ in range(copies - 1)]
+    working_set = copies * layer_bytes
+    log(f"decode: {copies} copies of the layer cycled ({working_set / 1e6:.0f} MB; last-level cache "
+        f"{last_level_cache_bytes() / 1e6:.0f} MB), the probe reads as much")
+
     def decode_step_best(isa, seconds):
         x, w = torch.randn(1, H, generator=gen), torch.softmax(torch.randn(1, k, generator=gen), -1)
         out = torch.empty(1, H)
         ids = [draw(1) for _ in range(1000)]
         forward(isa, ids[0], w, x, out)
+
+        def step(n):  # layer copy n % copies, fresh random experts
+            g_, u_, d_ = layers[n % copies]
+            N.quant_moe_forward(types[0], g_, types[1], u_, types[2], d_, ids[n], w, x, out, pool, isa)
+
         n, t0, best, tb = 0, time.perf_counter(), float("inf"), time.perf_counter()
         while n < len(ids) and (n < 20 or time.perf_counter() - t0 < seconds):
-            forward(isa, ids[n], w, x, out)
+            step(n)
             n += 1
             if n % 10 == 0:
                 best, tb = min(best, (time.perf_counter() - tb) / 10), time.perf_counter()
@@ -122,7 +157,7 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, 
     per_round = {isa: [] for isa in timed}
     bandwidths = []
     for _ in range(rounds):  # interleaved: probe, then each ISA, every round
-        bw = N.read_bandwidth(threads, seconds=0.2, buffer_mib=256)
+        bw = N.read_bandwidth(threads, seconds=0.2, buffer_mib=max(256, working_set / (1 << 20)))
         bandwidths.append(bw)
         for isa in timed:
             mean, best = decode_step_best(isa, args.seconds / rounds)
@@ -159,4 +194,5 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, 
                 f"{100 * results[isa]['rel_err_vs_float64']:.2f} %")
     log(f"read bandwidth (median of the rounds' probes) {bandwidth:.1f} GB/s")
     return {"shape": args.shape, "dtype": args.dtype, "types": list(types), "threads": threads,
-            "bandwidth_gbs": bandwidth, "bytes_per_expert": bytes_per_expert, "isas": results}
+            "bandwidth_gbs": bandwidth, "bytes_per_expert": bytes_per_expert, "decode_layer_copies": copies,
+            "decode_working_set_bytes": working_set, "isas": results}
