@@ -4,9 +4,10 @@ blocks: random bytes, finite f16 scales), run by the quantized kernels read in p
 
 Decode (T=1, k experts) as microseconds and GB/s of quantized weight bytes read (3 projections x k experts), also as a
 percentage of this machine's read bandwidth: median over rounds that each probe the bandwidth and time decode back to
-back, interleaved across ISAs. The decode steps cycle through copies of the layer (decode_copies) and the probe reads
-a buffer of the same size, so that neither runs from a last-level cache larger than one layer. Prefill (each --prompt-lengths T) as milliseconds and GFLOP/s (2 * k * 3 * H * I per
-token), median of runs. Each decode step routes to fresh random experts, so weights come from memory, not cache.
+back, interleaved across ISAs. Each decode step routes to fresh random experts and the steps cycle through copies of
+the layer (decode_copies), the probe reading a buffer of the same size, so that weights come from memory, not from a
+last-level cache larger than one layer. Prefill (each --prompt-lengths T) as milliseconds and GFLOP/s (2 * k * 3 * H
+* I per token), median of runs.
 Reference is checked for error, not timed. Letters: T tokens, H hidden, I intermediate, E experts, k experts per token.
 """
 
