@@ -24,6 +24,7 @@ def test_bench_moe_json_shape(capsys):
         assert peak is not None and peak > 0, (name, r["prefill_peak"])  # a timed backend's instruction exists here
         assert abs(r["prefill4096_pct_of_peak"] - 100 * r["prefill4096_gflops"] / peak) < 1e-6
         assert r["max_rel_err"] < (0.02 if "Int8" in name else 0.01)
+        assert 1 <= r["decode_layer_copies"] <= 16  # packed copies cycled past the last-level cache
     assert set(out["backends"]) == set(timed)  # every entry has the full set of keys
     for name in (b["name"] for b in B.compiled() if b["available"] and b["emulated"]):
         assert out["not_timed"][name]["not_timed"] == "emulated" and out["not_timed"][name]["max_rel_err"] < 0.05
