@@ -135,8 +135,13 @@ def main() -> None:
 
         parts["experts"] = _median_ms(experts, a.steps, a.rounds)
         inter = cfg.moe_intermediate_size
-        expert_bytes = getattr(m.experts, "bytes_per_expert", None)
-        nbytes["experts"] = len(blocks) * k * (expert_bytes if expert_bytes else 3 * H * inter)  # int8: 1 B a weight
+        packed = getattr(m.experts, "bytes_per_expert", None) or 3 * H * inter  # a packed copy: int8, 1 B a weight
+
+        def expert_bytes(layer) -> int:  # one expert's bytes as its kernels read them
+            raw = getattr(m.experts.layers[layer], "raw", None)  # a quantized file's blocks, read in place
+            return sum(r.nbytes // r.shape[0] for r in raw) if raw is not None else packed
+
+        nbytes["experts"] = k * sum(expert_bytes(b.layer) for b in blocks)
     finally:
         session.close()
     result = {"threads": a.threads, "backend": type(m.experts).__name__, "layers": len(blocks),
