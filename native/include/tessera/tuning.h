@@ -63,8 +63,8 @@ struct Tuning {
   std::atomic<int64_t> decode_rows{0};
   // TESSERA_DECODE_STREAMS: sequential row streams per thread of the decode mat-vecs that read the blocks directly
   // (dot_direct at T = 1 on AVX-512 VNNI and AVX2: the quantized MoE's decode and every quantized dense mat-vec): 1,
-  // or 2 (the call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, decode_streams() below (Intel 2,
-  // others 1). Results are the same bits either way. Atomic: measured by the calibration (calibrate.py
+  // or 2 (the call's rows in two halves, a row of each in turn). 0 (default): per CPU vendor, decode_streams() below
+  // (Intel 2, others 1). Results are the same bits either way. Atomic: measured by the calibration (calibrate.py
   // DECODE_STREAMS), tests switch it.
   std::atomic<int64_t> decode_streams{0};
   // TESSERA_AVX_VNNI: 0 keeps the AVX2 quantized prefill GEMM on vpmaddubsw even where the CPU has AVX-VNNI (for
