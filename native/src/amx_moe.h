@@ -308,15 +308,17 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
     max_rows = std::max(max_rows, grows);
   }
   if (!pieces.empty()) gstart.push_back(pieces.size());
-  // Which rows run on tiles (pieces with at least min_rows rows) and, int8 only, on bf16 tiles (at least bf16_rows).
+  // Which rows run on tiles (pieces with at least min_rows rows) and, int8 only, on bf16 tiles (at least bf16_rows);
+  // any_i8: an int8 piece below bf16_rows (int8 tiles or vectors), which reads the tokens' int8 digits.
   std::vector<char> row_tiles(R), row_bf16(R);
-  bool any_tiles = false, any_bf16 = false;
+  bool any_tiles = false, any_bf16 = false, any_i8 = false;
   for (const Piece& p : pieces) {
     const bool t = p.r1 - p.r0 >= min_rows, b = p.r1 - p.r0 >= bf16_rows;
     std::fill(row_tiles.begin() + p.r0, row_tiles.begin() + p.r1, t);
     std::fill(row_bf16.begin() + p.r0, row_bf16.begin() + p.r1, b);
     any_tiles |= t;
     any_bf16 |= b;
+    any_i8 |= !b;
   }
 
   // Scratch: per token X [T, row] (int8: hi digits then lo digits, 2 Kp bytes, with scales and corrections; bf16: Kp
@@ -327,8 +329,10 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   // Row stride in bytes, 64 more than the row: a multiple of 4 KB (int8 H = 2048) would put the 16 rows of a tile
   // load in one L1 set.
   auto rowb = [&](const MatLayout& ML) -> int64_t { return ML.Kp * ab + 64; };
-  const int64_t TX = kInt8 || any_tiles ? T : 0;  // tokens converted once
-  const int64_t TB = kInt8 && any_bf16 ? T : 0;     // int8: tokens also rounded to bf16 for the pieces on bf16 tiles
+  // Tokens converted once: int8 digits where an int8 piece reads them, bf16 for the tiles (bf16 format); int8 format:
+  // also rounded to bf16 where a piece runs on bf16 tiles (a long prompt's pieces all do: no digits then).
+  const int64_t TX = (kInt8 ? any_i8 : any_tiles) ? T : 0;
+  const int64_t TB = kInt8 && any_bf16 ? T : 0;
   const int64_t G = max_rows;
   thread_local Scratch scratch;
   scratch.reset(Scratch::need(TX * GU.Kp, 2) + 2 * Scratch::need(TX * GU.ngroups, 4) + Scratch::need(TB * GU.Kp, 2) +
@@ -378,10 +382,11 @@ void moe_forward(const char* backend, const uint8_t* blob, int64_t T, int64_t k,
   };
 
   // 1. each token's activations once: int8 digits with scales and corrections, or bf16 for the rows on tiles.
-  chunks(TX, [&](int64_t t) {
+  chunks(std::max(TX, TB), [&](int64_t t) {
     if constexpr (kInt8) {
-      vec.quantize_i8(GU, x + t * H, reinterpret_cast<int8_t*>(X) + t * 2 * GU.Kp, xs + t * GU.ngroups,
-                      xcorr + t * GU.ngroups);
+      if (TX)
+        vec.quantize_i8(GU, x + t * H, reinterpret_cast<int8_t*>(X) + t * 2 * GU.Kp, xs + t * GU.ngroups,
+                        xcorr + t * GU.ngroups);
       if (TB) vec.convert_bf16(GU, x + t * H, Xb + t * GU.Kp);
     } else
       vec.convert_bf16(GU, x + t * H, reinterpret_cast<uint16_t*>(X) + t * GU.Kp);
