@@ -77,9 +77,7 @@ def knobs_for(backend: str, *, on_load: bool = False) -> list[Knob]:
     if backend.startswith("AMX") and not backend.endswith("-emulated"):
         out.append(AMX_TILE_ROWS)
     if backend.startswith(("AVX512", "AVX2", "AMX")):
-        out.append(QUANT_CHUNK)
-    if backend.startswith(("AVX512", "AVX2", "AMX")):
-        out.append(DECODE_STREAMS)
+        out += [QUANT_CHUNK, DECODE_STREAMS]
     if backend.startswith(("AVX512", "AMX")):  # quantized ISA amx_int8 / avx512_vnni where the CPU has it (run checks)
         out.append(VNNI_GEMM_MIN)
     if backend.startswith(("AVX512", "AVX2")):  # quantized ISA avx2: AVX2, or AVX-512 without VNNI (run checks)

@@ -99,8 +99,9 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, 
     def draw(T):
         return torch.argsort(torch.rand(T, E, generator=gen), dim=1)[:, :k].contiguous()
 
-    def forward(isa, ids, w, x, out):
-        N.quant_moe_forward(types[0], gate, types[1], up, types[2], down, ids, w, x, out, pool, isa)
+    def forward(isa, ids, w, x, out, layer=None):  # layer: (gate, up, down), default the layer drawn above
+        g_, u_, d_ = layer or (gate, up, down)
+        N.quant_moe_forward(types[0], g_, types[1], u_, types[2], d_, ids, w, x, out, pool, isa)
 
     # Error: each ISA against float64 experts on the dequantized weights of the experts used (T=4).
     x4, ids4 = torch.randn(4, H, generator=gen), draw(4)
@@ -128,26 +129,21 @@ def run(args, E: int, H: int, I: int, k: int, threads: int, lengths: tuple[int, 
         forward(isa, ids4, w4, x4, out)
         results[isa] = {"rel_err_vs_float64": float((out.double() - exact).norm() / exact.norm())}
 
-    layer_bytes = gate.nbytes + up.nbytes + down.nbytes
-    copies = decode_copies(layer_bytes, last_level_cache_bytes(), N.free_ram())
+    layer_bytes, cache_bytes = gate.nbytes + up.nbytes + down.nbytes, last_level_cache_bytes()
+    copies = decode_copies(layer_bytes, cache_bytes, N.free_ram())
     layers = [(gate, up, down)] + [(gate.copy(), up.copy(), down.copy()) for _ in range(copies - 1)]
     working_set = copies * layer_bytes
     log(f"decode: {copies} copies of the layer cycled ({working_set / 1e6:.0f} MB; last-level cache "
-        f"{last_level_cache_bytes() / 1e6:.0f} MB), the probe reads as much")
+        f"{cache_bytes / 1e6:.0f} MB), the probe reads as much")
 
     def decode_step_best(isa, seconds):
         x, w = torch.randn(1, H, generator=gen), torch.softmax(torch.randn(1, k, generator=gen), -1)
         out = torch.empty(1, H)
         ids = [draw(1) for _ in range(1000)]
         forward(isa, ids[0], w, x, out)
-
-        def step(n):  # layer copy n % copies, fresh random experts
-            g_, u_, d_ = layers[n % copies]
-            N.quant_moe_forward(types[0], g_, types[1], u_, types[2], d_, ids[n], w, x, out, pool, isa)
-
         n, t0, best, tb = 0, time.perf_counter(), float("inf"), time.perf_counter()
         while n < len(ids) and (n < 20 or time.perf_counter() - t0 < seconds):
-            step(n)
+            forward(isa, ids[n], w, x, out, layers[n % copies])  # fresh random experts, layer copy n % copies
             n += 1
             if n % 10 == 0:
                 best, tb = min(best, (time.perf_counter() - tb) / 10), time.perf_counter()
