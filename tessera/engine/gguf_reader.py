@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-from tessera.engine import quants
+from tessera.engine import quants, readahead
 from tessera.engine.errors import ModelFormatError
 
 if TYPE_CHECKING:  # not imported here: engine.preload opens a file before `import torch` (quants.to_torch imports it)
@@ -90,6 +90,7 @@ class GGUFFile:
                 self._map = np.memmap(fh, dtype=np.uint8, mode="c")  # copy-on-write: writable views, no copies
             except (OSError, ValueError) as e:
                 raise ModelFormatError(self.source, f"cannot memory-map: {e}") from None
+        readahead.advise_huge_pages(self._map)  # before any read: 2 MB pages where the kernel can (engine.readahead)
         parsed = _Parser(self._map, self.source).parse()
         self.version, self.metadata, self.tensors, self.alignment, self.data_offset = parsed
 

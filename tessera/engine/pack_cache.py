@@ -199,6 +199,9 @@ def open_checked(path: Path, key: str, nbytes: int | None = None, workers: int =
         if why:
             return None, why
         blob = np.memmap(f, dtype=np.uint8, mode="c", offset=HEADER_BYTES, shape=(nbytes,))
+    from tessera.engine import readahead
+
+    readahead.advise_huge_pages(blob)  # before the fingerprint reads it: 2 MB pages where the kernel can
     if fingerprint(blob, workers, chunk, populate) != _HEADER.unpack(raw[: _HEADER.size])[5]:
         return None, "does not match its checksum (damaged on disk)"
     return Opened(raw, size, blob), ""

@@ -1,17 +1,31 @@
 """Read a model file into the page cache ahead of use, on a background thread, so a cold load streams from disk; map
-a cached file's pages into the process's memory map at load, so decode does not fault on them.
+a cached file's pages into the process's memory map at load, so decode does not fault on them; and ask for both in
+2 MB pages.
 
 GGUF tensors are views of a memory map (engine.gguf_reader). Touched for the first time, each page of a map costs a
 page fault and a small read (the kernel reads ~128 kB around it), so a cold load that walks the file (the block-scale
 check, then the first forward pass) reads it at a fraction of the disk's speed: 0.56-0.8 GB/s for an 18.6 GB file
-where llama.cpp, which prefetches its map, reads 1.6 GB/s. `start(paths)` asks the kernel for the files, in order, a
-chunk at a time (`posix_fadvise(WILLNEED)`: the kernel queues the reads and returns; the call waits only while the
-device's queue is full), so the pages are in memory, or on their way, when the loader gets to them.
+where llama.cpp, which prefetches its map, reads 1.6 GB/s. `start(paths)` reads the files, in order, a chunk at a time,
+on a thread of its own, through a map of its own (`MADV_POPULATE_READ` on each chunk; a byte of every page read where
+the kernel has no populate), so the pages are in memory when the loader gets to them. (It asked the kernel with
+`posix_fadvise(WILLNEED)` before: Linux reads at most the device's read-ahead window per call (`read_ahead_kb`, 128 kB
+by default, 8 MB on this VM), so each 64 MB chunk was read only from its first 0.2-12 %, and in 4 kB pages.)
+
+2 MB pages. A file-backed page cache holds "large folios" on file systems that support them (ext4 since Linux 6.16,
+XFS since 5.18), and a map of a 2 MB folio at a 2 MB-aligned address takes one page-table entry where 4 kB pages take
+512. Decode reads ~1.1 GB of scattered experts per token, and with 4 kB entries every 4 kB is a TLB miss that the
+hardware's prefetchers do not cross: the 48-layer Q4_K_M decode step ran 93-97 ms with the file on 2 MB pages and
+119-157 ms with the same page cache mapped in 4 kB entries (docs/BENCHMARKS.md, session 19). The kernel reads a fault
+of a `MADV_HUGEPAGE` map in 2 MB folios whatever the read-ahead window (without it, a fault reads
+`read_ahead_kb`-sized folios: 128 kB by default, too small to map whole), so the model's maps (`advise_huge_pages`:
+engine.gguf_reader, engine.pack_cache) and the read-ahead's own map ask for it. Advice only: where the kernel or the
+file system has no large folios, or no free 2 MB block is left, pages are 4 kB as before. `huge_page_share(paths)`
+says how much of a loaded model ended up on 2 MB pages (`tessera-cli bench`).
 
 The thread runs at nice 19: with the file already cached its work is a page-cache lookup per page (~0.5 s of CPU for
 18.6 GB), which on a 2-core machine would otherwise slow the first forward pass. Only when the files fit in the
 memory available now: reading ahead more than that would push out the pages read first,
-the ones the loader needs first. Pages already cached cost a lookup each. Errors (a file gone, no fadvise on this
+the ones the loader needs first. Pages already cached cost a lookup each. Errors (a file gone, no madvise on this
 system) only cost the speed-up.
 
 A page in the page cache is still not in the process's page tables: the first read of it through the map faults, and
@@ -21,8 +35,9 @@ file (18.55 GB, all cached, Zen 4, 2 threads) a first read of the whole map ran 
 1.3 s on one thread, after which the first read runs at 30 GB/s. It maps page-cache pages read-only, copying nothing
 (the map is copy-on-write and nothing writes to it), so memory stays the file's. engine.session runs it in load when
 `resident_fraction(maps)` says the file is (nearly) all cached; on the nice-19 thread, overlapping the first forward
-and decode, it slowed decode on 2 cores (docs/BENCHMARKS.md), so a cold file is only read ahead. On a kernel without
-it (EINVAL) the speed-up is absent.
+and decode, it slowed decode on 2 cores (docs/BENCHMARKS.md), so a cold file is only read ahead (through the
+thread's own map, unmapped after each file: the model's map then faults the cached pages in, one fault per 2 MB page
+or per 16 small ones). On a kernel without it (EINVAL) the speed-up is absent.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -45,6 +61,7 @@ CHUNK = 64 << 20  # bytes asked for (or populated) at a time: a stop request is 
 # 18.6 GB); below it the read-ahead thread reads it and first touches map it
 POPULATE_WHEN_CACHED = 0.9
 MADV_POPULATE_READ = 22  # include/uapi/asm-generic/mman-common.h; Python's mmap module has no name for it before 3.13
+MADV_HUGEPAGE = 14  # the same header
 
 
 class ReadAhead:
@@ -61,19 +78,19 @@ class ReadAhead:
         except (AttributeError, OSError):
             pass
         for i, path in enumerate(paths):
+            if self._stop.is_set():
+                return
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                for off, n in chunks(os.fstat(fd).st_size, None if ranges is None else ranges[i]):
-                    if self._stop.is_set():
-                        return
-                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+                self._read(path, None if ranges is None else ranges[i])
+            except (OSError, ValueError):
+                pass  # gone, empty or not mappable: only the head start is lost
+
+    def _read(self, path: str, ranges: list[tuple[int, int]] | None) -> None:
+        with open(path, "rb") as f:
+            for off, n in chunks(os.fstat(f.fileno()).st_size, ranges):
+                if self._stop.is_set():
+                    return
+                read_chunk(f.fileno(), off, n)
 
     def stop(self) -> None:
         self._stop.set()
@@ -94,11 +111,25 @@ def chunks(nbytes: int, ranges: list[tuple[int, int]] | None) -> Iterator[tuple[
             yield off, min(CHUNK, stop - off)
 
 
+def read_chunk(fd: int, off: int, n: int) -> None:
+    """Bytes [off, off + n) of the open file `fd` into the page cache, through a map of their own that only this call
+    uses (no one can unmap it under the read, and the process's RSS counts at most one chunk twice), asked for in 2 MB
+    pages (advise_huge_pages: the kernel reads a fault there as 2 MB folios), populated, then unmapped."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = off - off % page  # a map starts on a page
+    with mmap.mmap(fd, off + n - start, prot=mmap.PROT_READ, offset=start) as m:
+        view = np.frombuffer(m, dtype=np.uint8)
+        advise_huge_pages(view)
+        if madvise(view.ctypes.data, view.nbytes, MADV_POPULATE_READ):  # Linux < 5.14: page faults
+            view[::page].sum()  # numpy releases the GIL for the loop
+        del view  # before the map closes: a numpy view keeps it exported
+
+
 def start(paths: Iterable[str | os.PathLike[str]], ranges: Ranges = None) -> ReadAhead | None:
-    """Read `paths` ahead in order (`ranges`: per path, the byte ranges to read; None: all of each); None when this
-    system has no posix_fadvise or they do not fit in the memory available now."""
+    """Read `paths` ahead in order (`ranges`: per path, the byte ranges to read; None: all of each); None when they
+    do not fit in the memory available now."""
     paths = [os.fspath(p) for p in paths]
-    if not paths or not hasattr(os, "posix_fadvise"):
+    if not paths:
         return None
     try:
         sizes = [os.stat(p).st_size for p in paths]
@@ -243,6 +274,39 @@ def madvise(address: int, length: int, advice: int) -> int:
     if fn(ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.c_int(advice)) == 0:
         return 0
     return ctypes.get_errno() or errno.EINVAL
+
+
+def advise_huge_pages(mapped: np.ndarray) -> int:
+    """Asks the kernel for 2 MB pages on the map behind `mapped` (MADV_HUGEPAGE, from the page holding its first
+    byte: np.memmap with an offset starts inside a page): the page cache is read into 2 MB folios on faults there and
+    mapped whole (module docstring). Call it before the map is touched. 0, or the errno (advice: nothing fails)."""
+    if mapped.nbytes == 0:
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    address = mapped.ctypes.data
+    start = address - address % page
+    return madvise(start, address + mapped.nbytes - start, MADV_HUGEPAGE)
+
+
+def huge_page_share(paths: Iterable[str | os.PathLike[str]], smaps: str = "/proc/self/smaps") -> float | None:
+    """The share of this process's resident maps of the files `paths` that is mapped in 2 MB pages (smaps'
+    FilePmdMapped over Rss); None when none of them is mapped and resident, or where there is no smaps (not Linux)."""
+    names = {os.path.realpath(os.fspath(p)) for p in paths}
+    rss = pmd = 0
+    inside = False
+    try:
+        with open(smaps) as f:
+            for line in f:
+                head = line.split(maxsplit=5)
+                if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                    inside = len(head) == 6 and head[5].strip() in names  # the kernel's path: resolved
+                elif inside and head[0] == "Rss:":
+                    rss += int(head[1])
+                elif inside and head[0] == "FilePmdMapped:":
+                    pmd += int(head[1])
+    except OSError:
+        return None
+    return pmd / rss if rss else None
 
 
 _libc_fns: dict[str, object] = {}  # name -> the libc function, or None where this libc has none; looked up once

@@ -90,6 +90,7 @@ def load(
     if pre is not None:
         pre.release()
     session.readahead = ahead
+    session.mapped_files = [] if model.gguf is None else [str(part.path) for part in model.gguf.files]
     return session
 
 
@@ -176,6 +177,7 @@ class Session:
         self.prefix_cache = PrefixCache(self._new_cache, prefix_cache_bytes or _default_prefix_cache_bytes())
         self._busy = threading.Lock()
         self.readahead: readahead.ReadAhead | None = None  # load() sets it: the file's read-ahead, stopped by close()
+        self.mapped_files: list[str] = []  # load() sets it: the files the weights are views of (bench)
 
     def _new_cache(self, capacity: int) -> KVCache:
         return self.model.new_cache(capacity)

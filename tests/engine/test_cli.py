@@ -81,6 +81,15 @@ def test_bench_json(capsys, tiny_hf_model):
     obj = json.loads(out)
     assert obj["prefill_tok_s"] > 0 and obj["decode_tok_s"] > 0
     assert obj["prompt_tokens"] == 20 and obj["gen_tokens"] == 5
+    assert obj["model_map_huge_share"] is None  # safetensors: read, not mapped
+
+
+def test_bench_json_says_how_much_of_a_gguf_map_is_on_huge_pages(capsys, tiny_gguf_model):
+    code, out, err = run_cli(capsys, "bench", str(tiny_gguf_model), "--prompt-tokens", "8", "--gen-tokens", "2",
+                             "--backend", "Torch", "--json")
+    assert code == 0, err
+    share = json.loads(out)["model_map_huge_share"]
+    assert share is not None and 0.0 <= share <= 1.0  # the file is mapped and was read
 
 
 def test_chat_keeps_kv_between_turns(capsys, monkeypatch, tiny_hf_model):

@@ -30,6 +30,7 @@ def run(args) -> int:
         return e.report()
     import torch
 
+    from tessera.engine import readahead
     from tessera.engine.sampling import SamplingParams
 
     t0 = time.perf_counter()
@@ -45,6 +46,7 @@ def run(args) -> int:
         session.reset_cache()
         params = SamplingParams(temperature=0, max_tokens=args.gen_tokens, ignore_eos=True)
         done = [e for e in session.generate(prompt, params) if hasattr(e, "metrics")][0]
+        huge_share = readahead.huge_page_share(getattr(session, "mapped_files", []))
     finally:
         session.close()
     m = done.metrics
@@ -58,6 +60,8 @@ def run(args) -> int:
         "backend": m.backend,
         "threads": torch.get_num_threads(),
         "expert_cache_hit_rate": m.expert_cache_hit_rate,  # None without a GPU expert cache (or its twin)
+        # the model file's resident map on 2 MB pages (decode reads it faster; engine.readahead), None: not known
+        "model_map_huge_share": huge_share,
     }
     if args.json:
         print(json.dumps(result))
@@ -66,6 +70,8 @@ def run(args) -> int:
         print(f"backend  {m.backend}, {result['threads']} threads, loaded in {load_s:.1f} s")
         print(f"prefill  {m.prompt_tokens} tokens in {m.prefill_s:.3f} s: {m.prefill_tok_s:.1f} tok/s")
         print(f"decode   {m.generated_tokens - 1} tokens in {m.decode_s:.3f} s: {m.decode_tok_s:.2f} tok/s")
+        if huge_share is not None:
+            print(f"pages    {100 * huge_share:.0f} % of the model file's resident map on 2 MB pages")
         if m.expert_cache_hit_rate is not None:
             print(f"experts  {100 * m.expert_cache_hit_rate:.1f} % of routed pairs served by the GPU expert cache")
     return 0
