@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.engine import dense, native, preload, readahead
+from tessera.engine import dense, heap, native, preload, readahead
 from tessera.engine.chat_tokens import ChatPrompt
 from tessera.engine.errors import Cancelled, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
@@ -51,6 +51,7 @@ def load(
     from tessera.engine.weights import load_weights, open_model
 
     path = Path(path)
+    heap.keep_freed_blocks()  # a prefill's per-layer temporaries reused, not faulted in again (engine.heap)
     pre = preload.take(path)  # the torch-free part of this load, begun before `import torch` (engine.preload)
     try:
         _check_kv_cache_type(kv_cache_type)
@@ -91,6 +92,7 @@ def load(
         pre.release()
     session.readahead = ahead
     session.mapped_files = [] if model.gguf is None else [str(part.path) for part in model.gguf.files]
+    heap.give_back()  # what loading freed (unpacked tensors, conversions) leaves the heap now, not at the first reply
     return session
 
 
@@ -256,6 +258,7 @@ class Session:
             finally:
                 self.prefix_cache.release(cache)
         finally:
+            heap.give_back()  # the request's kept temporaries back to the OS (engine.heap)
             self._busy.release()
 
     def chat(self, messages: list[dict], params: SamplingParams, *, enable_thinking: bool = True,
@@ -306,3 +309,4 @@ class Session:
         self.model = None
         self.prefix_cache.clear()
         self._layers = {}
+        heap.give_back()
