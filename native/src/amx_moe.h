@@ -49,11 +49,12 @@ constexpr int64_t kSlabBlocks = 8;
 // product per 32 values and no per-group epilogue, where the two-digit int8 tiles take two per 64 and an epilogue per
 // 64-value group that the tiles cannot hide). Costs the weights' dequantization once per piece and slab, and a bf16
 // rounding of weights and activations (2^-9 each: layer error 1.04 % -> 1.12 % when every piece takes it). Measured on
-// the AMX Xeon (2 cores, Qwen3-30B-A3B layer, bench-moe AMXInt8, docs/BENCHMARKS.md session 17), GOP/s with this
-// threshold / with the int8 tiles only: T=1024 (~64 rows a piece) 64: 450, 128: 491-511 / 484-495; T=2048 (~128)
-// 64: 571-577, 128: 557-583 / 539-544; T=4096 (~256) 758-765 / 525; T=512 (~32) with 32: 303 / 385-402.
+// the AMX Xeon (2 cores, Qwen3-30B-A3B layer, bench-moe AMXInt8, GOP/s, docs/BENCHMARKS.md session 20, with the
+// dequantization on VCVTNE2PS2BF16): T=512 (~32 rows a piece) 32: 418-419, 64: 431-445, 128: 402-442; T=1024 (~64)
+// 32: 534, 64: 545-550, 128: 479-503; T=2048 (~128) 32: 810-816, 64: 813-837, 128: 658. (Session 17, before that
+// dequantization: 128 best, 64 lost at T=1024.)
 // TESSERA_AMX_INT8_BF16_MIN_ROWS overrides (0: never); tests force either path with _native.set_amx_int8_bf16_min_rows.
-constexpr int64_t kInt8Bf16MinRows = 128;
+constexpr int64_t kInt8Bf16MinRows = 64;
 
 inline int64_t int8_bf16_min_rows() {
   const int64_t v = tuning().amx_int8_bf16_min_rows.load(std::memory_order_relaxed);

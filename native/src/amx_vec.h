@@ -38,16 +38,19 @@ struct VecKernels {
   void (*quantize_i8)(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr);
   void (*convert_bf16)(const MatLayout& L, const float* x, uint16_t* q);
   // n-block nb of an int8 matrix (L) as bf16 tiles in amx_layout.h's bf16 layout: out[kb * 512 + r * 32 + 2 n + q] =
-  // bf16(float(w_q) * scale) for K = 32 kb + 2 r + q, kb < Kp / 32 (f32_to_bf16: round to nearest even, NaN quiet),
-  // w_q the stored byte - 128 and scale its (lane, group)'s; the same bits on either variant.
+  // bf16(float(w_q) * scale) for K = 32 kb + 2 r + q, kb < Kp / 32 (f32_to_bf16: round to nearest even, NaN quiet;
+  // a product below FLT_MIN in magnitude becomes a signed zero first, as VCVTNE2PS2BF16 does), w_q the stored byte -
+  // 128 and scale its (lane, group)'s; the same bits on every variant.
   void (*dequant_bf16)(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out);
 };
 
 const VecKernels& vec_scalar();
 // nullptr when the AVX-512 translation unit was not compiled (non-x86 builds).
 const VecKernels* vec_avx512();
-// AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni (and TESSERA_MAX_ISA allows avx512), else the
-// scalar twin.
+// vec_avx512's table with dequant_bf16 on VCVTNE2PS2BF16, for CPUs with avx512_bf16 (nullptr likewise).
+const VecKernels* vec_avx512_bf16();
+// AVX-512 when the CPU and OS have avx512f/bw/vl + avx512_vnni (and TESSERA_MAX_ISA allows avx512; with avx512_bf16
+// vec_avx512_bf16's table), else the scalar twin.
 const VecKernels& vec_best();
 
 // exp(x) for the activation, one operation sequence for every variant (the AVX-512 one repeats it lane-wise, and

@@ -271,6 +271,14 @@ void convert_bf16(const MatLayout& L, const float* x, uint16_t* q) {
   for (int64_t k = L.K; k < L.Kp; ++k) q[k] = 0;
 }
 
+// Products below FLT_MIN in magnitude (denormals) as signed zero, as VCVTNE2PS2BF16 reads them (amx_vec.h).
+inline __m512 flush_denormals(__m512 v) {
+  const __m512 magnitude = _mm512_abs_ps(v);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(std::numeric_limits<float>::min()), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(v, tiny, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v),
+                                                                          _mm512_set1_epi32(int(0x80000000u)))));
+}
+
 // The scalar twin's contract: each int8 tile row r (K quad 4 r .. 4 r + 3 of 16 lanes) gives bf16 rows 2 (r % 8) and
 // 2 (r % 8) + 1 of bf16 tile 2 kb + r / 8, as (K, K + 1) pairs per lane.
 void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out) {
@@ -284,11 +292,38 @@ void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* ou
       __m512i b[4];
       for (int q = 0; q < 4; ++q) {
         const __m512i w = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24);
-        b[q] = bf16_lanes(_mm512_mul_ps(_mm512_cvtepi32_ps(w), scale));
+        b[q] = bf16_lanes(flush_denormals(_mm512_mul_ps(_mm512_cvtepi32_ps(w), scale)));
       }
       uint16_t* dst = out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
       _mm512_storeu_si512(dst, _mm512_or_si512(b[0], _mm512_slli_epi32(b[1], 16)));
       _mm512_storeu_si512(dst + 32, _mm512_or_si512(b[2], _mm512_slli_epi32(b[3], 16)));
+    }
+  }
+}
+
+// dequant_bf16 on CPUs with AVX512_BF16 (every AMX CPU): VCVTNE2PS2BF16 rounds two vectors of products in one
+// instruction (to nearest even, NaN quiet, denormal inputs as signed zero: the same bits as above, checked on every
+// f32 class), and a word permute interleaves them into the (K, K + 1) pairs. A third of the instructions of the
+// shift-and-add rounding: the dequantization was 36 % of an AMXInt8 forward at 4096 tokens (docs/BENCHMARKS.md,
+// session 20).
+__attribute__((target("avx512bf16"))) void dequant_bf16_avx512bf16(const MatLayout& L, const uint8_t* W, int64_t nb,
+                                                                   uint16_t* out) {
+  const float* sc = L.scales(W, nb);
+  const __m512i flip = _mm512_set1_epi32(int(0x80808080u));
+  // word 2 i <- word i (the first vector's lane i), word 2 i + 1 <- word 16 + i (the second's)
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t kb = 0; kb < L.kblocks; ++kb) {
+    const uint8_t* t = L.tile(W, nb, kb);
+    const __m512 scale = _mm512_loadu_ps(sc + ((kb * kTileKInt8) / L.group) * kTileN);
+    for (int r = 0; r < 16; ++r) {
+      const __m512i v = _mm512_xor_si512(_mm512_load_si512(t + r * 64), flip);  // bytes w_q, signed
+      __m512 f[4];
+      for (int q = 0; q < 4; ++q)
+        f[q] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24)), scale);
+      uint16_t* dst = out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
+      _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0])));
+      _mm512_storeu_si512(dst + 32, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2])));
     }
   }
 }
@@ -305,6 +340,12 @@ namespace tessera::amx {
 const VecKernels* vec_avx512() {
   static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16,
                             dequant_bf16};
+  return &k;
+}
+
+const VecKernels* vec_avx512_bf16() {
+  static const VecKernels k{"avx512+bf16", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16,
+                            dequant_bf16_avx512bf16};
   return &k;
 }
 

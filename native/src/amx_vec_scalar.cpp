@@ -1,6 +1,7 @@
 // Portable scalar twin of the AMX backends' vector kernels (contract in amx_vec.h).
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "amx_pack.h"
 #include "amx_tile_emu.h"
@@ -82,7 +83,8 @@ void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* ou
     for (int n = 0; n < kTileN; ++n) {
       const float v = static_cast<float>(static_cast<int>(t[(kk / 4) * 64 + n * 4 + kk % 4]) - 128) *
                       sc[(k / L.group) * kTileN + n];
-      out[(k / 32) * 512 + ((k % 32) / 2) * 32 + 2 * n + k % 2] = f32_to_bf16(v);
+      const float flushed = std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.0f, v) : v;
+      out[(k / 32) * 512 + ((k % 32) / 2) * 32 + 2 * n + k % 2] = f32_to_bf16(flushed);
     }
   }
 }
@@ -98,7 +100,7 @@ const VecKernels& vec_scalar() {
 const VecKernels& vec_best() {
   const CpuFeatures& c = cpu_features();
   const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni;
-  const VecKernels* v = vec_avx512();
+  const VecKernels* v = c.avx512_bf16 ? vec_avx512_bf16() : vec_avx512();
   return (avx512 && v && int(max_isa_cap()) >= int(IsaLevel::AVX512)) ? *v : vec_scalar();
 }
 

@@ -392,6 +392,68 @@ void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float*
 }
 
 // quantize_row_i8's two digits reconstruct x within 1/254 of a one-digit step: |x - u (254 hi + lo)| <= u / 2 + slack.
+// vec.dequant_bf16 (int8 weights x their group scale, rounded to bf16 for the bf16 tiles): the scalar twin, the
+// AVX-512 rounding and the VCVTNE2PS2BF16 one give the same bits, with scales that put products exactly at FLT_MIN,
+// below it (flushed to a signed zero by every variant) and NaN.
+void test_dequant_bf16_variants_agree() {
+  const CpuFeatures& c = cpu_features();
+  const bool avx512 = c.os_avx512 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512_vnni;
+  std::vector<const VecKernels*> variants;
+  if (avx512 && vec_avx512()) variants.push_back(vec_avx512());
+  if (avx512 && c.avx512_bf16 && vec_avx512_bf16()) variants.push_back(vec_avx512_bf16());
+  std::mt19937 rng(12);
+  int flushed = 0;
+  for (int64_t K : {64, 200}) {
+    for (int64_t group : {0, 64}) {
+      const int64_t N = 37;
+      const MatLayout L = MatLayout::make(WeightFormat::Int8, N, K, group);
+      std::vector<float> w(N * K);
+      for (auto& f : w) f = std::normal_distribution<float>()(rng);
+      std::vector<uint8_t> buf(L.bytes + 64);
+      uint8_t* W = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+      pack_matrix(L, WeightType::F32, w.data(), W);
+      for (int64_t nb = 0; nb < L.nblocks; ++nb) {
+        float* sc = const_cast<float*>(L.scales(W, nb));  // [ngroups][16]
+        sc[0] = FLT_MIN;         // |q| = 1: exactly FLT_MIN, kept
+        sc[1] = FLT_MIN / 2;     // |q| = 1: denormal, flushed; |q| = 2: FLT_MIN
+        sc[2] = 1e-40f;          // a denormal scale: every product below FLT_MIN
+        sc[3] = -FLT_MIN / 3;
+        sc[4] = NAN;
+        sc[5] = 3e-38f;          // |q| <= 127: ~3.8e-36 down to 3e-38
+      }
+      const int64_t per_block = L.Kp / 32 * 512;  // bf16 tiles of 32 K each
+      std::vector<uint16_t> want(L.nblocks * per_block);
+      for (int64_t nb = 0; nb < L.nblocks; ++nb) vec_scalar().dequant_bf16(L, W, nb, want.data() + nb * per_block);
+      for (int64_t nb = 0; nb < L.nblocks; ++nb) {
+        const float* sc = L.scales(W, nb);
+        for (int64_t k = 0; k < L.Kp; ++k) {
+          const uint8_t* t = L.tile(W, nb, k / kTileKInt8);
+          const int64_t kk = k % kTileKInt8;
+          for (int n = 0; n < 16; ++n) {
+            const float v = float(int(t[(kk / 4) * 64 + n * 4 + kk % 4]) - 128) * sc[(k / L.group) * 16 + n];
+            const uint16_t got = want[nb * per_block + (k / 32) * 512 + ((k % 32) / 2) * 32 + 2 * n + k % 2];
+            if (v != 0.0f && std::fabs(v) < FLT_MIN) {
+              CHECK((got & 0x7fff) == 0 && (got >> 15) == uint16_t(std::signbit(v)));  // a signed zero
+              ++flushed;
+            }
+          }
+        }
+      }
+      for (const VecKernels* v : variants) {
+        std::vector<uint16_t> got(want.size(), 0xdead);
+        for (int64_t nb = 0; nb < L.nblocks; ++nb) v->dequant_bf16(L, W, nb, got.data() + nb * per_block);
+        for (size_t i = 0; i < want.size(); ++i)
+          if (got[i] != want[i]) {
+            std::fprintf(stderr, "dequant_bf16 %s: element %zu %04x, scalar %04x\n", v->name, i, got[i], want[i]);
+            CHECK(got[i] == want[i]);
+            break;
+          }
+      }
+    }
+  }
+  CHECK(flushed > 100);  // the cases above really reached the denormal range
+}
+
 void test_two_digit_activations_reconstruct() {
   std::mt19937 rng(10);
   for (int64_t K : {5, 64, 200}) {
@@ -553,6 +615,7 @@ int tessera_amx_tests() {
       {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
       {"silu_variants_agree_and_are_accurate", test_silu_variants_agree_and_are_accurate},
       {"activation_conversions_agree", test_activation_conversions_agree},
+      {"dequant_bf16_variants_agree", test_dequant_bf16_variants_agree},
       {"two_digit_activations_reconstruct", test_two_digit_activations_reconstruct},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
       {"tile_gemm_bf16_edges", test_tile_gemm_bf16_edges},

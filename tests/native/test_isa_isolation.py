@@ -28,7 +28,7 @@ ISA_FILES = ["probe_avx512.cpp", "probe_avx512_bf16.cpp", "probe_avx2.cpp", "pro
              "attention_q8_avx2.cpp"]
 ISA_NAME = re.compile(r"avx2|avx512|AVX2|AVX512|V256|V512")
 # Functions of an ISA file that run on every CPU: the backend check, the AMX vector-table getter, static constructors.
-EVERY_CPU = re.compile(r"::supported\(|vec_avx512\(\)|_GLOBAL__sub_I|__static_initialization")
+EVERY_CPU = re.compile(r"::supported\(|vec_avx512(_bf16)?\(\)|_GLOBAL__sub_I|__static_initialization")
 AVX_REGISTER = re.compile(r"%[yz]mm\d")
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("objdump") is None
