@@ -437,15 +437,26 @@ NB_MODULE(_native, m) {
      "bit-identical to dense_matvec on each.");
   m.def("dense_gemm_bf16_available", []() { return dense_gemm_bf16_available(); },
         "Whether dense_gemm_bf16 runs here: the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512.");
-  m.def("dense_gemm_bf16", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+  m.def("dense_gemm_bf16_amx_available", []() { return dense_gemm_bf16_amx_available(); },
+        "Whether dense_gemm_bf16 runs its products on AMX bf16 tiles here (tiles='auto' takes them).");
+  m.def("dense_gemm_bf16", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool,
+                              const std::string& tiles) {
     DenseArgs a = check_dense(w, x, out);
     if (a.type != WeightType::BF16) throw nb::type_error("w: the bf16 GEMM takes bfloat16 weights, got float16");
     if (!dense_gemm_bf16_available())
       throw std::runtime_error("dense_gemm_bf16: this CPU (or TESSERA_MAX_ISA) has no avx512_bf16");
+    DenseTiles mode;
+    if (tiles == "auto") mode = DenseTiles::Auto;
+    else if (tiles == "vector") mode = DenseTiles::Vector;
+    else if (tiles == "amx") mode = DenseTiles::Amx;
+    else if (tiles == "emulated") mode = DenseTiles::AmxEmulated;
+    else throw nb::value_error(("tiles: 'auto', 'vector', 'amx' or 'emulated', got '" + tiles + "'").c_str());
     nb::gil_scoped_release nogil;
-    dense_gemm_bf16(a, pool);
-  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
-     "Prefill: out[T, N] = bf16(x)[T, K] . w[N, K]^T with vdpbf16ps; w bf16 as stored, f32 sums.");
+    dense_gemm_bf16(a, pool, mode);
+  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"), nb::arg("tiles") = "auto",
+     "Prefill: out[T, N] = bf16(x)[T, K] . w[N, K]^T; w bf16 as stored, f32 sums. tiles: 'auto' (AMX bf16 tiles "
+     "where granted, else vdpbf16ps), 'vector' (vdpbf16ps), 'amx' (an error where not granted), 'emulated' (the tile "
+     "emulator, the same bits as 'amx').");
 
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)

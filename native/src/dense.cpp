@@ -102,10 +102,22 @@ bool dense_gemm_bf16_available() {
   return ok;
 }
 
-void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool) {
+bool dense_gemm_bf16_amx_available() {
+  static const bool ok = [] {
+    const CpuFeatures& c = cpu_features();
+    return dense_gemm_bf16_available() && c.amx_tile && c.amx_bf16 && c.os_amx && c.amx_permitted &&
+           max_isa_cap() >= IsaLevel::AMX;
+  }();
+  return ok;
+}
+
+void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles) {
   if (!dense_gemm_bf16_available()) throw std::runtime_error("dense_gemm_bf16: this CPU (or TESSERA_MAX_ISA) has no avx512_bf16");
   if (a.type != WeightType::BF16) throw std::invalid_argument("dense_gemm_bf16: w must be bfloat16");
-  dense_isa::gemm_bf16_avx512(a, pool);
+  if (tiles == DenseTiles::Amx && !dense_gemm_bf16_amx_available())
+    throw std::runtime_error("dense_gemm_bf16: AMX bf16 tiles are not available here (CPU, OS or TESSERA_MAX_ISA)");
+  if (tiles == DenseTiles::Auto) tiles = dense_gemm_bf16_amx_available() ? DenseTiles::Amx : DenseTiles::Vector;
+  dense_isa::gemm_bf16_avx512(a, pool, tiles);
 }
 
 }  // namespace tessera

@@ -9,6 +9,12 @@
 //   of kMr tokens runs the register tile over it: kMr tokens x 4 panels = 24 zmm accumulators, per pair 4 panel loads +
 //   kMr broadcasts for 4 * kMr vdpbf16ps. Each weight is read from memory once per call whatever T is; the activations
 //   (T x K bf16) are re-read from L2/L3 once per row block.
+// On AMX CPUs (DenseTiles::Amx) the same packed panels are the B operands of TDPBF16PS: a panel's 16 rows of pairs
+// are one B tile as stored, and 16 bf16 activation rows (16 pairs each) one A tile; each whole 64-row block runs its
+// tokens 32 at a time as two pairs of panels x two token tiles (four C tiles, accumulated in the output across the K
+// blocks), the tokens past the last multiple of 32 and the partial blocks on the vector tile above. Both products
+// are exact and sum in f32; TDPBF16PS sums a tile's pairs in its own order and flushes denormals (DAZ/FTZ), so the
+// two paths agree to rounding, and the tiles equal the emulator (AmxEmulated) bit for bit.
 // Letters: T tokens, K inputs, N outputs, kp0 = ceil(K / 2) pairs (kp: the padded row stride of the activations).
 #include <immintrin.h>
 
@@ -17,6 +23,8 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tile.h"
+#include "amx_tile_emu.h"
 #include "tessera/dense.h"
 
 #include "isa_target.h"
@@ -25,6 +33,9 @@ TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_BF16)
 
 namespace tessera {
 namespace {
+
+#include "amx_tiles_local.inc"  // HwTiles (inline asm) and EmuTiles, file-local
+
 namespace dense_gemm {
 
 constexpr int kNb = 4;              // panels of 16 rows per register tile
@@ -78,6 +89,39 @@ inline void tile_any(int mr, int nb, const uint8_t* P, size_t pb, int64_t kc, co
     case 3: return tile_mr<3>(mr, P, pb, kc, A, lda, C, ldc, acc);
     default: return tile_mr<4>(mr, P, pb, kc, A, lda, C, ldc, acc);
   }
+}
+
+// C[t][16 b + i] (+)= sum_p A[t * lda + p] . panel b row p, lane i for 32 tokens t and the 32 rows of panels P0, P1
+// (b = 0, 1), over kc pairs (the panels padded to a multiple of 16 pair rows with zeros, A's rows readable and finite
+// up to that multiple). Tiles: 0-1 A (tokens 0-15, 16-31), 2-3 B (P0, P1), 4-7 C.
+template <class Tiles>
+inline void amx_block(const uint8_t* P0, const uint8_t* P1, int64_t kc, const uint32_t* A, int64_t lda, float* C,
+                      int64_t ldc, bool acc) {
+  if (acc) {
+    Tiles::template load<4>(C, ldc * 4);
+    Tiles::template load<5>(C + 16, ldc * 4);
+    Tiles::template load<6>(C + 16 * ldc, ldc * 4);
+    Tiles::template load<7>(C + 16 * ldc + 16, ldc * 4);
+  } else {
+    Tiles::template zero<4>();
+    Tiles::template zero<5>();
+    Tiles::template zero<6>();
+    Tiles::template zero<7>();
+  }
+  for (int64_t q = 0; q < kc; q += 16) {
+    Tiles::template load<0>(A + q, lda * 4);
+    Tiles::template load<2>(P0 + q * 64, 64);
+    Tiles::template dpbf16ps<4, 0, 2>();
+    Tiles::template load<1>(A + 16 * lda + q, lda * 4);
+    Tiles::template dpbf16ps<6, 1, 2>();
+    Tiles::template load<3>(P1 + q * 64, 64);
+    Tiles::template dpbf16ps<5, 0, 3>();
+    Tiles::template dpbf16ps<7, 1, 3>();
+  }
+  Tiles::template store<4>(C, ldc * 4);
+  Tiles::template store<5>(C + 16, ldc * 4);
+  Tiles::template store<6>(C + 16 * ldc, ldc * 4);
+  Tiles::template store<7>(C + 16 * ldc + 16, ldc * 4);
 }
 
 // 16 rows x 16 pairs of 32-bit words, transposed in registers: r[i] = row i's pairs -> r[j] = pair j's 16 rows.
@@ -143,16 +187,23 @@ inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
   return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
 }
 
-void gemm(const DenseArgs& a, ThreadPool& pool) {
+template <class Tiles>
+void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {
   const int64_t T = a.T, N = a.N, K = a.K, kp0 = (K + 1) / 2, kp = kp0 + kPadPairs;
   thread_local std::vector<uint8_t> xbuf;
   uint32_t* xb = reinterpret_cast<uint32_t*>(aligned_scratch(xbuf, size_t(T * kp) * 4));  // [T, kp] pairs, padded
+  // A row's pairs past kp0 are zero: a tile reads 16 pairs at a time up to the next multiple of 16 (< kp), against
+  // the panels' zero rows (0 x a leftover NaN would be NaN)
+  auto convert = [&](int64_t t) {
+    convert_row(a.x + t * K, K, xb + t * kp);
+    std::fill(xb + t * kp + kp0, xb + (t + 1) * kp, 0u);
+  };
   if (T * K < (int64_t(1) << 16) || pool.size() == 1) {
-    for (int64_t t = 0; t < T; ++t) convert_row(a.x + t * K, K, xb + t * kp);
+    for (int64_t t = 0; t < T; ++t) convert(t);
   } else {
     const int64_t per = 16, tasks = (T + per - 1) / per;
     pool.parallel_for(tasks, [&](int64_t task, int) {
-      for (int64_t t = task * per; t < std::min(T, (task + 1) * per); ++t) convert_row(a.x + t * K, K, xb + t * kp);
+      for (int64_t t = task * per; t < std::min(T, (task + 1) * per); ++t) convert(t);
     });
   }
   const int64_t blocks = (N + kRows - 1) / kRows;
@@ -166,14 +217,26 @@ void gemm(const DenseArgs& a, ThreadPool& pool) {
     const bool whole = rows == int64_t(nb) * 16;  // the tile writes nb * 16 columns: direct to out only if they exist
     float* C = whole ? a.out + n0 : reinterpret_cast<float*>(aligned_scratch(cbuf, size_t(T) * kRows * 4));
     const int64_t ldc = whole ? N : kRows;
+    // tokens [0, t_amx) on the tiles: whole blocks of four panels only (a tile writes 16 columns), 32 tokens at a time
+    const int64_t t_amx = tiles && whole && nb == kNb ? T / 32 * 32 : 0;
+    if (t_amx > 0) {
+      amx::TileConfig c;
+      for (int t = 0; t < 8; ++t) c.tile(t, 16, 64);
+      Tiles::config(c);
+    }
     for (int64_t p0 = 0; p0 < kp0; p0 += kKc) {
       const int64_t kc = std::min(kKc, kp0 - p0);
       for (int b = 0; b < nb; ++b) pack_panel(a.w, N, K, n0 + 16 * b, p0, kc, P + size_t(b) * panel_bytes);
-      for (int64_t t0 = 0; t0 < T; t0 += kMr) {
+      for (int64_t t0 = 0; t0 < t_amx; t0 += 32)
+        for (int b = 0; b < kNb; b += 2)
+          amx_block<Tiles>(P + size_t(b) * panel_bytes, P + size_t(b + 1) * panel_bytes, kc, xb + t0 * kp + p0, kp,
+                           C + t0 * ldc + 16 * b, ldc, p0 > 0);
+      for (int64_t t0 = t_amx; t0 < T; t0 += kMr) {
         const int mr = int(std::min<int64_t>(kMr, T - t0));
         tile_any(mr, nb, P, panel_bytes, kc, xb + t0 * kp + p0, kp, C + t0 * ldc, ldc, p0 > 0);
       }
     }
+    if (t_amx > 0) Tiles::release();
     if (!whole)
       for (int64_t t = 0; t < T; ++t) std::memcpy(a.out + t * N + n0, C + t * kRows, size_t(rows) * 4);
   };
@@ -187,7 +250,10 @@ void gemm(const DenseArgs& a, ThreadPool& pool) {
 }  // namespace dense_gemm
 }  // namespace
 
-void dense_isa::gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool) { dense_gemm::gemm(a, pool); }
+void dense_isa::gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles) {
+  if (tiles == DenseTiles::AmxEmulated) dense_gemm::gemm<EmuTiles>(a, pool, true);
+  else dense_gemm::gemm<HwTiles>(a, pool, tiles == DenseTiles::Amx);
+}
 
 }  // namespace tessera
 

@@ -15,7 +15,8 @@ Where the computation happens is chosen here, never in the model:
   `engine.native.dense_gemm_bf16` from `GEMM_MIN_TOKENS` tokens on, at any T (the activations rounded once to bf16,
   as llama.cpp and torch's bf16 matmul do; exact products, f32 sums in vdpbf16ps; each weight read once per call),
   2-4x faster than the mat-vec at T=128..512 on the development machine (docs/BENCHMARKS.md,
-  scripts/bench_bf16_prefill.py).
+  scripts/bench_bf16_prefill.py); where AMX is granted its products run on bf16 tiles from 32 tokens on, another
+  4-6.6x (AMX Xeon, 2 cores: ~1.0-1.4 TFLOP/s against ~0.2 at T=64..2048; docs/BENCHMARKS.md, session 20).
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
   kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
   to int8 per 256 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`

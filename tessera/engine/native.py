@@ -206,11 +206,18 @@ def dense_gemm_bf16_available() -> bool:
     return bool(_native.dense_gemm_bf16_available())
 
 
-def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+def dense_gemm_bf16_amx_available() -> bool:
+    """Whether `dense_gemm_bf16` multiplies on AMX bf16 tiles here (the CPU, the OS's permission, TESSERA_MAX_ISA)."""
+    return bool(_native.dense_gemm_bf16_amx_available())
+
+
+def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, tiles: str = "auto") -> None:
     """Prefill GEMM: out[T, N] = bf16(x)[T, K] @ w[N, K].T with w bf16 as stored; x is rounded once to bf16 (nearest
-    even), products are exact and sums f32 (vdpbf16ps, which flushes bf16 denormals to zero). out is overwritten.
+    even), products are exact and sums f32 (vdpbf16ps or TDPBF16PS, both flushing bf16 denormals to zero). tiles:
+    "auto" (AMX tiles where `dense_gemm_bf16_amx_available()`, else vdpbf16ps), "vector", "amx" (RuntimeError where
+    unavailable) or "emulated" (the tile emulator, the same bits as "amx"; tests). out is overwritten.
     Raises RuntimeError where `dense_gemm_bf16_available()` is False, TypeError/ValueError naming a bad argument."""
-    _native.dense_gemm_bf16(w, x, out, pool)
+    _native.dense_gemm_bf16(w, x, out, pool, tiles)
 
 
 # ------------------------------------------------------------------------------------------------------------- packing

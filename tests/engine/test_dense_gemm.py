@@ -1,6 +1,8 @@
-"""The bf16 prefill GEMM (native.dense_gemm_bf16, vdpbf16ps on bf16 weights read in place) against a float64 matmul
-of the same operands (x rounded to bf16 by torch, the weights as stored), on odd shapes and every T from 1 to 513;
-its argument checks; and engine.dense.Linear's choice of it. Skipped where the CPU has no avx512_bf16."""
+"""The bf16 prefill GEMM (native.dense_gemm_bf16: vdpbf16ps, or AMX bf16 tiles where granted, on bf16 weights read in
+place) against a float64 matmul of the same operands (x rounded to bf16 by torch, the weights as stored), on odd shapes
+and every T from 1 to 513, each product path by name (the tiles through the emulator on any avx512_bf16 CPU, equal to
+the hardware's bit for bit where it has AMX); its argument checks; and engine.dense.Linear's choice of it. Skipped
+where the CPU has no avx512_bf16."""
 
 from __future__ import annotations
 
@@ -55,6 +57,65 @@ def test_odd_shapes_match_float64(threads):
             out = torch.full((T, N), float("nan"))  # [T, N]
             native.dense_gemm_bf16(w, x, out, pool)
             _check(out, w, x)
+
+
+TILE_MODES = ["vector", "emulated"] + (["amx"] if native.dense_gemm_bf16_amx_available() else [])
+
+
+@needs_gemm
+@pytest.mark.parametrize("tiles", TILE_MODES)
+def test_each_product_path_matches_float64(tiles):
+    """Token counts around the tiles' 32 (the rest on the vector tile), N around the whole 64-row blocks the tiles
+    take (partial blocks on the vector tile), K odd and past a 256-pair K block (C tiles accumulated across blocks)."""
+    g = torch.Generator().manual_seed(15)
+    pool = native.make_pool(2)
+    for N, K in [(64, 32), (100, 70), (130, 513), (192, 1031), (65, 2049)]:
+        w = torch.randn(N, K, generator=g).to(torch.bfloat16)  # [N, K]
+        for T in (1, 31, 32, 33, 64, 100):
+            x = torch.randn(T, K, generator=g)  # [T, K]
+            out = torch.full((T, N), float("nan"))  # [T, N]
+            native.dense_gemm_bf16(w, x, out, pool, tiles)
+            _check(out, w, x)
+
+
+@needs_gemm
+def test_the_tiles_equal_their_emulator_and_auto_takes_them_where_granted():
+    g = torch.Generator().manual_seed(16)
+    pool = native.make_pool(2)
+    w = torch.randn(192, 600, generator=g).to(torch.bfloat16)  # [N, K]
+    x = torch.randn(70, 600, generator=g)  # [T, K]: two tile token blocks and 6 vector tokens
+    runs = {}
+    for tiles in TILE_MODES + ["auto"]:
+        runs[tiles] = torch.full((70, 192), float("nan"))
+        native.dense_gemm_bf16(w, x, runs[tiles], pool, tiles)
+    assert not torch.equal(runs["vector"], runs["emulated"])  # the tiles really ran (another summation order)
+    assert torch.equal(runs["vector"][64:], runs["emulated"][64:])  # the last 6 tokens: the vector tile either way
+    if native.dense_gemm_bf16_amx_available():
+        assert torch.equal(runs["amx"], runs["emulated"])
+        assert torch.equal(runs["auto"], runs["amx"])
+    else:
+        assert torch.equal(runs["auto"], runs["vector"])
+
+
+@needs_gemm
+def test_special_values_propagate_through_the_tiles():
+    w = torch.ones(64, 64, dtype=torch.bfloat16)
+    w[1, 3], w[2, 63], w[63, 0] = float("inf"), float("nan"), float("-inf")
+    x = torch.ones(32, 64)
+    out = torch.zeros(32, 64)
+    native.dense_gemm_bf16(w, x, out, native.make_pool(1), "emulated")
+    assert out[:, 0].eq(64.0).all() and out[:, 3:63].eq(64.0).all()
+    assert torch.isposinf(out[:, 1]).all() and torch.isnan(out[:, 2]).all() and torch.isneginf(out[:, 63]).all()
+
+
+@needs_gemm
+def test_a_bad_tile_mode_is_named():
+    w, x, out = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(2, 8), torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="tiles: 'auto', 'vector', 'amx' or 'emulated', got 'tile'"):
+        native.dense_gemm_bf16(w, x, out, native.make_pool(1), "tile")
+    if not native.dense_gemm_bf16_amx_available():
+        with pytest.raises(RuntimeError, match="AMX bf16 tiles are not available"):
+            native.dense_gemm_bf16(w, x, out, native.make_pool(1), "amx")
 
 
 @needs_gemm

@@ -43,7 +43,13 @@ void dense_matvec_multi(const DenseMatvecPart* parts, int n, const float* x, int
 // with vdpbf16ps (exact products, f32 sums, bf16 denormals flushed); each weight is read once per call whatever T is.
 // Available when the CPU has avx512_bf16 and TESSERA_MAX_ISA allows AVX-512; callers check, then pass a.type == BF16.
 bool dense_gemm_bf16_available();
-void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool);
+// Which products dense_gemm_bf16 runs: Auto (AMX tiles where dense_gemm_bf16_amx_available(), else vdpbf16ps),
+// Vector (vdpbf16ps only), Amx (the tiles; throws where unavailable), AmxEmulated (the tile emulator: tests on any
+// avx512_bf16 CPU; the same bits as Amx).
+enum class DenseTiles : int { Auto = 0, Vector = 1, Amx = 2, AmxEmulated = 3 };
+// AMX bf16 tiles granted (CPUID, XCR0, the Linux permission) and TESSERA_MAX_ISA allows AMX, with avx512_bf16.
+bool dense_gemm_bf16_amx_available();
+void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles = DenseTiles::Auto);
 
 // f32 rows (the router's weight at decode, decode_layer.cpp): out[r] = sum_j w[r, j] x[j] for r < rows, each row
 // summed in one fixed order (16 lanes of products then sums, never fused; the K % 16 tail; the lanes in order), so
@@ -58,7 +64,8 @@ void matvec_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_avx512.cpp (
 void matvec_avx2(const DenseArgs& a, ThreadPool& pool);    // dense_avx2.cpp (AVX2 + FMA + F16C)
 void matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
 void matvec_multi_avx2(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
-void gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool);  // dense_gemm_avx512_bf16.cpp (AVX512-BF16)
+// dense_gemm_avx512_bf16.cpp (AVX512-BF16); tiles: Vector, Amx or AmxEmulated (resolved by dense_gemm_bf16)
+void gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles);
 }  // namespace dense_isa
 
 }  // namespace tessera
