@@ -48,6 +48,8 @@ constexpr int64_t kKc = 256;        // pairs per K block: 4 panels x 256 x 64 B 
 // machine (190-360 GFLOP/s either way): 256 is kept as the middle, the padding as the safe default.
 constexpr int64_t kPadPairs = 16;
 constexpr size_t kPadPanel = 64;
+// The tile path's panel budget per task (L2): all of K for a 64-row block up to K = 4096 (512 KB).
+constexpr size_t kAmxPanels = size_t(1) << 19;
 
 // C[m * ldc + b * 16 + i] (+)= sum_p A[m * lda + p] . panel b row p, lane i (bf16 pairs in 32-bit words).
 template <int MR, int NB>
@@ -209,9 +211,6 @@ void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {
   const int64_t blocks = (N + kRows - 1) / kRows;
   auto block = [&](int64_t blk) {
     thread_local std::vector<uint8_t> pbuf, cbuf;
-    const int64_t kc_max = std::min(kKc, (kp0 + 15) / 16 * 16);
-    const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64 + kPadPanel;
-    uint8_t* P = aligned_scratch(pbuf, kNb * panel_bytes);
     const int64_t n0 = blk * kRows, rows = std::min<int64_t>(kRows, N - n0);
     const int nb = int((rows + 15) / 16);
     const bool whole = rows == int64_t(nb) * 16;  // the tile writes nb * 16 columns: direct to out only if they exist
@@ -219,13 +218,21 @@ void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {
     const int64_t ldc = whole ? N : kRows;
     // tokens [0, t_amx) on the tiles: whole blocks of four panels only (a tile writes 16 columns), 32 tokens at a time
     const int64_t t_amx = tiles && whole && nb == kNb ? T / 32 * 32 : 0;
+    // On the tiles the block's panels take all of K at once where they fit kAmxPanels (K <= 4096 at 64 rows): each
+    // output is then written once instead of loaded and stored again per K block (at T = 2048 the C traffic of the
+    // 256-pair blocks cost ~25 % of q_proj's time).
+    const int64_t kp16 = (kp0 + 15) / 16 * 16;
+    const int64_t kblk = t_amx > 0 && size_t(kNb * kp16 * 64) <= kAmxPanels ? kp16 : kKc;
+    const int64_t kc_max = std::min(kblk, kp16);
+    const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64 + kPadPanel;
+    uint8_t* P = aligned_scratch(pbuf, kNb * panel_bytes);
     if (t_amx > 0) {
       amx::TileConfig c;
       for (int t = 0; t < 8; ++t) c.tile(t, 16, 64);
       Tiles::config(c);
     }
-    for (int64_t p0 = 0; p0 < kp0; p0 += kKc) {
-      const int64_t kc = std::min(kKc, kp0 - p0);
+    for (int64_t p0 = 0; p0 < kp0; p0 += kblk) {
+      const int64_t kc = std::min(kblk, kp0 - p0);
       for (int b = 0; b < nb; ++b) pack_panel(a.w, N, K, n0 + 16 * b, p0, kc, P + size_t(b) * panel_bytes);
       for (int64_t t0 = 0; t0 < t_amx; t0 += 32)
         for (int b = 0; b < kNb; b += 2)

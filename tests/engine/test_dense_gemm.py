@@ -66,10 +66,11 @@ TILE_MODES = ["vector", "emulated"] + (["amx"] if native.dense_gemm_bf16_amx_ava
 @pytest.mark.parametrize("tiles", TILE_MODES)
 def test_each_product_path_matches_float64(tiles):
     """Token counts around the tiles' 32 (the rest on the vector tile), N around the whole 64-row blocks the tiles
-    take (partial blocks on the vector tile), K odd and past a 256-pair K block (C tiles accumulated across blocks)."""
+    take (partial blocks on the vector tile), K odd and past a 256-pair K block; the tiles take all of K at once up
+    to 4096 and blocks of 256 pairs past it (K = 4100: C tiles accumulated in the output across blocks)."""
     g = torch.Generator().manual_seed(15)
     pool = native.make_pool(2)
-    for N, K in [(64, 32), (100, 70), (130, 513), (192, 1031), (65, 2049)]:
+    for N, K in [(64, 32), (100, 70), (130, 513), (192, 1031), (65, 2049), (64, 4100)]:
         w = torch.randn(N, K, generator=g).to(torch.bfloat16)  # [N, K]
         for T in (1, 31, 32, 33, 64, 100):
             x = torch.randn(T, K, generator=g)  # [T, K]
