@@ -280,25 +280,34 @@ inline __m512 flush_denormals(__m512 v) {
 }
 
 // The scalar twin's contract: each int8 tile row r (K quad 4 r .. 4 r + 3 of 16 lanes) gives bf16 rows 2 (r % 8) and
-// 2 (r % 8) + 1 of bf16 tile 2 kb + r / 8, as (K, K + 1) pairs per lane.
+// 2 (r % 8) + 1 of bf16 tile 2 kb + r / 8, as (K, K + 1) pairs per lane. Both variants below walk the rows with this:
+// f[q] = float(w_q) * scale for the row's 4 K values q per lane, and where its 64 bf16 pairs go.
+struct DequantRow {
+  const MatLayout& L;
+  const uint8_t* W;
+  int64_t nb;
+  uint16_t* out;
+  __attribute__((always_inline)) inline uint16_t* products(int64_t kb, int r, __m512 f[4]) const {
+    const __m512 scale = _mm512_loadu_ps(L.scales(W, nb) + ((kb * kTileKInt8) / L.group) * kTileN);
+    const __m512i v = _mm512_xor_si512(_mm512_load_si512(L.tile(W, nb, kb) + r * 64),
+                                       _mm512_set1_epi32(int(0x80808080u)));  // bytes w_q, signed
+    for (int q = 0; q < 4; ++q)
+      f[q] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24)), scale);
+    return out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
+  }
+};
+
 void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out) {
-  const float* sc = L.scales(W, nb);
-  const __m512i flip = _mm512_set1_epi32(int(0x80808080u));
-  for (int64_t kb = 0; kb < L.kblocks; ++kb) {
-    const uint8_t* t = L.tile(W, nb, kb);
-    const __m512 scale = _mm512_loadu_ps(sc + ((kb * kTileKInt8) / L.group) * kTileN);
+  const DequantRow row{L, W, nb, out};
+  for (int64_t kb = 0; kb < L.kblocks; ++kb)
     for (int r = 0; r < 16; ++r) {
-      const __m512i v = _mm512_xor_si512(_mm512_load_si512(t + r * 64), flip);  // bytes w_q, signed
+      __m512 f[4];
+      uint16_t* dst = row.products(kb, r, f);
       __m512i b[4];
-      for (int q = 0; q < 4; ++q) {
-        const __m512i w = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24);
-        b[q] = bf16_lanes(flush_denormals(_mm512_mul_ps(_mm512_cvtepi32_ps(w), scale)));
-      }
-      uint16_t* dst = out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
+      for (int q = 0; q < 4; ++q) b[q] = bf16_lanes(flush_denormals(f[q]));
       _mm512_storeu_si512(dst, _mm512_or_si512(b[0], _mm512_slli_epi32(b[1], 16)));
       _mm512_storeu_si512(dst + 32, _mm512_or_si512(b[2], _mm512_slli_epi32(b[3], 16)));
     }
-  }
 }
 
 // dequant_bf16 on CPUs with AVX512_BF16 (every AMX CPU): VCVTNE2PS2BF16 rounds two vectors of products in one
@@ -308,24 +317,17 @@ void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* ou
 // session 20).
 __attribute__((target("avx512bf16"))) void dequant_bf16_avx512bf16(const MatLayout& L, const uint8_t* W, int64_t nb,
                                                                    uint16_t* out) {
-  const float* sc = L.scales(W, nb);
-  const __m512i flip = _mm512_set1_epi32(int(0x80808080u));
+  const DequantRow row{L, W, nb, out};
   // word 2 i <- word i (the first vector's lane i), word 2 i + 1 <- word 16 + i (the second's)
   const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t kb = 0; kb < L.kblocks; ++kb) {
-    const uint8_t* t = L.tile(W, nb, kb);
-    const __m512 scale = _mm512_loadu_ps(sc + ((kb * kTileKInt8) / L.group) * kTileN);
+  for (int64_t kb = 0; kb < L.kblocks; ++kb)
     for (int r = 0; r < 16; ++r) {
-      const __m512i v = _mm512_xor_si512(_mm512_load_si512(t + r * 64), flip);  // bytes w_q, signed
       __m512 f[4];
-      for (int q = 0; q < 4; ++q)
-        f[q] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * q), 24)), scale);
-      uint16_t* dst = out + (2 * kb + r / 8) * 512 + (r % 8) * 64;
+      uint16_t* dst = row.products(kb, r, f);
       _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0])));
       _mm512_storeu_si512(dst + 32, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2])));
     }
-  }
 }
 
 }  // namespace

@@ -99,17 +99,6 @@ def test_the_tiles_equal_their_emulator_and_auto_takes_them_where_granted():
 
 
 @needs_gemm
-def test_special_values_propagate_through_the_tiles():
-    w = torch.ones(64, 64, dtype=torch.bfloat16)
-    w[1, 3], w[2, 63], w[63, 0] = float("inf"), float("nan"), float("-inf")
-    x = torch.ones(32, 64)
-    out = torch.zeros(32, 64)
-    native.dense_gemm_bf16(w, x, out, native.make_pool(1), "emulated")
-    assert out[:, 0].eq(64.0).all() and out[:, 3:63].eq(64.0).all()
-    assert torch.isposinf(out[:, 1]).all() and torch.isnan(out[:, 2]).all() and torch.isneginf(out[:, 63]).all()
-
-
-@needs_gemm
 def test_a_bad_tile_mode_is_named():
     w, x, out = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(2, 8), torch.zeros(2, 4)
     with pytest.raises(ValueError, match="tiles: 'auto', 'vector', 'amx' or 'emulated', got 'tile'"):
@@ -133,15 +122,17 @@ def test_weights_are_read_in_place_from_a_strided_parent():
 
 
 @needs_gemm
-def test_special_values_propagate():
-    w = torch.ones(70, 40, dtype=torch.bfloat16)
-    w[1, 3], w[2, 39], w[69, 0] = float("inf"), float("nan"), float("-inf")
-    x = torch.ones(20, 40)
-    out = torch.zeros(20, 70)
-    native.dense_gemm_bf16(w, x, out, native.make_pool(2))
-    assert out[:, 0].eq(40.0).all()
-    assert torch.isposinf(out[:, 1]).all() and torch.isnan(out[:, 2]).all() and torch.isneginf(out[:, 69]).all()
-    assert out[:, 3:69].eq(40.0).all()  # the zero padding past K = 40 and past N = 70 adds nothing
+@pytest.mark.parametrize("tiles, N, K, T", [("vector", 70, 40, 20), ("emulated", 64, 64, 32), ("auto", 70, 40, 33)])
+def test_special_values_propagate(tiles, N, K, T):
+    """Inf and NaN weights reach their outputs on every path; the zero padding past K and N adds nothing (vector: K = 40
+    and N = 70 inside one panel; the tiles: a whole 64-row block)."""
+    w = torch.ones(N, K, dtype=torch.bfloat16)
+    w[1, 3], w[2, K - 1], w[N - 1, 0] = float("inf"), float("nan"), float("-inf")
+    x = torch.ones(T, K)
+    out = torch.zeros(T, N)
+    native.dense_gemm_bf16(w, x, out, native.make_pool(2), tiles)
+    assert out[:, 0].eq(float(K)).all() and out[:, 3:N - 1].eq(float(K)).all()
+    assert torch.isposinf(out[:, 1]).all() and torch.isnan(out[:, 2]).all() and torch.isneginf(out[:, N - 1]).all()
 
 
 @needs_gemm
