@@ -38,6 +38,12 @@ struct alignas(64) TileConfig {
     colsb[t] = static_cast<uint16_t>(ncolsb);
     return *this;
   }
+  // All eight tiles at their largest shape (16 rows x 64 bytes), palette 1: what the 2x2 kernels and probes run.
+  static TileConfig full() {
+    TileConfig c;
+    for (int t = 0; t < kNumTiles; ++t) c.tile(t, kMaxRows, kMaxColsb);
+    return c;
+  }
 };
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads exactly 64 bytes");
 

@@ -271,11 +271,7 @@ constexpr int64_t kSpanKeys = kSpanTiles * kKeys;   // positions per span: the r
 
 template <class Tiles>
 struct AmxAttention {
-  static void configure() {
-    amx::TileConfig c;
-    for (int t = 0; t < 8; ++t) c.tile(t, 16, 64);
-    Tiles::config(c);
-  }
+  static void configure() { Tiles::config(amx::TileConfig::full()); }
   // s[r0 .. r0 + 32][32 j .. 32 j + 32): two row blocks (Q rows r0 and r0 + 16: tiles 0 and 1) against one key tile's
   // lo and hi keys (tiles 2, 3), one operand load per product.
   static void scores(const uint16_t* Q, int64_t hd, const uint16_t* kp, int64_t j, float* s) {

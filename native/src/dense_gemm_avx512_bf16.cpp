@@ -226,11 +226,7 @@ void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {
     const int64_t kc_max = std::min(kblk, kp16);
     const size_t panel_bytes = size_t((kc_max + 15) / 16 * 16) * 64 + kPadPanel;
     uint8_t* P = aligned_scratch(pbuf, kNb * panel_bytes);
-    if (t_amx > 0) {
-      amx::TileConfig c;
-      for (int t = 0; t < 8; ++t) c.tile(t, 16, 64);
-      Tiles::config(c);
-    }
+    if (t_amx > 0) Tiles::config(amx::TileConfig::full());
     for (int64_t p0 = 0; p0 < kp0; p0 += kblk) {
       const int64_t kc = std::min(kblk, kp0 - p0);
       for (int b = 0; b < nb; ++b) pack_panel(a.w, N, K, n0 + 16 * b, p0, kc, P + size_t(b) * panel_bytes);

@@ -18,8 +18,7 @@ using amx::TileHw;
 // registers only, so the loop measures the tile unit, not memory.
 template <bool kBF16>
 double tile_loop(int64_t iters) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.tile(t, 16, 64);
+  const TileConfig cfg = TileConfig::full();
   alignas(64) static const uint8_t zeros[16 * 64] = {};
   TileHw::config(cfg);
   TileHw::zero<0>();
@@ -106,8 +105,7 @@ void overlap_items(int blocks, int64_t items, const int8_t* a, const int8_t* b, 
 }  // namespace
 
 AmxOverlapNs amx_overlap_probe(int fma_blocks, int64_t items) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.tile(t, 16, 64);
+  const TileConfig cfg = TileConfig::full();
   alignas(64) static int8_t a[4 * 2048], b[4 * 2048];  // 16 KiB of operands: L1
   alignas(64) static int32_t c[4 * 256];
   for (int i = 0; i < 4 * 2048; ++i) a[i] = b[i] = int8_t(i % 7 - 3);

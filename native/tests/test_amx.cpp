@@ -391,7 +391,6 @@ void ref_i8(const Packed& p, const int8_t* A, const float* as, int64_t M, float*
     }
 }
 
-// quantize_row_i8's two digits reconstruct x within 1/254 of a one-digit step: |x - u (254 hi + lo)| <= u / 2 + slack.
 // vec.dequant_bf16 (int8 weights x their group scale, rounded to bf16 for the bf16 tiles): the scalar twin, the
 // AVX-512 rounding and the VCVTNE2PS2BF16 one give the same bits, with scales that put products exactly at FLT_MIN,
 // below it (flushed to a signed zero by every variant) and NaN.
@@ -454,6 +453,7 @@ void test_dequant_bf16_variants_agree() {
   CHECK(flushed > 100);  // the cases above really reached the denormal range
 }
 
+// quantize_row_i8's two digits reconstruct x within 1/254 of a one-digit step: |x - u (254 hi + lo)| <= u / 2 + slack.
 void test_two_digit_activations_reconstruct() {
   std::mt19937 rng(10);
   for (int64_t K : {5, 64, 200}) {
