@@ -458,6 +458,18 @@ NB_MODULE(_native, m) {
      "where granted, else vdpbf16ps), 'vector' (vdpbf16ps), 'amx' (an error where not granted), 'emulated' (the tile "
      "emulator, the same bits as 'amx').");
 
+  m.def("dense_gemm_f32_available", []() { return dense_gemm_f32_available(); },
+        "Whether dense_gemm_f32 runs here: the CPU has avx2/fma/f16c and TESSERA_MAX_ISA allows AVX2.");
+  m.def("dense_gemm_f32", [](const AnyArray& w, const AnyArray& x, const AnyArray& out, ThreadPool& pool) {
+    DenseArgs a = check_dense(w, x, out);
+    if (!dense_gemm_f32_available())
+      throw std::runtime_error("dense_gemm_f32: this CPU (or TESSERA_MAX_ISA) has no AVX2");
+    nb::gil_scoped_release nogil;
+    dense_gemm_f32(a, pool);
+  }, nb::arg("w"), nb::arg("x"), nb::arg("out"), nb::arg("pool"),
+     "Prefill where the CPU has no avx512_bf16: out[T, N] = x[T, K] . w[N, K]^T; w bf16/f16 widened exactly to f32, x "
+     "in f32, f32 FMA sums in K order.");
+
   bind_quant(m);  // quantized GGUF kernels (quant_bindings.inc)
   bind_attention(m);  // attention over a bf16 KV cache (attention_bindings.inc)
   bind_attention_q8(m);  // attention over a q8_0 KV cache (attention_q8_bindings.inc)

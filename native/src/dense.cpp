@@ -102,6 +102,21 @@ bool dense_gemm_bf16_available() {
   return ok;
 }
 
+bool dense_gemm_f32_available() {
+  static const bool ok = [] {
+    const CpuFeatures& c = cpu_features();
+    return c.avx2 && c.fma && c.f16c && c.os_avx && max_isa_cap() >= IsaLevel::AVX2;
+  }();
+  return ok;
+}
+
+void dense_gemm_f32(const DenseArgs& a, ThreadPool& pool) {
+  if (!dense_gemm_f32_available()) throw std::runtime_error("dense_gemm_f32: this CPU (or TESSERA_MAX_ISA) has no AVX2");
+  if (a.type != WeightType::BF16 && a.type != WeightType::F16)
+    throw std::invalid_argument("dense_gemm_f32: w must be bfloat16 or float16");
+  dense_isa::gemm_f32_avx2(a, pool);
+}
+
 bool dense_gemm_bf16_amx_available() {
   static const bool ok = [] {
     const CpuFeatures& c = cpu_features();

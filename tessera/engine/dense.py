@@ -17,6 +17,10 @@ Where the computation happens is chosen here, never in the model:
   2-4x faster than the mat-vec at T=128..512 on the development machine (docs/BENCHMARKS.md,
   scripts/bench_bf16_prefill.py); where AMX is granted its products run on bf16 tiles from 32 tokens on, another
   4-6.6x (AMX Xeon, 2 cores: ~1.0-1.4 TFLOP/s against ~0.2 at T=64..2048; docs/BENCHMARKS.md, session 20).
+  Every other 16-bit case (bf16 weights without avx512_bf16, i.e. AVX2-only CPUs, and f16 weights everywhere) takes
+  `engine.native.dense_gemm_f32` from `GEMM_MIN_TOKENS` tokens on, at any T: each weight widened exactly to f32 once
+  per call, x kept f32, an FMA register tile (AVX2): 185-200 GFLOP/s on two cores at T >= 64 against the mat-vec's
+  69-174 (AMX Xeon running AVX2 code; docs/BENCHMARKS.md, session 21).
 - GGUF block-quantized weights (engine.quantized.QuantizedMatrix: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) on the CPU:
   kept as the file's blocks, never widened whole; `engine.native.quant_matmul` multiplies them in place (activations
   to int8 per 256 values, integer dots, f32 scales) on the same native pool, for every T up to `QUANT_NATIVE_MAX_TOKENS`
@@ -56,7 +60,8 @@ NATIVE_PATHS = ("native", "native-quant")  # the paths that run on the dense poo
 
 
 GEMM_AVAILABLE = native.dense_gemm_bf16_available()  # avx512_bf16 under the TESSERA_MAX_ISA cap
-GEMM_MIN_TOKENS = 16  # bf16 weights from this many tokens on: the vdpbf16ps GEMM (docs/BENCHMARKS.md)
+GEMM_F32_AVAILABLE = native.dense_gemm_f32_available()  # avx2/fma/f16c under the cap: the widening GEMM
+GEMM_MIN_TOKENS = 16  # 16-bit weights from this many tokens on: a GEMM, not the mat-vec (docs/BENCHMARKS.md)
 
 
 QUANT_NATIVE_MAX_TOKENS = int(native.tuning()["dense_quant_max_tokens"])  # TESSERA_DENSE_QUANT_MAX_T, default 2048
@@ -122,6 +127,7 @@ class Linear:
         )
         self._pool = dense_pool() if self.path == "native" else None
         self._gemm = self.path == "native" and self.weight.dtype == torch.bfloat16 and GEMM_AVAILABLE
+        self._gemm_f32 = self.path == "native" and not self._gemm and GEMM_F32_AVAILABLE
 
     def _init_quantized(self, weight: QuantizedMatrix, device: torch.device, name: str) -> None:
         self.name, self.device = name, device
@@ -168,10 +174,10 @@ class Linear:
             return x @ self.weight.T  # [T, N]
         if self.path == "torch-device":
             return (x.to(self.weight.dtype) @ self.weight.T).to(torch.float32)  # [T, N]
-        if self.path == "native" and x.shape[0] >= GEMM_MIN_TOKENS and self._gemm:
+        if self.path == "native" and x.shape[0] >= GEMM_MIN_TOKENS and (self._gemm or self._gemm_f32):
             x = x.to(torch.float32).contiguous()  # [T, K]
             out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)  # [T, N]
-            native.dense_gemm_bf16(self.weight, x, out, self._pool)
+            (native.dense_gemm_bf16 if self._gemm else native.dense_gemm_f32)(self.weight, x, out, self._pool)
             return out
         if self.path == "native" and 0 < x.shape[0] <= NATIVE_MAX_TOKENS:
             x = x.to(torch.float32).contiguous()  # [T, K]

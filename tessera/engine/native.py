@@ -220,6 +220,19 @@ def dense_gemm_bf16(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool, t
     _native.dense_gemm_bf16(w, x, out, pool, tiles)
 
 
+def dense_gemm_f32_available() -> bool:
+    """Whether `dense_gemm_f32` runs on this CPU (avx2/fma/f16c, and TESSERA_MAX_ISA allows AVX2)."""
+    return bool(_native.dense_gemm_f32_available())
+
+
+def dense_gemm_f32(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pool) -> None:
+    """Prefill GEMM for CPUs without avx512_bf16: out[T, N] = x[T, K] @ w[N, K].T with w bf16 or f16 as stored, each
+    weight widened exactly to f32 once per call, x kept f32, f32 FMA sums in K order (per row and token the same bits
+    whatever T is). out is overwritten. Raises RuntimeError where `dense_gemm_f32_available()` is False,
+    TypeError/ValueError naming a bad argument."""
+    _native.dense_gemm_f32(w, x, out, pool)
+
+
 # ------------------------------------------------------------------------------------------------------------- packing
 
 

@@ -166,7 +166,7 @@ def test_isa_cap_turns_it_off_with_a_clear_error():
             assert "avx512_bf16" in str(e), e
         else:
             raise AssertionError("no error")
-        lin = dense.Linear(w, "cpu", "q_proj")  # falls back to the exact mat-vec
+        lin = dense.Linear(w, "cpu", "q_proj")  # takes the f32-widening GEMM (test_dense_gemm_f32.py)
         x = torch.randn(40, 8)
         torch.testing.assert_close(lin(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
         print("ok")
@@ -195,7 +195,7 @@ def test_linear_uses_the_gemm_from_its_threshold_on(monkeypatch):
         else:  # the exact mat-vec
             torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
     assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
-    f16 = dense.Linear(w.half(), "cpu", "q_proj")  # f16 weights: the exact mat-vec at every T up to the threshold
+    f16 = dense.Linear(w.half(), "cpu", "q_proj")  # f16 weights: never this GEMM (dense_gemm_f32 past the threshold)
     x = torch.randn(20, 70, generator=g)
     torch.testing.assert_close(f16(x), x @ w.half().float().T, rtol=1e-5, atol=1e-5)
     assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]

@@ -51,6 +51,12 @@ enum class DenseTiles : int { Auto = 0, Vector = 1, Amx = 2, AmxEmulated = 3 };
 bool dense_gemm_bf16_amx_available();
 void dense_gemm_bf16(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles = DenseTiles::Auto);
 
+// Prefill GEMM on bf16 or f16 weights for CPUs without avx512_bf16 (dense_gemm_avx2.cpp, AVX2 + FMA + F16C): each
+// weight widened exactly to f32 once per call, x kept in f32, f32 FMA sums in K order (per (row, token) the same bits
+// whatever T is). Available where the CPU has avx2/fma/f16c and TESSERA_MAX_ISA allows AVX2; callers check.
+bool dense_gemm_f32_available();
+void dense_gemm_f32(const DenseArgs& a, ThreadPool& pool);
+
 // f32 rows (the router's weight at decode, decode_layer.cpp): out[r] = sum_j w[r, j] x[j] for r < rows, each row
 // summed in one fixed order (16 lanes of products then sums, never fused; the K % 16 tail; the lanes in order), so
 // every kernel gives the same bits: the ISA ones only read faster. Single-threaded: the caller splits the rows.
@@ -66,6 +72,7 @@ void matvec_multi_avx512(const DenseMatvecPart* parts, int n, const float* x, in
 void matvec_multi_avx2(const DenseMatvecPart* parts, int n, const float* x, int64_t K, ThreadPool& pool);
 // dense_gemm_avx512_bf16.cpp (AVX512-BF16); tiles: Vector, Amx or AmxEmulated (resolved by dense_gemm_bf16)
 void gemm_bf16_avx512(const DenseArgs& a, ThreadPool& pool, DenseTiles tiles);
+void gemm_f32_avx2(const DenseArgs& a, ThreadPool& pool);  // dense_gemm_avx2.cpp (AVX2 + FMA + F16C)
 }  // namespace dense_isa
 
 }  // namespace tessera

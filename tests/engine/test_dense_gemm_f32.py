@@ -1,0 +1,148 @@
+"""The widening prefill GEMM (native.dense_gemm_f32: bf16 or f16 weights read in place and widened exactly to f32,
+x in f32, an AVX2 FMA register tile) against a float64 matmul of the same operands, on shapes around its 8-row panels,
+16-column tiles, 64-row tasks and 256-value K blocks and every T from 1 to 40 and past; the property its summation
+order gives (a token's outputs do not depend on the other tokens of the call); its argument checks and the ISA cap;
+and engine.dense.Linear's choice of it (bf16 weights where the CPU has no avx512_bf16, f16 weights everywhere).
+Skipped where the CPU has no AVX2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tessera.engine import dense, native
+
+needs_gemm = pytest.mark.skipif(not native.dense_gemm_f32_available(), reason="CPU lacks avx2/fma/f16c")
+
+# N around the 8-row panels, 16-column tiles and 64-row tasks; K below 8 (the scalar tail only), odd, and past one
+# 256-value block (chained through the output).
+SHAPES = [(1, 1), (3, 5), (8, 8), (37, 45), (64, 32), (65, 513), (129, 1000), (17, 2049), (200, 1031)]
+
+
+def _check(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> None:
+    """out against the float64 product of x and the widened w: each of the K FMAs rounds once in f32, so the error
+    is at most ~K * 2^-24 of sum |x w| (6e-8 leaves a little room)."""
+    ref = x.double() @ w.double().T  # [T, N]
+    bound = w.shape[1] * 6e-8 * (x.double().abs() @ w.double().abs().T) + 1e-30  # [T, N]
+    assert not torch.isnan(out).any(), "output left unwritten (NaN prefill survived)"
+    err = (out.double() - ref).abs()
+    assert bool((err <= bound).all()), f"max err {float(err.max())} (T={x.shape[0]}, N, K={tuple(w.shape)})"
+
+
+@needs_gemm
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_odd_shapes_match_float64(dtype, threads):
+    g = torch.Generator().manual_seed(21)
+    pool = native.make_pool(threads)
+    for N, K in SHAPES:
+        w = torch.randn(N, K, generator=g).to(dtype)  # [N, K]
+        for T in (1, 5, 6, 7, 12, 13, 16, 33, 128, 257):
+            x = torch.randn(T, K, generator=g)  # [T, K]
+            out = torch.full((T, N), float("nan"))  # [T, N]
+            native.dense_gemm_f32(w, x, out, pool)
+            _check(out, w, x)
+
+
+@needs_gemm
+def test_every_token_count_and_a_token_alone_gives_the_same_bits():
+    """Each (row, token) sums its K products in K order whatever tile holds it: the outputs of a token computed in a
+    batch of T equal, bit for bit, those of the token computed alone (the same holds for every T from 1 to 40)."""
+    g = torch.Generator().manual_seed(22)
+    pool = native.make_pool(2)
+    w = torch.randn(70, 600, generator=g).to(torch.bfloat16)  # [N, K]: a partial task, two K blocks and a tail
+    x = torch.randn(40, 600, generator=g)  # [T, K]
+    alone = torch.empty(40, 70)
+    for t in range(40):
+        native.dense_gemm_f32(w, x[t : t + 1].contiguous(), alone[t : t + 1], pool)
+    _check(alone, w, x)
+    for T in range(1, 41):
+        out = torch.full((T, 70), float("nan"))
+        native.dense_gemm_f32(w, x[:T].contiguous(), out, pool)
+        assert torch.equal(out, alone[:T]), f"T={T}"
+
+
+@needs_gemm
+def test_special_values_propagate():
+    pool = native.make_pool(2)
+    w = torch.ones(24, 40, dtype=torch.bfloat16)
+    w[3, 7] = float("inf")
+    w[5, 0] = float("nan")
+    x = torch.ones(3, 40)
+    out = torch.empty(3, 24)
+    native.dense_gemm_f32(w, x, out, pool)
+    assert torch.isinf(out[:, 3]).all() and torch.isnan(out[:, 5]).all()
+    others = [i for i in range(24) if i not in (3, 5)]
+    assert torch.equal(out[:, others], torch.full((3, 22), 40.0))
+
+
+@needs_gemm
+def test_bad_arguments_are_named():
+    pool = native.make_pool(1)
+    w = torch.zeros(4, 8, dtype=torch.bfloat16)
+    x, out = torch.zeros(2, 8), torch.zeros(2, 4)
+    cases = [
+        ((w.float(), x, out), TypeError, "w: expected bfloat16 or float16, got float32"),
+        ((w, x.double(), out), TypeError, "x: expected float32"),
+        ((w, torch.zeros(2, 9), out), ValueError, r"x: expected shape \[\*, 8\], got \[2, 9\]"),
+        ((w, x, torch.zeros(3, 4)), ValueError, r"out: expected shape \[2, 4\], got \[3, 4\]"),
+        ((w, torch.zeros(0, 8), torch.zeros(0, 4)), ValueError, "x: needs at least one row"),
+        ((torch.zeros(8, 4, dtype=torch.bfloat16).T, x, out), ValueError, "w: must be C-contiguous"),
+    ]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            native.dense_gemm_f32(*args, pool)
+
+
+def test_isa_cap_turns_it_off_with_a_clear_error():
+    script = textwrap.dedent("""
+        import torch
+        from tessera.engine import dense, native
+        assert not native.dense_gemm_f32_available() and not dense.GEMM_F32_AVAILABLE
+        w = torch.zeros(4, 8, dtype=torch.bfloat16)
+        try:
+            native.dense_gemm_f32(w, torch.zeros(2, 8), torch.zeros(2, 4), native.make_pool(1))
+        except RuntimeError as e:
+            assert "AVX2" in str(e), e
+        else:
+            raise AssertionError("no error")
+        w = torch.randn(4, 8).to(torch.bfloat16)
+        lin = dense.Linear(w, "cpu", "q_proj")  # the scalar reference mat-vec
+        x = torch.randn(40, 8)
+        torch.testing.assert_close(lin(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
+        print("ok")
+    """)
+    env = dict(os.environ, TESSERA_MAX_ISA="reference")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------ Linear
+
+
+@needs_gemm
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_linear_takes_it_where_no_bf16_gemm_runs(monkeypatch, dtype):
+    """f16 weights everywhere, bf16 weights where dense_gemm_bf16 is unavailable: the widening GEMM from
+    GEMM_MIN_TOKENS tokens on, at any T (past NATIVE_MAX_TOKENS too); the exact mat-vec below."""
+    if dtype == torch.bfloat16:
+        monkeypatch.setattr(dense, "GEMM_AVAILABLE", False)  # as on a CPU without avx512_bf16
+    calls = []
+    real = native.dense_gemm_f32
+    monkeypatch.setattr(native, "dense_gemm_f32", lambda *a: (calls.append(a[1].shape[0]), real(*a)))
+    g = torch.Generator().manual_seed(23)
+    w = torch.randn(33, 70, generator=g).to(dtype)
+    lin = dense.Linear(w, "cpu", "q_proj")
+    for T in (1, dense.GEMM_MIN_TOKENS - 1, dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3):
+        x = torch.randn(T, 70, generator=g)
+        y = lin(x)
+        if T >= dense.GEMM_MIN_TOKENS:
+            _check(y, w, x)
+        else:
+            torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
+    assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
