@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dense_gemm_blocks.h"
 #include "tessera/dense.h"
 
 #include "isa_target.h"
@@ -141,14 +142,9 @@ void gemm(const DenseArgs& a, ThreadPool& pool) {
                    C + t0 * ldc + 8 * b, ldc, k0 > 0);
       }
     }
-    if (!whole)
-      for (int64_t t = 0; t < T; ++t) std::memcpy(a.out + t * N + n0, C + t * kRows, size_t(rows) * 4);
+    if (!whole) dense_gemm_blocks::copy_out(C, kRows, T, a.out, N, n0, rows);
   };
-  if (blocks == 1 || pool.size() == 1) {
-    for (int64_t b = 0; b < blocks; ++b) block(b);
-  } else {
-    pool.parallel_for(blocks, [&](int64_t b, int) { block(b); });
-  }
+  dense_gemm_blocks::run(pool, blocks, block);
 }
 
 }  // namespace dense_gemm_f32

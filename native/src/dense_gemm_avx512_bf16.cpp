@@ -25,6 +25,7 @@
 
 #include "amx_tile.h"
 #include "amx_tile_emu.h"
+#include "dense_gemm_blocks.h"
 #include "tessera/dense.h"
 
 #include "isa_target.h"
@@ -240,14 +241,9 @@ void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {
       }
     }
     if (t_amx > 0) Tiles::release();
-    if (!whole)
-      for (int64_t t = 0; t < T; ++t) std::memcpy(a.out + t * N + n0, C + t * kRows, size_t(rows) * 4);
+    if (!whole) dense_gemm_blocks::copy_out(C, kRows, T, a.out, N, n0, rows);
   };
-  if (blocks == 1 || pool.size() == 1) {
-    for (int64_t b = 0; b < blocks; ++b) block(b);
-  } else {
-    pool.parallel_for(blocks, [&](int64_t b, int) { block(b); });
-  }
+  dense_gemm_blocks::run(pool, blocks, block);
 }
 
 }  // namespace dense_gemm

@@ -17,6 +17,7 @@ from tessera.engine import dense, native
 from tessera.engine.errors import TesseraError
 from tessera.engine.experts import TorchExperts
 from tessera.engine.model import Qwen3MoeModel, layer_experts
+from tests.engine.dense_cases import OUT, W, X, check_argument_errors, run_capped
 
 # Odd shapes: N and K not multiples of 4 rows, 16 or 32 lanes; one matrix large enough to be split over the pool.
 SHAPES = [(1, 1), (3, 5), (37, 45), (64, 32), (129, 1000), (17, 2049), (1031, 257)]
@@ -67,23 +68,10 @@ def test_special_values_propagate():
 
 
 def test_matvec_argument_errors_name_the_argument():
-    pool = native.make_pool(1)
-    w = torch.zeros(6, 10, dtype=torch.bfloat16)
-    x, out = torch.zeros(2, 10), torch.zeros(2, 6)
-    cases = [
-        ((w.float(), x, out), TypeError, "w: expected bfloat16 or float16, got float32"),
-        ((w, x.double(), out), TypeError, "x: expected float32"),
-        ((w, x, out.half()), TypeError, "out: expected float32"),
-        ((w, torch.zeros(2, 11), out), ValueError, r"x: expected shape \[\*, 10\], got \[2, 11\]"),
-        ((w, x, torch.zeros(3, 6)), ValueError, r"out: expected shape \[2, 6\], got \[3, 6\]"),
-        ((w, torch.zeros(0, 10), torch.zeros(0, 6)), ValueError, "x: needs at least one row"),
-        ((torch.zeros(10, 6, dtype=torch.bfloat16).T, x, out), ValueError, "w: must be C-contiguous"),
-        ((w, torch.zeros(10, 2).T, out), ValueError, "x: must be C-contiguous"),
-        ((torch.zeros(6, 10, 1, dtype=torch.bfloat16), x, out), ValueError, "w: expected a non-empty 2-D"),
-    ]
-    for args, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
-            native.dense_matvec(*args, pool)
+    check_argument_errors(native.dense_matvec, [
+        ((W, torch.zeros(10, 2).T, OUT), ValueError, "x: must be C-contiguous"),
+        ((torch.zeros(6, 10, 1, dtype=torch.bfloat16), X, OUT), ValueError, "w: expected a non-empty 2-D"),
+    ])
 
 
 @pytest.mark.parametrize("cap", ["avx2", "reference"])
@@ -107,10 +95,7 @@ def test_isa_capped_kernels(cap):
                     assert bool(((out.double() - ref).abs() <= bound).all()), (dtype, N, K, T)
         print("ok")
     """)
-    env = dict(os.environ, TESSERA_MAX_ISA=cap)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    kernel, ok = r.stdout.split()
+    kernel, ok = run_capped(script, cap)
     assert ok == "ok"
     assert kernel == {"avx2": "AVX2", "reference": "Reference"}[cap] or (cap == "avx2" and kernel == "Reference")
 

@@ -6,15 +6,19 @@ where the CPU has no avx512_bf16."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from tessera.engine import dense, native
+from tests.engine.dense_cases import (
+    OUT,
+    W,
+    X,
+    capped_kernel_script,
+    check_argument_errors,
+    check_linear_threshold,
+    run_capped,
+)
 
 needs_gemm = pytest.mark.skipif(not native.dense_gemm_bf16_available(), reason="CPU lacks avx512_bf16")
 
@@ -137,43 +141,13 @@ def test_special_values_propagate(tiles, N, K, T):
 
 @needs_gemm
 def test_argument_errors_name_the_argument():
-    pool = native.make_pool(1)
-    w = torch.zeros(6, 10, dtype=torch.bfloat16)
-    x, out = torch.zeros(2, 10), torch.zeros(2, 6)
-    cases = [
-        ((w.half(), x, out), TypeError, "w: the bf16 GEMM takes bfloat16 weights, got float16"),
-        ((w.float(), x, out), TypeError, "w: expected bfloat16 or float16, got float32"),
-        ((w, x.double(), out), TypeError, "x: expected float32"),
-        ((w, torch.zeros(2, 11), out), ValueError, r"x: expected shape \[\*, 10\], got \[2, 11\]"),
-        ((w, x, torch.zeros(3, 6)), ValueError, r"out: expected shape \[2, 6\], got \[3, 6\]"),
-        ((w, torch.zeros(0, 10), torch.zeros(0, 6)), ValueError, "x: needs at least one row"),
-        ((torch.zeros(10, 6, dtype=torch.bfloat16).T, x, out), ValueError, "w: must be C-contiguous"),
-    ]
-    for args, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
-            native.dense_gemm_bf16(*args, pool)
+    check_argument_errors(native.dense_gemm_bf16, [
+        ((W.half(), X, OUT), TypeError, "w: the bf16 GEMM takes bfloat16 weights, got float16"),
+    ])
 
 
-def test_isa_cap_turns_it_off_with_a_clear_error():
-    script = textwrap.dedent("""
-        import torch
-        from tessera.engine import dense, native
-        assert not native.dense_gemm_bf16_available() and not dense.GEMM_AVAILABLE
-        w = torch.zeros(4, 8, dtype=torch.bfloat16)
-        try:
-            native.dense_gemm_bf16(w, torch.zeros(2, 8), torch.zeros(2, 4), native.make_pool(1))
-        except RuntimeError as e:
-            assert "avx512_bf16" in str(e), e
-        else:
-            raise AssertionError("no error")
-        lin = dense.Linear(w, "cpu", "q_proj")  # takes the f32-widening GEMM (test_dense_gemm_f32.py)
-        x = torch.randn(40, 8)
-        torch.testing.assert_close(lin(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
-        print("ok")
-    """)
-    env = dict(os.environ, TESSERA_MAX_ISA="avx2")
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
+def test_isa_cap_turns_it_off_with_a_clear_error():  # the Linear takes the widening GEMM (test_dense_gemm_f32.py)
+    assert run_capped(capped_kernel_script("dense_gemm_bf16", "GEMM_AVAILABLE", "avx512_bf16"), "avx2") == ["ok"]
 
 
 # ------------------------------------------------------------------------------------------------------------ Linear
@@ -181,20 +155,9 @@ def test_isa_cap_turns_it_off_with_a_clear_error():
 
 @needs_gemm
 def test_linear_uses_the_gemm_from_its_threshold_on(monkeypatch):
-    calls = []
-    real = native.dense_gemm_bf16
-    monkeypatch.setattr(native, "dense_gemm_bf16", lambda *a: (calls.append(a[1].shape[0]), real(*a)))
     g = torch.Generator().manual_seed(14)
     w = torch.randn(33, 70, generator=g).to(torch.bfloat16)
-    lin = dense.Linear(w, "cpu", "q_proj")
-    for T in (1, dense.GEMM_MIN_TOKENS - 1, dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3):
-        x = torch.randn(T, 70, generator=g)
-        y = lin(x)
-        if T >= dense.GEMM_MIN_TOKENS:
-            _check(y, w, x)
-        else:  # the exact mat-vec
-            torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
-    assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
+    calls = check_linear_threshold(monkeypatch, "dense_gemm_bf16", w, _check, seed=15)
     f16 = dense.Linear(w.half(), "cpu", "q_proj")  # f16 weights: never this GEMM (dense_gemm_f32 past the threshold)
     x = torch.randn(20, 70, generator=g)
     torch.testing.assert_close(f16(x), x @ w.half().float().T, rtol=1e-5, atol=1e-5)

@@ -7,15 +7,11 @@ Skipped where the CPU has no AVX2."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from tessera.engine import dense, native
+from tests.engine.dense_cases import capped_kernel_script, check_argument_errors, check_linear_threshold, run_capped
 
 needs_gemm = pytest.mark.skipif(not native.dense_gemm_f32_available(), reason="CPU lacks avx2/fma/f16c")
 
@@ -83,43 +79,11 @@ def test_special_values_propagate():
 
 @needs_gemm
 def test_bad_arguments_are_named():
-    pool = native.make_pool(1)
-    w = torch.zeros(4, 8, dtype=torch.bfloat16)
-    x, out = torch.zeros(2, 8), torch.zeros(2, 4)
-    cases = [
-        ((w.float(), x, out), TypeError, "w: expected bfloat16 or float16, got float32"),
-        ((w, x.double(), out), TypeError, "x: expected float32"),
-        ((w, torch.zeros(2, 9), out), ValueError, r"x: expected shape \[\*, 8\], got \[2, 9\]"),
-        ((w, x, torch.zeros(3, 4)), ValueError, r"out: expected shape \[2, 4\], got \[3, 4\]"),
-        ((w, torch.zeros(0, 8), torch.zeros(0, 4)), ValueError, "x: needs at least one row"),
-        ((torch.zeros(8, 4, dtype=torch.bfloat16).T, x, out), ValueError, "w: must be C-contiguous"),
-    ]
-    for args, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
-            native.dense_gemm_f32(*args, pool)
+    check_argument_errors(native.dense_gemm_f32)
 
 
-def test_isa_cap_turns_it_off_with_a_clear_error():
-    script = textwrap.dedent("""
-        import torch
-        from tessera.engine import dense, native
-        assert not native.dense_gemm_f32_available() and not dense.GEMM_F32_AVAILABLE
-        w = torch.zeros(4, 8, dtype=torch.bfloat16)
-        try:
-            native.dense_gemm_f32(w, torch.zeros(2, 8), torch.zeros(2, 4), native.make_pool(1))
-        except RuntimeError as e:
-            assert "AVX2" in str(e), e
-        else:
-            raise AssertionError("no error")
-        w = torch.randn(4, 8).to(torch.bfloat16)
-        lin = dense.Linear(w, "cpu", "q_proj")  # the scalar reference mat-vec
-        x = torch.randn(40, 8)
-        torch.testing.assert_close(lin(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
-        print("ok")
-    """)
-    env = dict(os.environ, TESSERA_MAX_ISA="reference")
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
+def test_isa_cap_turns_it_off_with_a_clear_error():  # the Linear takes the scalar reference mat-vec
+    assert run_capped(capped_kernel_script("dense_gemm_f32", "GEMM_F32_AVAILABLE", "AVX2"), "reference") == ["ok"]
 
 
 # ------------------------------------------------------------------------------------------------------------ Linear
@@ -132,17 +96,5 @@ def test_linear_takes_it_where_no_bf16_gemm_runs(monkeypatch, dtype):
     GEMM_MIN_TOKENS tokens on, at any T (past NATIVE_MAX_TOKENS too); the exact mat-vec below."""
     if dtype == torch.bfloat16:
         monkeypatch.setattr(dense, "GEMM_AVAILABLE", False)  # as on a CPU without avx512_bf16
-    calls = []
-    real = native.dense_gemm_f32
-    monkeypatch.setattr(native, "dense_gemm_f32", lambda *a: (calls.append(a[1].shape[0]), real(*a)))
-    g = torch.Generator().manual_seed(23)
-    w = torch.randn(33, 70, generator=g).to(dtype)
-    lin = dense.Linear(w, "cpu", "q_proj")
-    for T in (1, dense.GEMM_MIN_TOKENS - 1, dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3):
-        x = torch.randn(T, 70, generator=g)
-        y = lin(x)
-        if T >= dense.GEMM_MIN_TOKENS:
-            _check(y, w, x)
-        else:
-            torch.testing.assert_close(y, x @ w.float().T, rtol=1e-5, atol=1e-5)
-    assert calls == [dense.GEMM_MIN_TOKENS, dense.NATIVE_MAX_TOKENS + 3]
+    w = torch.randn(33, 70, generator=torch.Generator().manual_seed(23)).to(dtype)
+    check_linear_threshold(monkeypatch, "dense_gemm_f32", w, _check, seed=24)
