@@ -16,15 +16,16 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "dense_gemm_blocks.h"
+#include "tessera/bf16.h"
 #include "tessera/dense.h"
 
 #include "isa_target.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
+#include "avx2_transpose.h"  // after BEGIN: compiled for this file's ISA
 
 namespace tessera {
 namespace {
@@ -41,32 +42,7 @@ inline __m256 widen8(WeightType type, const uint16_t* p) {
   if (type == WeightType::F16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline float widen1(WeightType type, uint16_t v) {
-  if (type == WeightType::F16) return _cvtsh_ss(v);
-  const uint32_t b = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// 8 x 8 f32 transpose in registers: r[i] lane j -> r[j] lane i.
-inline void transpose8(__m256* r) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int j = 0; j < 4; ++j) {
-    r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
-    r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
-  }
-}
+inline float widen1(WeightType type, uint16_t v) { return type == WeightType::F16 ? _cvtsh_ss(v) : bf16_to_f32(v); }
 
 // Rows n0 .. n0 + 7 (those at or past N: zero), K values k0 .. k0 + kc - 1 -> panel P [kc][8] f32.
 void pack_panel(const DenseArgs& a, int64_t n0, int64_t k0, int64_t kc, float* P) {
@@ -75,10 +51,11 @@ void pack_panel(const DenseArgs& a, int64_t n0, int64_t k0, int64_t kc, float* P
   for (int r = 0; r < 8; ++r) rows[r] = r < valid ? a.w + (n0 + r) * a.K + k0 : nullptr;
   int64_t k = 0;
   for (; k + 8 <= kc; k += 8) {
-    __m256 v[8];
-    for (int r = 0; r < 8; ++r) v[r] = rows[r] ? widen8(a.type, rows[r] + k) : _mm256_setzero_ps();
-    transpose8(v);
-    for (int j = 0; j < 8; ++j) _mm256_store_ps(P + (k + j) * 8, v[j]);
+    __m256i v[8];  // f32 bits
+    for (int r = 0; r < 8; ++r)
+      v[r] = rows[r] ? _mm256_castps_si256(widen8(a.type, rows[r] + k)) : _mm256_setzero_si256();
+    transpose8x32(v);
+    for (int j = 0; j < 8; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(P + (k + j) * 8), v[j]);
   }
   for (; k < kc; ++k)
     for (int r = 0; r < 8; ++r) P[k * 8 + r] = rows[r] ? widen1(a.type, rows[r][k]) : 0.0f;
@@ -115,23 +92,20 @@ void tile_any(int mr, const float* P0, const float* P1, int64_t kc, const float*
   }
 }
 
-float* aligned_floats(std::vector<float>& v, size_t n) {
-  if (v.size() < n + 16) v.resize(n + 16);
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
-}
+using dense_gemm_blocks::aligned_scratch;
 
 void gemm(const DenseArgs& a, ThreadPool& pool) {
   const int64_t T = a.T, K = a.K, N = a.N;
   const int64_t blocks = (N + kRows - 1) / kRows;
   auto block = [&](int64_t blk) {
-    thread_local std::vector<float> pbuf, cbuf;
+    thread_local std::vector<uint8_t> pbuf, cbuf;
     const int64_t n0 = blk * kRows, rows = std::min<int64_t>(kRows, N - n0);
     const int np = int((rows + 15) / 16) * 2;  // panels the tiles read, in pairs (a pair writes 16 columns)
     const bool whole = rows == int64_t(np) * 8;  // the tiles' columns all exist in out: write there directly
-    float* C = whole ? a.out + n0 : aligned_floats(cbuf, size_t(T) * kRows);
+    float* C = whole ? a.out + n0 : reinterpret_cast<float*>(aligned_scratch(cbuf, size_t(T) * kRows * 4));
     const int64_t ldc = whole ? N : kRows;
     const int64_t kc_max = std::min(kKc, K);
-    float* P = aligned_floats(pbuf, size_t(kPanels) * kc_max * 8);
+    float* P = reinterpret_cast<float*>(aligned_scratch(pbuf, size_t(kPanels) * kc_max * 8 * 4));
     for (int64_t k0 = 0; k0 < K; k0 += kKc) {
       const int64_t kc = std::min(kKc, K - k0);
       for (int b = 0; b < np; ++b) pack_panel(a, n0 + 8 * b, k0, kc, P + size_t(b) * kc_max * 8);

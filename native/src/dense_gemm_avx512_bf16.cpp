@@ -184,11 +184,7 @@ inline void convert_row(const float* x, int64_t K, uint32_t* dst) {
   if (K % 2) d[K] = 0;
 }
 
-inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
-  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
-  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
-}
+using dense_gemm_blocks::aligned_scratch;
 
 template <class Tiles>
 void gemm(const DenseArgs& a, ThreadPool& pool, bool tiles) {

@@ -1,15 +1,23 @@
-// What the dense prefill GEMMs (dense_gemm_avx512_bf16.cpp, dense_gemm_avx2.cpp) share around their kernels: the pool
-// dispatch of their row blocks and the copy of a partial block's results out of its scratch. Baseline code: included
-// before TESSERA_ISA_BEGIN, so the instantiations stay free of ISA flags (isa_target.h).
+// What the dense prefill GEMMs (dense_gemm_avx512_bf16.cpp, dense_gemm_avx2.cpp) share around their kernels: their
+// thread-local scratch, the pool dispatch of their row blocks and the copy of a partial block's results out of it.
+// Baseline code: included before TESSERA_ISA_BEGIN, so the instantiations stay free of ISA flags (isa_target.h).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "tessera/pool.h"
 
 namespace tessera {
 namespace dense_gemm_blocks {
+
+// `bytes` of buf from its first 64-byte boundary (grown, never shrunk: a thread_local buf serves every call).
+inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
+}
 
 // block(b) for every b in [0, blocks): inline where there is one block or one thread, else handed out on the pool.
 template <class F>

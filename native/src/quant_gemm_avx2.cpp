@@ -43,6 +43,7 @@
 #include "isa_target.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX2)
+#include "avx2_transpose.h"  // after BEGIN: compiled for this file's ISA
 
 namespace tessera {
 namespace quant {

@@ -23,6 +23,7 @@
 #define TESSERA_VPDPBUSD_VEX(acc, a_u8, b_s8) asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a_u8), "x"(b_s8))
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX_VNNI)
+#include "avx2_transpose.h"  // after BEGIN: compiled for this file's ISA
 
 namespace tessera {
 namespace quant {
