@@ -23,6 +23,7 @@ from tessera.engine.errors import TesseraError
 from tessera.engine.events import ProgressEvent
 from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from tessera.engine.pack_cache import PackCache, layer_digest, layer_key
+from tessera.engine.page_release import release_experts
 from tessera.engine.quantized import QuantizedTensor, is_quantized, widened
 from tessera.engine.source_digest import FOLDER as SOURCES_FOLDER
 from tessera.engine.source_digest import DigestRecord, SourceFile
@@ -519,7 +520,8 @@ def make_backend(
     list` names the model: its path) through the disk cache of engine.pack_cache: keyed by the content of each layer and
     every packing parameter, verified before use, repacked when damaged, skipped when the folder cannot be written, kept
     to a budget. `sources`: the mapped file parts the layers are views of; an unchanged file's layer digests (the
-    keys' content part) come from engine.source_digest's record instead of hashing the experts again. Quantized
+    keys' content part) come from engine.source_digest's record instead of hashing the experts again. A layer read
+    through those maps (hashed, packed) gives its pages back to the kernel afterwards (engine.page_release). Quantized
     layers that must be widened first are sized against free RAM before any is widened (`_widening_notice`: a
     notice, or a TesseraError when they will not fit).
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
@@ -545,9 +547,15 @@ def make_backend(
     if cache is not None and cache.usable:
         identity = packing_identity(concrete)
         digests = DigestRecord(cache.root / SOURCES_FOLDER, sources)
-        keys = {layer: layer_key(identity, layers[layer],
-                                 digests.digest(layers[layer], lambda e=layers[layer]: layer_digest(e, pool.size)))
-                for layer in to_pack}
+
+        def hashed(experts: LayerExperts) -> bytes:  # read through the map once: its pages go back (page_release)
+            digest = layer_digest(experts, pool.size)
+            release_experts(experts, sources)
+            return digest
+
+        for layer in to_pack:
+            keys[layer] = layer_key(identity, layers[layer],
+                                    digests.digest(layers[layer], functools.partial(hashed, layers[layer])))
         digests.save()
         stats.digests_reused = digests.reused
         cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
@@ -569,6 +577,7 @@ def make_backend(
                 stats.per_layer[layer] = "cached"
             else:
                 blob = pack_layer(concrete, experts, pool)
+                release_experts(experts, sources)  # packed: the file's pages of it are not read again
                 if layer in keys and _packed_as_keyed(concrete, blob, identity):
                     cache.store(keys[layer], blob)
                 stats.packed_layers += 1

@@ -75,6 +75,15 @@ def _address(t) -> tuple[int, int] | None:
     return None
 
 
+def mapped_run(t, files: Sequence[SourceFile]) -> tuple[int, int] | None:
+    """(address, bytes) of tensor `t` when it is one contiguous run inside one of the maps `files`, else None."""
+    where = _address(t)
+    if where is None:
+        return None
+    address, n = where
+    return where if any(f.start <= address and address + n <= f.start + f.nbytes for f in files) else None
+
+
 def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
     """Where gate, up and down of one layer lie in `files`: a text key ("part:offset:shape:type" each), or None when
     any of them is not a contiguous view of one of the maps."""
