@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "amx_vec.h"
 #include "tessera/bf16.h"
 
 namespace tessera::amx {
@@ -61,12 +62,32 @@ inline float group_scale(const float* x, int64_t k0, int64_t k1) {
   return nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
 }
 
+// One f32 weight row [K] -> out[k] = q + 128 (k < K) and scales[g * scale_stride] per group (pack_matrix's rule).
+void quantize_weight_row(const MatLayout& L, const float* row, uint8_t* out, float* scales, int64_t scale_stride) {
+  for (int64_t g = 0; g < L.ngroups; ++g) {
+    const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+    const float s = k0 < k1 ? group_scale(row, k0, k1) : 0.0f;
+    scales[g * scale_stride] = s;
+    const float inv = inverse(s);
+    for (int64_t k = k0; k < k1; ++k) out[k] = static_cast<uint8_t>(quantize_value(row[k], inv) + 128);
+  }
+}
+
 }  // namespace
+
+void quantize_weight_row_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales,
+                              int64_t scale_stride) {
+  thread_local std::vector<float> row;  // pack_layer's workers call this once per weight row
+  row.resize(L.K);
+  for (int64_t k = 0; k < L.K; ++k) row[k] = bf16_to_f32(w[k]);
+  quantize_weight_row(L, row.data(), out, scales, scale_stride);
+}
 
 void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst) {
   std::memset(dst + L.tile_bytes, 0, L.bytes - L.tile_bytes);
   // One n-block at a time: its 16 rows converted into a row-major staging block [16][Kp] of the stored element
   // (int8 + 128, or bf16; zero weights beyond N and K), then each tile row gathered as 4-byte quads / pairs.
+  const VecKernels& vec = vec_best();
   std::vector<float> row(L.K);
   std::vector<uint32_t> stage(static_cast<size_t>(kTileN) * L.Kp / (L.fmt == WeightFormat::Int8 ? 4 : 2));
   const size_t stage_row = stage.size() / kTileN;  // dwords per staged row
@@ -75,14 +96,13 @@ void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* ds
       std::memset(stage.data(), 128, stage.size() * 4);
       float* scales = reinterpret_cast<float*>(dst + L.scale_offset) + nb * L.ngroups * kTileN;
       for (int64_t lane = 0; lane < kTileN && nb * kTileN + lane < L.N; ++lane) {
-        row_to_f32(type, w, nb * kTileN + lane, L.K, row.data());
         uint8_t* out = reinterpret_cast<uint8_t*>(stage.data() + lane * stage_row);
-        for (int64_t g = 0; g < L.ngroups; ++g) {
-          const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
-          const float s = k0 < k1 ? group_scale(row.data(), k0, k1) : 0.0f;
-          scales[g * kTileN + lane] = s;
-          const float inv = inverse(s);
-          for (int64_t k = k0; k < k1; ++k) out[k] = static_cast<uint8_t>(quantize_value(row[k], inv) + 128);
+        const int64_t n = nb * kTileN + lane;
+        if (type == WeightType::BF16) {  // the files' common type: the vector table's copy of the rule
+          vec.quantize_weight_bf16(L, static_cast<const uint16_t*>(w) + n * L.K, out, scales + lane, kTileN);
+        } else {
+          row_to_f32(type, w, n, L.K, row.data());
+          quantize_weight_row(L, row.data(), out, scales + lane, kTileN);
         }
       }
     } else {

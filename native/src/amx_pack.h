@@ -25,6 +25,10 @@ constexpr int64_t kMaxInt8Group = 256;
 // W [N, K] of `type` -> one packed matrix at dst (L.bytes, 64-byte aligned). int8: scale = amax / 127 per (n, group),
 // q = round-to-nearest-even(clamp(w * (1 / scale), -127, 127)).
 void pack_matrix(const MatLayout& L, WeightType type, const void* w, uint8_t* dst);
+// One bf16 weight row w [K] of an int8 matrix, as pack_matrix quantizes it: out[k] = q + 128 for k < K and
+// scales[g * scale_stride] = the scale of group g (0 for a group with no column). The scalar copy of VecKernels'
+// quantize_weight_bf16 (amx_vec.h), which pack_matrix calls for bf16 weights.
+void quantize_weight_row_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales, int64_t scale_stride);
 // Packed matrix -> W [N, K] f32 (int8: q * scale).
 void unpack_matrix(const MatLayout& L, const uint8_t* mat, float* w);
 

@@ -42,6 +42,10 @@ struct VecKernels {
   // a product below FLT_MIN in magnitude becomes a signed zero first, as VCVTNE2PS2BF16 does), w_q the stored byte -
   // 128 and scale its (lane, group)'s; the same bits on every variant.
   void (*dequant_bf16)(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* out);
+  // Packing (once per load): a bf16 weight row of an int8 matrix quantized as amx_pack.h's quantize_weight_row_bf16
+  // defines it, the same bits on every variant.
+  void (*quantize_weight_bf16)(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales,
+                               int64_t scale_stride);
 };
 
 const VecKernels& vec_scalar();

@@ -253,6 +253,35 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
   }
 }
 
+// quantize_weight_row_bf16 (amx_pack.cpp) 16 lanes at a time: bf16 widened exactly, the same amax (NaN anywhere
+// in a group makes its scale NaN and its bytes 128), scale, reciprocal, clamp and rounding (cvtps under the default
+// MXCSR: round to nearest even, as round_even), so bytes and scales match bit for bit.
+void quantize_weight_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales, int64_t scale_stride) {
+  const auto widen = [&](__mmask16 m, int64_t k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + k)), 16));
+  };
+  for (int64_t g = 0; g < L.ngroups; ++g) {
+    const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
+    __m512 amax = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __m512 v = widen(tail_mask(k1 - k), k);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float s = k0 >= k1 ? 0.0f
+                    : nan    ? std::numeric_limits<float>::quiet_NaN()
+                             : _mm512_reduce_max_ps(amax) / 127.0f;
+    scales[g * scale_stride] = s;
+    const __m512 vinv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __mmask16 m = tail_mask(k1 - k);
+      const __m512i q = _mm512_add_epi32(digit16(widen(m, k), vinv, m), _mm512_set1_epi32(128));
+      _mm_mask_storeu_epi8(out + k, m, _mm512_cvtepi32_epi8(q));
+    }
+  }
+}
+
 // f32_to_bf16 (tessera/bf16.h) lane-wise: round to nearest even, NaN -> quiet NaN; 16 lanes, each result in the low
 // 16 bits of its 32-bit lane.
 inline __m512i bf16_lanes(__m512 v) {
@@ -341,13 +370,13 @@ namespace tessera::amx {
 
 const VecKernels* vec_avx512() {
   static const VecKernels k{"avx512", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16,
-                            dequant_bf16};
+                            dequant_bf16, quantize_weight_bf16};
   return &k;
 }
 
 const VecKernels* vec_avx512_bf16() {
   static const VecKernels k{"avx512+bf16", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_i8, convert_bf16,
-                            dequant_bf16_avx512bf16};
+                            dequant_bf16_avx512bf16, quantize_weight_bf16};
   return &k;
 }
 

@@ -93,7 +93,7 @@ void dequant_bf16(const MatLayout& L, const uint8_t* W, int64_t nb, uint16_t* ou
 
 const VecKernels& vec_scalar() {
   static const VecKernels k{"scalar", gemm_i8, gemm_bf16, i8_epilogue, silu_mul_rows, quantize_row_i8,
-                            convert_row_bf16, dequant_bf16};
+                            convert_row_bf16, dequant_bf16, quantize_weight_row_bf16};
   return k;
 }
 

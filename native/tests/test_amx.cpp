@@ -21,6 +21,7 @@
 #include "../src/amx_tile_emu.h"
 #include "../src/amx_vec.h"
 #include "tessera/backend.h"
+#include "tessera/bf16.h"
 #include "tessera/cpu.h"
 #include "tessera/pool.h"
 
@@ -338,6 +339,56 @@ void test_activation_conversions_agree() {
   }
 }
 
+// Packing a bf16 matrix to int8 (every load of a BF16 file on AMXInt8): the AVX-512 row quantizer against the scalar
+// one, and pack_matrix from bf16 (which takes the vector table's) against pack_matrix from the same values as f32
+// (the portable rule), on tails, groups with no column, NaN, Inf, all-zero and denormal groups and exact ties.
+void test_weight_packing_from_bf16_agrees() {
+  std::mt19937 rng(12);
+  for (int64_t K : {1, 17, 64, 100, 200, 2048}) {
+    for (int64_t group : {0, 64}) {
+      const int64_t N = 37;  // three n-blocks, the last partial
+      const MatLayout L = MatLayout::make(WeightFormat::Int8, N, K, group);
+      std::vector<uint16_t> w(N * K);
+      for (auto& h : w) h = f32_to_bf16(std::ldexp(std::normal_distribution<float>()(rng), int(rng() % 30) - 15));
+      if (K >= 64) {
+        w[1 * K + 3] = 0x7fc0;                                       // row 1: a NaN group
+        w[2 * K + 5] = 0x7f80;                                       // row 2: +Inf
+        for (int64_t k = 0; k < std::min<int64_t>(K, 64); ++k) w[3 * K + k] = k % 2 ? 0x8000 : 0;  // row 3: +-0
+        w[4 * K + 7] = 0x0003;                                       // row 4: a denormal
+        for (int64_t k = 0; k < K; ++k) w[5 * K + k] = f32_to_bf16(float(k % 7) - 3.0f);
+        w[5 * K + 0] = f32_to_bf16(127.0f);                          // row 5: amax 127, so scale 1 and
+        w[5 * K + 1] = f32_to_bf16(2.5f);                            // 2.5 and -3.5 are exact ties
+        w[5 * K + 2] = f32_to_bf16(-3.5f);
+      }
+      std::vector<float> wf(N * K);
+      for (size_t i = 0; i < w.size(); ++i) wf[i] = bf16_to_f32(w[i]);
+      if (const VecKernels* v = vec_avx512(); v && cpu_features().avx512f && cpu_features().avx512bw &&
+                                                cpu_features().os_avx512) {
+        for (int64_t n = 0; n < N; ++n) {
+          std::vector<uint8_t> o1(L.Kp, 128), o2(L.Kp, 128);
+          std::vector<float> s1(2 * L.ngroups, 5.0f), s2(2 * L.ngroups, 5.0f);
+          quantize_weight_row_bf16(L, w.data() + n * K, o1.data(), s1.data(), 2);
+          v->quantize_weight_bf16(L, w.data() + n * K, o2.data(), s2.data(), 2);
+          CHECK(o1 == o2);
+          for (size_t g = 0; g < s1.size(); ++g) CHECK(bits(s1[g]) == bits(s2[g]));
+        }
+      }
+      std::vector<uint8_t> b1(L.bytes + 64), b2(L.bytes + 64);
+      uint8_t* P1 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(b1.data()) + 63) & ~uintptr_t(63));
+      uint8_t* P2 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(b2.data()) + 63) & ~uintptr_t(63));
+      pack_matrix(L, WeightType::BF16, w.data(), P1);
+      pack_matrix(L, WeightType::F32, wf.data(), P2);
+      CHECK(std::memcmp(P1, P2, L.bytes) == 0);
+      if (K >= 64) {
+        std::vector<float> back(N * K);
+        unpack_matrix(L, P1, back.data());
+        CHECK(back[5 * K + 1] == 2.0f && back[5 * K + 2] == -4.0f);  // ties to even
+        CHECK(std::isnan(back[1 * K]));                               // the NaN's group stays NaN
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ tile GEMMs
 
 struct Packed {
@@ -615,6 +666,7 @@ int tessera_amx_tests() {
       {"avx512_bf16_decode_matches_scalar_twin", test_avx512_bf16_decode_matches_scalar_twin},
       {"silu_variants_agree_and_are_accurate", test_silu_variants_agree_and_are_accurate},
       {"activation_conversions_agree", test_activation_conversions_agree},
+      {"weight_packing_from_bf16_agrees", test_weight_packing_from_bf16_agrees},
       {"dequant_bf16_variants_agree", test_dequant_bf16_variants_agree},
       {"two_digit_activations_reconstruct", test_two_digit_activations_reconstruct},
       {"tile_gemm_i8_edges_bit_exact", test_tile_gemm_i8_edges_bit_exact},
