@@ -111,7 +111,8 @@ def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threa
     """The one call from a plan to the parts of a model: devices of the dense parts, the CPU backend (packed through
     the packed-weight cache; engine.backends resolves its name) and the hot-expert cache around it when the plan
     uses one. `sources`: the mapped file parts the layers are views of (engine.source_digest.SourceFile), so an
-    unchanged file's layer digests are not computed again."""
+    unchanged file's layer digests are not computed again. A first load returns before its packs are all written to
+    the cache (engine.pack_store)."""
     from tessera.engine import native, tuned
     from tessera.engine.backends import resolve
     from tessera.engine.pack_cache import default_root
@@ -121,5 +122,5 @@ def build(plan: PlacementPlan, layers: dict[int, LayerExperts], config, *, threa
         tuned.prepare_for_load(concrete, config.num_experts, config.hidden_size, config.moe_intermediate_size,
                                config.num_experts_per_tok, threads=threads, progress=progress)
     cpu = native.make_backend(plan.experts_backend, layers, threads=threads, cache_dir=default_root(),
-                              model_id=model_id, progress=progress, sources=sources)
+                              model_id=model_id, progress=progress, sources=sources, store_in_background=True)
     return ModelParts(model_devices(plan, config), wrap_experts(plan, cpu, layers, config), cpu.name, cpu.reason)

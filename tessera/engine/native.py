@@ -12,7 +12,6 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,9 +21,10 @@ from tessera.engine import _native
 from tessera.engine.backends import AUTO, TORCH, resolve
 from tessera.engine.errors import TesseraError
 from tessera.engine.events import ProgressEvent
+from tessera.engine.expert_pages import populate_experts, release_experts
 from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from tessera.engine.pack_cache import PackCache, layer_digest, layer_key
-from tessera.engine.page_release import release_experts
+from tessera.engine.pack_store import PackStores
 from tessera.engine.quantized import QuantizedTensor, is_quantized, widened
 from tessera.engine.source_digest import FOLDER as SOURCES_FOLDER
 from tessera.engine.source_digest import DigestRecord, SourceFile
@@ -455,14 +455,21 @@ class NativeExperts(ExpertBackend):
     """An `ExpertBackend` running every MoE layer through native kernels on its own thread pool: each layer is a
     `PackedLayer` (the backend's packed copy) or a `BlockLayer` (a quantized file's blocks, read in place)."""
 
-    def __init__(self, name: str, reason: str, layers: dict[int, PackedLayer | BlockLayer], pool, stats: LoadStats):
+    def __init__(self, name: str, reason: str, layers: dict[int, PackedLayer | BlockLayer], pool, stats: LoadStats,
+                 stores: PackStores | None = None):
         self.name = name
         self.reason = reason
         self.layers = layers
         self.pool = pool
         self.threads = pool.size
         self.load_stats = stats
+        self.stores = stores  # the load's pack-cache writes, maybe still running (make_backend's store_in_background)
         self._pending: tuple | None = None
+
+    def close(self) -> None:
+        """Finishes the pack-cache writes of this load still running (engine.pack_store)."""
+        if self.stores is not None:
+            self.stores.finish("closing the model")
 
     def _args(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         if layer not in self.layers:
@@ -512,6 +519,7 @@ def make_backend(
     model_id: str | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
     sources: Sequence[SourceFile] = (),
+    store_in_background: bool = False,
 ):
     """Readies `layers` for backend `name` (resolved by engine.backends.resolve: "Auto" picks, "Torch" gives
     TorchExperts) and returns an ExpertBackend.
@@ -522,7 +530,9 @@ def make_backend(
     every packing parameter, verified before use, repacked when damaged, skipped when the folder cannot be written, kept
     to a budget. `sources`: the mapped file parts the layers are views of; an unchanged file's layer digests (the
     keys' content part) come from engine.source_digest's record instead of hashing the experts again. A layer read
-    through those maps (hashed, packed) gives its pages back to the kernel afterwards (engine.page_release). Quantized
+    through those maps (hashed, packed) gives its pages back to the kernel afterwards (engine.expert_pages). The
+    cache's writes run on a thread beside the packing; `store_in_background`: the backend is returned before they are
+    all done (engine.pack_store: closing it, or the end of the process, finishes them). Quantized
     layers that must be widened first are sized against free RAM before any is widened (`_widening_notice`: a
     notice, or a TesseraError when they will not fit).
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
@@ -549,7 +559,7 @@ def make_backend(
         identity = packing_identity(concrete)
         digests = DigestRecord(cache.root / SOURCES_FOLDER, sources)
 
-        def hashed(experts: LayerExperts) -> bytes:  # read through the map once: its pages go back (page_release)
+        def hashed(experts: LayerExperts) -> bytes:  # read through the map once: its pages go back (expert_pages)
             digest = layer_digest(experts, pool.size)
             release_experts(experts, sources)
             return digest
@@ -562,10 +572,7 @@ def make_backend(
         cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
     kernel = _native.backend(concrete)
     ready: dict[int, PackedLayer | BlockLayer] = {}
-    # The cache's writes on a thread of their own, beside the packing: the disk takes them at its speed (~0.3 GB/s
-    # sustained on this VM, 15 of a BF16 file's 37 s first load when done in line) while the cores pack the next layer.
-    writer = ThreadPoolExecutor(1, thread_name_prefix="tessera-pack-store") if cache is not None else None
-    stores: list[Future] = []
+    stores = PackStores(cache) if cache is not None else None  # the disk beside the packing (engine.pack_store)
     try:
         for n, layer in enumerate(order):
             experts = layers[layer]
@@ -582,10 +589,11 @@ def make_backend(
                     stats.cached_layers += 1
                     stats.per_layer[layer] = "cached"
                 else:
+                    populate_experts(experts, sources)  # one call maps what the digest read and gave back
                     blob = pack_layer(concrete, experts, pool)
                     release_experts(experts, sources)  # packed: the file's pages of it are not read again
                     if layer in keys and _packed_as_keyed(concrete, blob, identity):
-                        stores.append(writer.submit(cache.store, keys[layer], blob))
+                        stores.submit(keys[layer], blob)
                     stats.packed_layers += 1
                     stats.per_layer[layer] = "packed"
                 ready[layer] = PackedLayer(kernel, blob)
@@ -594,18 +602,16 @@ def make_backend(
                 what = f"{concrete}: layer {layer} {stats.per_layer[layer]}"
                 progress(ProgressEvent("pack", n + 1, len(order), what))
     except BaseException:
-        if writer is not None:  # a load stopped half-way (an error, a cancel) drops the writes not started
-            writer.shutdown(wait=True, cancel_futures=True)
+        if stores is not None:  # a load stopped half-way (an error, a cancel) drops the writes not started
+            stores.drop()
         raise
-    if writer is not None:
-        writer.shutdown(wait=True)
-    for done in stores:
-        done.result()  # an error other than the disk's (which store reports as a notice) is raised here
-    if cache is not None:
+    if stores is not None:
+        if not store_in_background:
+            stores.wait()
         cache.record(model_id, concrete, [keys[layer] for layer in to_pack if layer in keys])
         stats.notices += list(cache.notices)
     stats.seconds = time.perf_counter() - t0
-    return NativeExperts(concrete, reason, ready, pool, stats)
+    return NativeExperts(concrete, reason, ready, pool, stats, stores)
 
 
 # ------------------------------------------------------------------------------------ quantized GGUF kernels (issue 12)

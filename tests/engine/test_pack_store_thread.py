@@ -1,6 +1,8 @@
-"""make_backend writes the packed-weight cache on a thread beside the packing (the disk at its speed while the cores
-pack the next layer): every pack is on disk and recorded when the load returns, a load stopped half-way leaves no
-partial file and no writer running, and an unexpected error in a write is raised, not lost."""
+"""make_backend writes the packed-weight cache on a thread beside the packing (engine.pack_store: the disk at its speed
+while the cores pack the next layer): by default every pack is on disk and recorded when the load returns; with
+store_in_background (a session's load) the load returns first, and closing the backend or the end of the process
+finishes them. A load stopped half-way leaves no partial file and no writer running, and an
+unexpected error in a write is raised, not lost."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 import tessera.engine.native as N
+from tessera.engine import pack_store
 from tessera.engine.experts import LayerExperts
 from tessera.engine.pack_cache import PackCache
 
@@ -62,3 +65,40 @@ def test_an_unexpected_error_in_a_write_is_raised(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="store of .* broke"):
         N.make_backend(BACKEND, layers(), threads=1, cache_dir=tmp_path / "packed", model_id="m")
     assert not writers()
+
+
+@pytest.fixture
+def gated_store(monkeypatch):
+    """PackCache.store held until the returned event is set (a slow disk)."""
+    gate, real = threading.Event(), PackCache.store
+
+    def slow(self, key, blob):
+        assert gate.wait(30)
+        return real(self, key, blob)
+
+    monkeypatch.setattr(PackCache, "store", slow)
+    yield gate
+    gate.set()
+
+
+def test_a_background_load_returns_before_its_writes_and_the_process_end_finishes_them(tmp_path, gated_store):
+    root = tmp_path / "packed"
+    b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
+    assert b.load_stats.packed_layers == 3 and not list((root / "layers").glob("*"))  # returned, nothing written yet
+    assert b.stores.pending_bytes() == sum(layer.nbytes for layer in b.layers.values())
+    gated_store.set()
+    pack_store._finish_all()  # what atexit runs, also before the CLI's quick exit
+    assert len(list((root / "layers").iterdir())) == 3 and not writers()
+    assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3
+
+
+def test_closing_a_background_load_finishes_its_writes(tmp_path, gated_store):
+    """A session closed (or switched to another backend) right after a first load: the writes end before close returns,
+    so the next load finds every pack and the packs' memory is free before anything else loads."""
+    root = tmp_path / "packed"
+    b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
+    threading.Timer(0.3, gated_store.set).start()
+    b.close()
+    assert not writers() and b.stores.pending_bytes() == 0
+    assert len(list((root / "layers").iterdir())) == 3
+    assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3

@@ -1,10 +1,10 @@
-"""Take a model file's expert pages out of this process once a native backend has packed them, so a first load's
-memory is the packs plus one layer, not the packs plus the whole file.
+"""A packed layer's expert pages in the model file's map: mapped in one call before a native backend packs them, and
+given back once packed, so a first load's memory is the packs plus one layer, not the packs plus the whole file.
 
 A native expert backend that packs a layer (a BF16 file's experts to int8 for AMXInt8, or to its bf16 panels for
 AVX2/AVX512; a quantized layer widened for a bf16 backend) reads the layer's expert tensors through the model's map
 twice on a first load: once for the packed-weight cache's key (engine.pack_cache.layer_digest) and once to pack it.
-Every page read stays mapped, so the first load of the 8-layer BF16 file (11.22 GB) on AMXInt8 peaked at 16.65 GB
+Every page read stayed mapped, so the first load of the 8-layer BF16 file (11.22 GB) on AMXInt8 peaked at 16.65 GB
 RSS: 11.05 GB of mapped file pages that nothing reads again, beside the 5.1 GB of int8 packs; on AVX2 (bf16 packs as
 large as the experts) 21-24 GB on this 24 GB machine (docs/BENCHMARKS.md, session 22). A later load with the packs
 cached maps none of it (engine.readahead.read_in_place) and ran at 6.4-7 GB: issue 12 item 3 asks for a load's peak
@@ -19,6 +19,11 @@ written page's copy away and show the file's bytes again. Nothing writes into it
 the code, so each run is checked first in /proc/self/pagemap: a run holding a page that is not the file's (an
 anonymous copy, or swapped) is left as it is, and so is everything where pagemap cannot be read (not Linux).
 Whole pages inside a run only: the page a tensor shares with its neighbour stays.
+
+`populate_experts(experts, files)` maps a layer's pages back in before it is packed (MADV_POPULATE_READ, a chunk per
+thread, engine.readahead): released after the digest, they were faulted in again by the packing kernel one 4 kB page
+at a time, which made a layer's pack 1.3-1.45 s where the kernel alone takes 0.2-0.25 s (8-layer BF16, AMXInt8,
+2 threads, file cached).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -44,6 +50,26 @@ def release_experts(experts, files: Sequence) -> int:
 
     runs = [mapped_run(t, files) for t in (experts.gate_proj, experts.up_proj, experts.down_proj)]
     return sum(release(*run) for run in runs if run is not None)
+
+
+def populate_experts(experts, files: Sequence) -> None:
+    """Maps the pages of `experts`' gate/up/down that lie in the maps `files` now, a chunk at a time on
+    readahead.POPULATE_THREADS threads (pages not in the page cache are read from disk first). Errors (no
+    MADV_POPULATE_READ before Linux 5.14) only cost the speed-up: the kernel's reads fault them in instead."""
+    from tessera.engine.source_digest import mapped_run
+
+    work = []
+    for t in (experts.gate_proj, experts.up_proj, experts.down_proj):
+        run = mapped_run(t, files)
+        if run is not None:
+            start = run[0] - run[0] % mmap.PAGESIZE
+            work += [(start + off, n) for off, n in readahead.chunks(run[0] + run[1] - start, None)]
+    if len(work) > 1 and readahead.POPULATE_THREADS > 1:
+        with ThreadPoolExecutor(readahead.POPULATE_THREADS, thread_name_prefix="tessera-populate") as ex:
+            list(ex.map(lambda piece: readahead.madvise(*piece, readahead.MADV_POPULATE_READ), work))
+    else:
+        for piece in work:
+            readahead.madvise(*piece, readahead.MADV_POPULATE_READ)
 
 
 def release(address: int, nbytes: int, pagemap: str = PAGEMAP) -> int:
