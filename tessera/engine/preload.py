@@ -19,11 +19,12 @@ torch, begins on a background thread, in this order:
    stops when closed. The load's `wait` joins the mapping on POPULATE_THREADS threads before it returns (a populate
    beside the first forward slowed decode on 2 cores, engine.readahead).
 
-One thread, and page faults rather than MADV_POPULATE_READ, while the import runs: two threads on 2 cores slowed the
-import by more than they hid, and the madvise holds the process's mmap lock for a whole piece, which stalled the
-import's library maps (0.9 s longer beside a Q8_0 populate); a fault takes only its VMA's lock (docs/BENCHMARKS.md,
-session 8). So the packs' sums map their pages by faults (`populate=False`) and the model's pages are mapped by
-reading a byte of each (readahead.SharedPopulate with `touch`).
+One thread while the import runs: two threads on 2 cores slowed the import by more than they hid. The packs' sums map
+their pages by faults (`populate=False`): the madvise holds the process's mmap lock for a whole piece, which stalled
+the import's library maps (0.9 s longer beside a Q8_0 populate in 256 MB pieces; a fault takes only its VMA's lock;
+docs/BENCHMARKS.md, session 8). The model's pages are mapped by MADV_POPULATE_READ in readahead.CHUNK (64 MB) pieces
+(readahead.SharedPopulate): reading a byte of each page instead, as before session 22, was the first CPU access to
+pages a cold load had just read from disk, which a VM's hypervisor makes slow (the docstring there).
 
 Nothing is checked less than before: the same checks, on the maps the kernels read, only sooner. A pack the load does
 not ask for (a key no longer in use) is dropped when the load ends (`Preload.release`); errors on the thread cost the
@@ -43,7 +44,7 @@ import threading
 from pathlib import Path
 
 SWITCH_INTERVAL = 0.001  # s: sys.setswitchinterval while a preload runs (Python's default is 0.005)
-CHUNK = 256 << 20  # bytes a pack's check sums, or the populate maps, between two waits for the GIL
+CHUNK = 256 << 20  # bytes a pack's check sums between two waits for the GIL
 
 _lock = threading.Lock()
 _started: dict[str, Preload] = {}  # resolved model path -> its preload, until a load takes it or `discard`
@@ -227,7 +228,7 @@ class Preload:
         maps = [part.mapping for part in self._file.files]
         ranges = readahead.read_in_place(self._file, self.backend)
         if readahead.resident_fraction(maps, ranges) >= readahead.POPULATE_WHEN_CACHED:
-            self._populate = readahead.SharedPopulate(maps, ranges, self._stop, CHUNK, touch=True)
+            self._populate = readahead.SharedPopulate(maps, ranges, self._stop, readahead.CHUNK)
             self._decided.set()
             self._populate.work()
             self.populated = True

@@ -225,15 +225,15 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
 class SharedPopulate:
     """A populate that several threads work on together, a piece at a time: engine.preload's thread starts it while
     torch is imported, and the load's thread joins in (`work`, with helpers) when it has nothing else left to do.
-    `touch`: map each piece by reading a byte of every page (page faults; the kernel maps the cached pages around
-    each fault, ~16 at a time) instead of MADV_POPULATE_READ. Same speed on a cached file (24-layer Q8_0, 16.6 GB,
-    Zen 4: 1.04-1.08 s on one thread, 0.54 on two; the madvise 0.51 on two), but a fault takes only its VMA's lock,
-    where the madvise holds the process's mmap lock for the whole piece and stalls every mmap of another thread
-    meanwhile: beside `import torch` (which maps its libraries) a one-thread madvise populate made the import 0.9 s
-    longer (docs/BENCHMARKS.md, session 8). `failed`: the errno name that stopped a madvise, or None."""
+    Each piece is one MADV_POPULATE_READ call, which maps the cached pages without reading them. (It read a byte of
+    every page instead until session 22, because the madvise holds the process's mmap lock for the whole piece and,
+    in 256 MB pieces beside `import torch`, made the import 0.9 s longer on Zen 4 (session 8). But on a VM that read
+    is the first CPU access to pages the disk has just filled, which the hypervisor pays for: the first warm load after
+    a cold one ran 4.4-5.1 s (user time 7.8-9.2 s) against 1.5 s, on the AMX Xeon VM with the 24-layer Q8_0. In 64 MB
+    pieces the madvise cost the import nothing measurable there: warm loads 1.46-1.53 s against 1.57-1.60 reading.)
+    `failed`: the errno name that stopped a madvise, or None."""
 
-    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK,
-                 touch: bool = False):
+    def __init__(self, maps: Sequence[np.ndarray | None], ranges: Ranges = None, cancel=None, chunk: int = CHUNK):
         page = os.sysconf("SC_PAGE_SIZE")
         chunk = max(page, chunk - chunk % page)
         self._pieces: list[tuple[np.ndarray, int, int]] = []
@@ -243,7 +243,7 @@ class SharedPopulate:
             for start, stop in [(0, mapped.nbytes)] if ranges is None else ranges[i]:
                 start, stop = start - start % page, min(stop, mapped.nbytes)
                 self._pieces += [(mapped, off, min(off + chunk, stop)) for off in range(start, stop, chunk)]
-        self._next, self._lock, self._cancel, self._touch, self._page = 0, threading.Lock(), cancel, touch, page
+        self._next, self._lock, self._cancel = 0, threading.Lock(), cancel
         self.failed: str | None = None
 
     def work(self) -> None:
@@ -256,9 +256,6 @@ class SharedPopulate:
                     return
                 mapped, start, stop = self._pieces[self._next]
                 self._next += 1
-            if self._touch:
-                mapped.view(np.uint8)[start:stop:self._page].sum()  # numpy releases the GIL for the loop
-                continue
             err = madvise(mapped.ctypes.data + start, stop - start, MADV_POPULATE_READ)
             if err:
                 with self._lock:

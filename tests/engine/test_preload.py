@@ -295,22 +295,6 @@ def test_a_shared_populate_maps_the_ranges_asked_on_every_thread_that_joins(tmp_
     assert failing.failed == "EINVAL"
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_a_touching_populate_maps_the_pages_of_the_ranges_by_reading_them(tmp_path, monkeypatch):
-    from smaps import mapping_field
-
-    monkeypatch.setattr(readahead, "madvise", lambda *a: pytest.fail("a touching populate calls no madvise"))
-    mb = 1 << 20
-    f = tmp_path / "m"
-    f.write_bytes(os.urandom(32 * mb))
-    mapped = np.memmap(f, dtype=np.uint8, mode="c")
-    rss = lambda: int(mapping_field(mapped.ctypes.data, "Rss")[0]) * 1024  # noqa: E731
-    assert rss() < 4 * mb
-    work = readahead.SharedPopulate([mapped], [[(0, 8 * mb), (24 * mb, 32 * mb)]], chunk=mb, touch=True)
-    work.work()
-    assert 16 * mb <= rss() <= 24 * mb and work.failed is None
-
-
 def test_the_app_worker_s_load_starts_a_preload_and_leaves_none(tiny_gguf_model, monkeypatch):
     """EngineApi.load (the app's worker) starts the preload before its import of torch; engine.load takes it, and a
     load that fails before taking it drops it."""
