@@ -6,8 +6,10 @@ DIR holds a llama.cpp build (llama-bench, llama-cli), made outside this reposito
 on its own (so the other users of the machine are not locked out for the whole comparison), and the two engines
 alternate inside each round, so a drift in the machine's state hits both. Per round:
 
-- load to first token, cold (page cache dropped, when this user may) and warm: the wall time and peak RSS
-  (`/usr/bin/time -v`) of `tessera-cli generate MODEL --max-tokens 1` and of `llama-cli -n 1 -st` on a short prompt;
+- load to first token, warm: the wall time and peak RSS (`/usr/bin/time -v`) of `tessera-cli generate MODEL
+  --max-tokens 1` and of `llama-cli -n 1 -st` on a short prompt; once before the rounds, cold (page cache dropped, when
+  this user may) for each engine, then one untimed warm-up run of each, since the second engine's cold run dropped the
+  first one's files (a BF16 file's int8 packs are Tessera's own: its first "warm" round read them from disk, 13-18 s);
 - prefill 128 and 512 tokens and decode 32 tokens: `llama-bench -p 128,512 -n 32 -r 1` against
   `tessera-cli bench --prompt-tokens 128 --gen-tokens 32` and `--prompt-tokens 512 --gen-tokens 2`.
 
@@ -91,15 +93,19 @@ def main() -> int:
     if args.llama_repack == "0":
         llama_cli.append("-nr")
     cold_ok = True
+    engines = (("tessera", tessera_gen), ("llama.cpp", llama_cli))
+    if not args.skip_load:
+        for name, cmd in engines:  # cold once per engine: a dropped cache costs a full read of the file
+            cold_ok = drop_caches() and cold_ok
+            _, wall, rss = run(cmd, out / f"{name}_load_cold.log")
+            add(f"{name} load cold s", wall)
+            add(f"{name} peak RSS cold GB", rss / 1e9)
+        for name, cmd in engines:  # untimed: each engine's files in the page cache again after the other's cold
+            run(cmd, out / f"{name}_load_warmup.log")  # run dropped it (a BF16 file's packs are Tessera's alone)
     for r in range(args.rounds):
         print(f"round {r + 1}", flush=True)
         if not args.skip_load:
-            for name, cmd in (("tessera", tessera_gen), ("llama.cpp", llama_cli)):
-                if r == 0:  # cold once per engine: a dropped cache costs a full read of the file
-                    cold_ok = drop_caches() and cold_ok
-                    _, wall, rss = run(cmd, out / f"{name}_load_cold.log")
-                    add(f"{name} load cold s", wall)
-                    add(f"{name} peak RSS cold GB", rss / 1e9)
+            for name, cmd in engines:
                 _, wall, rss = run(cmd, out / f"{name}_load_warm_{r}.log")
                 add(f"{name} load warm s", wall)
                 add(f"{name} peak RSS warm GB", rss / 1e9)
