@@ -112,6 +112,49 @@ void pack_panel(WeightType t, const void* W, int64_t e, const MatLayout& m, int6
   }
 }
 
+// pack_panel for bf16 weights (the files' common type), 16 values at a time: the same amax (a NaN skipped, as
+// std::max(amax, NaN) skips it), scale, inverse, rounding (nearbyint in the default mode = cvtps' round to nearest
+// even; NaN -> INT_MIN, as the scalar conversion gives on x86), clamp and sums, so the same bytes: 0.99-1.00 GB/s of
+// source on two cores of the AMX Xeon for the scalar loop (a libm call and a scattered byte store per value).
+void pack_panel_bf16(const uint16_t* W, int64_t e, const MatLayout& m, int64_t b, uint8_t* dst) {
+  int8_t* q = reinterpret_cast<int8_t*>(dst);
+  float* scales = reinterpret_cast<float*>(dst + size_t(m.kq) * 64);
+  int32_t* comp = reinterpret_cast<int32_t*>(dst + size_t(m.kq + m.ng) * 64);
+  std::memset(dst, 0, m.panel);
+  const auto lanes = [](int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); };
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t n = b * 16 + i;
+    if (n >= m.N) continue;
+    const uint16_t* row = W + size_t(e * m.N + n) * size_t(m.K);
+    const auto widen = [&](__mmask16 mk, int64_t k) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, row + k)), 16));
+    };
+    for (int64_t g = 0; g < m.ng; ++g) {
+      const int64_t k0 = g * m.gq * 4, k1 = std::min(m.K, k0 + m.gq * 4);
+      __m512 vmax = _mm512_setzero_ps();
+      for (int64_t k = k0; k < k1; k += 16) vmax = _mm512_max_ps(_mm512_abs_ps(widen(lanes(k1 - k), k)), vmax);
+      const float amax = _mm512_reduce_max_ps(vmax);
+      const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t k = k0; k < k1; k += 16) {  // k0 and the group size are multiples of 4: whole quads
+        const __mmask16 mk = lanes(k1 - k);
+        const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(widen(mk, k), vinv)), lo),
+                                           hi);
+        const __m512i vz = _mm512_maskz_mov_epi32(mk, v);
+        sum = _mm512_add_epi32(sum, vz);
+        alignas(16) uint32_t quads[4];
+        _mm_store_si128(reinterpret_cast<__m128i*>(quads), _mm512_cvtepi32_epi8(vz));
+        for (int64_t j = 0; j < (std::min<int64_t>(16, k1 - k) + 3) / 4; ++j)
+          std::memcpy(q + (k / 4 + j) * 64 + i * 4, &quads[j], 4);
+      }
+      scales[g * 16 + i] = s;
+      comp[g * 16 + i] = 128 * _mm512_reduce_add_epi32(sum);
+    }
+  }
+}
+
 void unpack_panel(const uint8_t* src, const MatLayout& m, int64_t b, float* W) {
   const int8_t* q = reinterpret_cast<const int8_t*>(src);
   const float* scales = reinterpret_cast<const float*>(src + size_t(m.kq) * 64);
@@ -128,12 +171,18 @@ void pack(const MoeDims& d, const WeightsIn& w, uint8_t* dst, ThreadPool& pool) 
   prm.group = group_param();
   std::memcpy(dst + sizeof(PackedHeader), &prm, sizeof(prm));
   const Layout L(d, prm.group);
+  const auto panel = [&](const void* W, int64_t e, const MatLayout& m, int64_t b, uint8_t* out) {
+    if (w.type == WeightType::BF16)
+      pack_panel_bf16(static_cast<const uint16_t*>(W), e, m, b, out);
+    else
+      pack_panel(w.type, W, e, m, b, out);
+  };
   pool.parallel_for(d.E, [&](int64_t e, int) {
     for (int64_t b = 0; b < L.gu.nb; ++b) {
-      pack_panel(w.type, w.gate, e, L.gu, b, L.gu_panel(dst, e, 2 * b));
-      pack_panel(w.type, w.up, e, L.gu, b, L.gu_panel(dst, e, 2 * b + 1));
+      panel(w.gate, e, L.gu, b, L.gu_panel(dst, e, 2 * b));
+      panel(w.up, e, L.gu, b, L.gu_panel(dst, e, 2 * b + 1));
     }
-    for (int64_t b = 0; b < L.dn.nb; ++b) pack_panel(w.type, w.down, e, L.dn, b, L.dn_panel(dst, e, b));
+    for (int64_t b = 0; b < L.dn.nb; ++b) panel(w.down, e, L.dn, b, L.dn_panel(dst, e, b));
   });
 }
 

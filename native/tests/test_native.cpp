@@ -212,6 +212,48 @@ void test_backends() {
   std::printf("  %d backends tested against Reference\n", tested);
 }
 
+// An int8 backend packs bf16 weights (its own fast path) into the same bytes as the same values given as f32 (the
+// portable rule): everything after the 64-byte header, whose source type differs. Odd K (group and quad tails), and
+// NaN, Inf, all-zero, denormal and exactly-tied weights.
+void test_int8_packing_from_bf16_equals_from_f32() {
+  ThreadPool pool(2);
+  const MoeDims d{3, 200, 70};  // gate/up rows of K = 200, down rows of K = 70
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> gate(size_t(d.E * d.I * d.H)), up(gate.size()), down(size_t(d.E * d.H * d.I));
+  for (auto* v : {&gate, &up, &down})
+    for (auto& x : *v) x = f32_to_bf16(std::ldexp(nd(rng), int(rng() % 20) - 10));
+  gate[3] = 0x7fc0;                                                        // NaN (row 0)
+  gate[size_t(d.H) + 9] = 0x7f80;                                          // +Inf (row 1)
+  for (int64_t k = 0; k < d.H; ++k) up[size_t(2 * d.H + k)] = k % 2 ? 0x8000 : 0;  // +-0 (row 2)
+  down[5] = 0x0001;                                                        // a denormal
+  for (int64_t k = 0; k < d.H; ++k) gate[size_t(5 * d.H + k)] = f32_to_bf16(float(k % 5) - 2.0f);
+  gate[size_t(5 * d.H)] = f32_to_bf16(127.0f);  // row 5: amax 127, so 2.5 and -0.5 are ties
+  gate[size_t(5 * d.H + 1)] = f32_to_bf16(2.5f);
+  gate[size_t(5 * d.H + 2)] = f32_to_bf16(-0.5f);
+  const auto widen = [](const std::vector<uint16_t>& v) {
+    std::vector<float> f(v.size());
+    for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
+    return f;
+  };
+  const std::vector<float> gf = widen(gate), uf = widen(up), df = widen(down);
+  int tested = 0;
+  for (const BackendInfo& b : backends()) {
+    if (!b.available || std::string(b.ops->weights) != "int8") continue;
+    const size_t n = b.ops->packed_bytes(d, WeightType::BF16);
+    CHECK(n == b.ops->packed_bytes(d, WeightType::F32), "%s: same size from bf16 and f32", b.ops->name);
+    Aligned p16(n), p32(n);
+    std::memset(p16.p, 0xcd, n);
+    std::memset(p32.p, 0x5a, n);
+    b.ops->pack(d, WeightsIn{WeightType::BF16, gate.data(), up.data(), down.data()}, p16.p, pool);
+    b.ops->pack(d, WeightsIn{WeightType::F32, gf.data(), uf.data(), df.data()}, p32.p, pool);
+    CHECK(std::memcmp(p16.p + 64, p32.p + 64, n - 64) == 0, "%s: bf16 and f32 sources pack to the same bytes",
+          b.ops->name);
+    ++tested;
+  }
+  CHECK(tested > 0, "an int8 backend runs here");
+}
+
 void test_header() {
   const MoeDims d{2, 8, 4};
   Aligned buf(256);
@@ -254,6 +296,7 @@ int main() {
   test_pool();
   test_pool_stress();
   test_backends();
+  test_int8_packing_from_bf16_equals_from_f32();
   if (tessera_dense_tests && tessera_dense_tests() != 0) ++g_failures;
   if (tessera_amx_tests) {
     std::printf("AMX tests\n");
