@@ -31,7 +31,6 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -43,33 +42,31 @@ _PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61  # Documentation/admin-gui
 _SCAN_PAGES = 1 << 15  # pagemap entries read at a time (256 kB of entries for 128 MB of map)
 
 
-def release_experts(experts, files: Sequence) -> int:
-    """Releases the whole pages of `experts`' gate/up/down (engine.experts.LayerExperts) that lie in one of the maps
-    `files` (engine.source_digest.SourceFile) and were never written; returns the bytes released."""
+def _mapped_runs(experts, files: Sequence) -> list[tuple[int, int]]:
+    """(address, bytes) of each of `experts`' gate/up/down that is one contiguous run inside one of the maps `files`
+    (engine.source_digest.SourceFile)."""
     from tessera.engine.source_digest import mapped_run
 
     runs = [mapped_run(t, files) for t in (experts.gate_proj, experts.up_proj, experts.down_proj)]
-    return sum(release(*run) for run in runs if run is not None)
+    return [run for run in runs if run is not None]
+
+
+def release_experts(experts, files: Sequence) -> int:
+    """Releases the whole pages of `experts`' gate/up/down (engine.experts.LayerExperts) that lie in one of the maps
+    `files` and were never written; returns the bytes released."""
+    return sum(release(*run) for run in _mapped_runs(experts, files))
 
 
 def populate_experts(experts, files: Sequence) -> None:
     """Maps the pages of `experts`' gate/up/down that lie in the maps `files` now, a chunk at a time on
-    readahead.POPULATE_THREADS threads (pages not in the page cache are read from disk first). Errors (no
-    MADV_POPULATE_READ before Linux 5.14) only cost the speed-up: the kernel's reads fault them in instead."""
-    from tessera.engine.source_digest import mapped_run
-
+    readahead.POPULATE_THREADS threads (readahead.populate_pieces; pages not in the page cache are read from disk
+    first). Errors (no MADV_POPULATE_READ before Linux 5.14) only cost the speed-up: the kernel's reads fault them in
+    instead."""
     work = []
-    for t in (experts.gate_proj, experts.up_proj, experts.down_proj):
-        run = mapped_run(t, files)
-        if run is not None:
-            start = run[0] - run[0] % mmap.PAGESIZE
-            work += [(start + off, n) for off, n in readahead.chunks(run[0] + run[1] - start, None)]
-    if len(work) > 1 and readahead.POPULATE_THREADS > 1:
-        with ThreadPoolExecutor(readahead.POPULATE_THREADS, thread_name_prefix="tessera-populate") as ex:
-            list(ex.map(lambda piece: readahead.madvise(*piece, readahead.MADV_POPULATE_READ), work))
-    else:
-        for piece in work:
-            readahead.madvise(*piece, readahead.MADV_POPULATE_READ)
+    for address, n in _mapped_runs(experts, files):
+        start = address - address % mmap.PAGESIZE
+        work += [(start + off, size) for off, size in readahead.chunks(address + n - start, None)]
+    readahead.populate_pieces(work)
 
 
 def release(address: int, nbytes: int, pagemap: str = PAGEMAP) -> int:

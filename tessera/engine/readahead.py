@@ -202,8 +202,13 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
     cache CPU work only (0.07-0.08 s a GB per thread here); a page not cached is read from disk first. Chunks go to
     POPULATE_THREADS threads: the page-table work scales with cores (24-layer Q8_0, 16.6 GB cached, Zen 4: 1.33 s on
     one thread, 0.63 s on two), and the load waits for it with nothing else to do."""
-    work = [(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
-            for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])]
+    return populate_pieces([(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
+                            for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])], cancel)
+
+
+def populate_pieces(work: Sequence[tuple[int, int]], cancel: threading.Event | None = None) -> str | None:
+    """populate's work: MADV_POPULATE_READ on each (page-aligned address, bytes) piece, on POPULATE_THREADS threads;
+    None, or why it stopped (an errno name)."""
     failed: list[int] = []
 
     def one(piece: tuple[int, int]) -> None:

@@ -75,13 +75,15 @@ def _address(t) -> tuple[int, int] | None:
     return None
 
 
+def _part_of(address: int, n: int, files: Sequence[SourceFile]) -> int | None:
+    """The index of the map in `files` that holds all of [address, address + n), or None."""
+    return next((i for i, f in enumerate(files) if f.start <= address and address + n <= f.start + f.nbytes), None)
+
+
 def mapped_run(t, files: Sequence[SourceFile]) -> tuple[int, int] | None:
     """(address, bytes) of tensor `t` when it is one contiguous run inside one of the maps `files`, else None."""
     where = _address(t)
-    if where is None:
-        return None
-    address, n = where
-    return where if any(f.start <= address and address + n <= f.start + f.nbytes for f in files) else None
+    return where if where is not None and _part_of(*where, files) is not None else None
 
 
 def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
@@ -93,7 +95,7 @@ def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
         if where is None:
             return None
         address, n = where
-        part = next((i for i, f in enumerate(files) if f.start <= address and address + n <= f.start + f.nbytes), None)
+        part = _part_of(address, n, files)
         if part is None:
             return None
         kind = t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
