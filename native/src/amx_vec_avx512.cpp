@@ -14,6 +14,7 @@
 #include "isa_target.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
+#include "avx512_lanes.h"  // after BEGIN: compiled for this file's ISA
 
 namespace tessera::amx {
 
@@ -202,8 +203,6 @@ void silu_mul_rows(float* g, const float* u, int64_t n) {
   for (; i < n; ++i) g[i] = silu_mul(g[i], u[i]);
 }
 
-inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
-
 // One digit of quantize_row_i8: round to nearest even (the MXCSR default) of clamp(v * inv, +-127), 0 where the
 // product is NaN or the lane is outside m.
 inline __m512i digit16(__m512 v, __m512 inv, __mmask16 m) {
@@ -257,15 +256,12 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
 // in a group makes its scale NaN and its bytes 128), scale, reciprocal, clamp and rounding (cvtps under the default
 // MXCSR: round to nearest even, as round_even), so bytes and scales match bit for bit.
 void quantize_weight_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales, int64_t scale_stride) {
-  const auto widen = [&](__mmask16 m, int64_t k) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + k)), 16));
-  };
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
     __m512 amax = _mm512_setzero_ps();
     __mmask16 nan = 0;
     for (int64_t k = k0; k < k1; k += 16) {
-      const __m512 v = widen(tail_mask(k1 - k), k);
+      const __m512 v = load_bf16x16(tail_mask(k1 - k), w + k);
       amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
       nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     }
@@ -276,7 +272,7 @@ void quantize_weight_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, f
     const __m512 vinv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
     for (int64_t k = k0; k < k1; k += 16) {
       const __mmask16 m = tail_mask(k1 - k);
-      const __m512i q = _mm512_add_epi32(digit16(widen(m, k), vinv, m), _mm512_set1_epi32(128));
+      const __m512i q = _mm512_add_epi32(digit16(load_bf16x16(m, w + k), vinv, m), _mm512_set1_epi32(128));
       _mm_mask_storeu_epi8(out + k, m, _mm512_cvtepi32_epi8(q));
     }
   }

@@ -27,6 +27,7 @@
 #include "isa_target.h"
 
 TESSERA_ISA_BEGIN(TESSERA_TARGET_AVX512_VNNI)
+#include "avx512_lanes.h"  // after BEGIN: compiled for this file's ISA
 
 namespace tessera {
 namespace avx512_int8 {
@@ -121,27 +122,24 @@ void pack_panel_bf16(const uint16_t* W, int64_t e, const MatLayout& m, int64_t b
   float* scales = reinterpret_cast<float*>(dst + size_t(m.kq) * 64);
   int32_t* comp = reinterpret_cast<int32_t*>(dst + size_t(m.kq + m.ng) * 64);
   std::memset(dst, 0, m.panel);
-  const auto lanes = [](int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); };
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (int64_t i = 0; i < 16; ++i) {
     const int64_t n = b * 16 + i;
     if (n >= m.N) continue;
     const uint16_t* row = W + size_t(e * m.N + n) * size_t(m.K);
-    const auto widen = [&](__mmask16 mk, int64_t k) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, row + k)), 16));
-    };
     for (int64_t g = 0; g < m.ng; ++g) {
       const int64_t k0 = g * m.gq * 4, k1 = std::min(m.K, k0 + m.gq * 4);
       __m512 vmax = _mm512_setzero_ps();
-      for (int64_t k = k0; k < k1; k += 16) vmax = _mm512_max_ps(_mm512_abs_ps(widen(lanes(k1 - k), k)), vmax);
+      for (int64_t k = k0; k < k1; k += 16)
+        vmax = _mm512_max_ps(_mm512_abs_ps(load_bf16x16(tail_mask(k1 - k), row + k)), vmax);
       const float amax = _mm512_reduce_max_ps(vmax);
       const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
       const __m512 vinv = _mm512_set1_ps(inv);
       __m512i sum = _mm512_setzero_si512();
       for (int64_t k = k0; k < k1; k += 16) {  // k0 and the group size are multiples of 4: whole quads
-        const __mmask16 mk = lanes(k1 - k);
-        const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(widen(mk, k), vinv)), lo),
-                                           hi);
+        const __mmask16 mk = tail_mask(k1 - k);
+        const __m512 p = _mm512_mul_ps(load_bf16x16(mk, row + k), vinv);
+        const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(p), lo), hi);
         const __m512i vz = _mm512_maskz_mov_epi32(mk, v);
         sum = _mm512_add_epi32(sum, vz);
         alignas(16) uint32_t quads[4];
