@@ -211,22 +211,27 @@ inline __m512i digit16(__m512 v, __m512 inv, __mmask16 m) {
   return _mm512_maskz_cvtps_epi32(m & ~_mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q), c);
 }
 
+// amax / 127 of a group's values [k0, k1), read 16 at a time by load(mask, k) (lanes outside mask zero), as
+// amx_pack.cpp's group_scale: 0 for a group with no column, NaN when any value is NaN.
+template <class Load>
+inline float group_scale(int64_t k0, int64_t k1, Load load) {
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int64_t k = k0; k < k1; k += 16) {
+    const __m512 v = load(tail_mask(k1 - k), k);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  return k0 >= k1 ? 0.0f : nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(amax) / 127.0f;
+}
+
 // quantize_row_i8 (amx_pack.cpp) 16 lanes at a time: the same amax, scale, reciprocals, residual (an unfused
 // multiply and subtract), clamp and rounding, so both digits, scales and corrections match bit for bit.
 void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, int32_t* corr) {
   int8_t* lo = q + L.Kp;
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t k = k0; k < k1; k += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(k1 - k), x + k);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    }
-    const float s = k0 >= k1 ? 0.0f
-                    : nan    ? std::numeric_limits<float>::quiet_NaN()
-                             : _mm512_reduce_max_ps(amax) / 127.0f;
+    const float s = group_scale(k0, k1, [&](__mmask16 m, int64_t k) { return _mm512_maskz_loadu_ps(m, x + k); });
     scales[g] = s / 254.0f;
     const float inv = s == 0.0f ? 0.0f : 1.0f / s;
     const __m512 vinv = _mm512_set1_ps(inv), vinv_lo = _mm512_set1_ps(inv * 254.0f), vs = _mm512_set1_ps(s);
@@ -258,16 +263,7 @@ void quantize_i8(const MatLayout& L, const float* x, int8_t* q, float* scales, i
 void quantize_weight_bf16(const MatLayout& L, const uint16_t* w, uint8_t* out, float* scales, int64_t scale_stride) {
   for (int64_t g = 0; g < L.ngroups; ++g) {
     const int64_t k0 = g * L.group, k1 = std::min(L.K, k0 + L.group);
-    __m512 amax = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t k = k0; k < k1; k += 16) {
-      const __m512 v = load_bf16x16(tail_mask(k1 - k), w + k);
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    }
-    const float s = k0 >= k1 ? 0.0f
-                    : nan    ? std::numeric_limits<float>::quiet_NaN()
-                             : _mm512_reduce_max_ps(amax) / 127.0f;
+    const float s = group_scale(k0, k1, [&](__mmask16 m, int64_t k) { return load_bf16x16(m, w + k); });
     scales[g * scale_stride] = s;
     const __m512 vinv = _mm512_set1_ps(s == 0.0f ? 0.0f : 1.0f / s);
     for (int64_t k = k0; k < k1; k += 16) {
