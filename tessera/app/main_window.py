@@ -21,6 +21,7 @@ from tessera.app.theme import apply_theme, is_dark, set_font_size
 from tessera.app.views.chat_view import ChatView
 from tessera.app.views.graphs import GraphsPanel
 from tessera.app.views.model_panel import ModelPanel
+from tessera.app.views.pack_writes_dialog import PackWritesDialog
 from tessera.app.views.serve_panel import ServePanel
 from tessera.app.views.settings_dialog import SettingsDialog
 from tessera.app.views.sidebar import ConversationSidebar
@@ -54,6 +55,7 @@ class MainWindow(QMainWindow):
         self.backend_list: BackendList | None = None
         self.settings_dialog: SettingsDialog | None = None
         self.error_box: QMessageBox | None = None
+        self.pack_writes_dialog: PackWritesDialog | None = None  # shown by closeEvent while packs are being written
         self.last_error: WorkerError | None = None
         self._loading = False
         self.fits: dict[str, object] = {}  # path -> FitEstimate of the last inspection
@@ -548,6 +550,14 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802
         self.worker.stop()
+        if self.worker.pack_writes_left() > 0:  # a first load's packs still on their way to the disk: say so, wait
+            event.ignore()  # (the dialog closes the window again once they are written or skipped)
+            if self.pack_writes_dialog is None:
+                self.pack_writes_dialog = PackWritesDialog(self.worker.pack_writes_left, self.worker.skip_pack_writes,
+                                                           self)
+                self.pack_writes_dialog.written.connect(self.close)
+                self.pack_writes_dialog.open()
+            return
         self.settings.set("window/geometry", bytes(self.saveGeometry().data()))
         if self._graphs_auto_hidden:  # saved as the user left it: a larger window next time shows the graphs
             self.graphs_dock.show()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import sys
 import threading
 import time
 import traceback
@@ -151,6 +152,18 @@ class EngineApi:
         freed = cache.clear() if clear else -1
         budget, why = cache.budget_explained()
         return str(cache.root), cache.held_bytes(), freed, budget, why
+
+    def pack_writes_left(self) -> int:
+        """Bytes of freshly packed experts this process has still to write to the packed-weight cache
+        (engine.pack_store; 0 while no model has loaded). Safe from any thread."""
+        store = sys.modules.get("tessera.engine.pack_store")  # not imported yet: nothing was packed
+        return int(store.pending_bytes()) if store is not None else 0
+
+    def skip_pack_writes(self) -> None:
+        """Give up those writes (the next load packs the layers not written again). Safe from any thread."""
+        store = sys.modules.get("tessera.engine.pack_store")
+        if store is not None:
+            store.skip_all()
 
     def make_test_model(self, out_path: str, progress) -> str:
         from tessera.engine.make_model import make_model
@@ -316,6 +329,15 @@ class EngineWorker(QObject):
     def query_backends(self) -> None:
         self._queue(self._do_query_backends)
 
+    def pack_writes_left(self) -> int:
+        """Bytes of a first load's packs not yet in the packed-weight cache (any thread, answered at once: not queued
+        behind a running request, which the writes wait for)."""
+        return self._api.pack_writes_left()
+
+    def skip_pack_writes(self) -> None:
+        """Give up the packs not yet written (the close dialog's Skip); any thread."""
+        self._api.skip_pack_writes()
+
     def query_pack_cache(self) -> None:
         """The packed-weight cache's size; the answer comes on `pack_cache`."""
         self._queue(self._do_pack_cache, False)
@@ -422,7 +444,13 @@ class EngineWorker(QObject):
                 f"{free / 1e9:.1f} GB RAM free)")
 
     def _close_session(self) -> None:
+        """Close the session; a first load's packs not yet written are written first (engine.pack_store), said on
+        `progress` when there are any."""
         if self._session is not None:
+            left = self._api.pack_writes_left()
+            if left:
+                self.progress.emit(LoadProgress("load", f"writing the last {left / 1e9:.2f} GB of "
+                                                        f"{Path(self._path).name}'s packed weights", 0, 0))
             session, self._session = self._session, None
             try:
                 session.close()
@@ -576,11 +604,7 @@ class EngineWorker(QObject):
         self._stop_serving()
         self._close_remote()
         if self._session is not None:
-            try:
-                self._session.close()
-            except Exception as exc:  # noqa: BLE001
-                self.failed.emit(worker_error("unload", exc))
-            self._session = None
+            self._close_session()
             self._path = ""
         self.state_changed.emit(ModelState(False))
 

@@ -69,6 +69,7 @@ HEADER_BYTES = 128
 _HEADER = struct.Struct("<8sIIQ32s32s")  # magic, format, header bytes, blob bytes, key digest, blob fingerprint
 PAGE = 4096  # bytes per page sum of the fingerprint
 _CHUNK = 64 << 20  # bytes summed at a time (a multiple of PAGE)
+_STORE_PIECE = 64 << 20  # bytes written and flushed at a time by a store with `between` (engine.pack_store)
 _LEGACY_DIR = re.compile(r".+-v\d+$")  # format 1 kept one folder per model: <name>-<backend>-v<layout>/layerNNN-*.pack
 _BUDGET_ENV = "TESSERA_PACK_CACHE_BUDGET"
 _DIR_ENV = "TESSERA_PACK_CACHE_DIR"
@@ -390,9 +391,13 @@ class PackCache:
             self.notice(f"{subject}{path.name} {why}; ignored (the folder is read-only), repacking in memory")
         return None
 
-    def store(self, key: str, blob: np.ndarray) -> bool:
+    def store(self, key: str, blob: np.ndarray, between: Callable[[int], bool] | None = None) -> bool:
         """Writes the blob atomically (temporary file, then rename). A full disk or an I/O error costs only the next
-        start: said once, then storing stops for this load."""
+        start: said once, then storing stops for this load.
+
+        With `between` (engine.pack_store), the data goes in pieces of `piece` bytes, each flushed to the disk
+        before the next (at most one piece of dirty pages at a time), and `between(bytes written)` is called before
+        each: it may wait, and False abandons the write (the temporary file removed, False returned)."""
         if not (self.writable and self.store_enabled) or (self.admitted is not None and key not in self.admitted):
             return False
         path = self.layer_path(key)
@@ -400,10 +405,18 @@ class PackCache:
         data = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
         header = _HEADER.pack(MAGIC, FORMAT, HEADER_BYTES, data.nbytes, key.encode()[:32],
                               fingerprint(data)).ljust(HEADER_BYTES, b"\0")
+        step = _STORE_PIECE if between is not None else max(data.nbytes, 1)
         try:
             with open(tmp, "wb") as f:
                 f.write(header)
-                f.write(memoryview(data))
+                for start in range(0, data.nbytes, step):
+                    if between is not None and not between(start):
+                        f.close()
+                        tmp.unlink(missing_ok=True)
+                        return False
+                    f.write(memoryview(data[start:start + step]))
+                    if between is not None:
+                        os.fdatasync(f.fileno())
             os.replace(tmp, path)
             return True
         except OSError as e:

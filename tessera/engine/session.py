@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.engine import dense, heap, native, preload, readahead
+from tessera.engine import dense, heap, native, pack_store, preload, readahead
 from tessera.engine.chat_tokens import ChatPrompt
 from tessera.engine.errors import Cancelled, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
@@ -250,11 +250,12 @@ class Session:
         try:
             cache, _ = self.prefix_cache.acquire(prompt_ids)
             try:
-                yield from generate(
-                    self.model, cache, prompt_ids, params, decoder=self.tokenizer.stream_decoder(),
-                    eos_token_ids=tuple(self.tokenizer.eos_token_ids), context_length=self.context_length,
-                    cancel=cancel, on_step=on_step, backend_name=self.backend_name,
-                    bytes_per_expert=self.bytes_per_expert)
+                with pack_store.generating():  # a first load's pack-cache writes wait meanwhile (engine.pack_store)
+                    yield from generate(
+                        self.model, cache, prompt_ids, params, decoder=self.tokenizer.stream_decoder(),
+                        eos_token_ids=tuple(self.tokenizer.eos_token_ids), context_length=self.context_length,
+                        cancel=cancel, on_step=on_step, backend_name=self.backend_name,
+                        bytes_per_expert=self.bytes_per_expert)
             finally:
                 self.prefix_cache.release(cache)
         finally:

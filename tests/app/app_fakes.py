@@ -137,6 +137,16 @@ class FakeApi:
     def make_test_model(self, out_path, progress):
         return out_path
 
+    pack_writes = 0  # bytes of packs still to write (engine.pack_store); a test sets it, the fake writer drains it
+    writes_skipped = False
+
+    def pack_writes_left(self):
+        return self.pack_writes
+
+    def skip_pack_writes(self):
+        self.writes_skipped = True
+        self.pack_writes = 0
+
     pack_cache_bytes = 3_000_000_000  # what the packed-weight cache holds
 
     def pack_cache(self, clear):

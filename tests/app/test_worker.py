@@ -119,6 +119,27 @@ def test_unload_closes_the_session(qtbot, worker, fake_api):
     assert not sig.args[0].loaded and fake_api.sessions[-1].closed
 
 
+def test_closing_a_model_with_packs_left_to_write_says_so(qtbot, worker, fake_api):
+    """Unloading (or replacing) a model whose first load's packs are still being written waits for them
+    (engine.pack_store); the wait is said on `progress`, not left silent."""
+    load(qtbot, worker)
+    progress: list[LoadProgress] = []
+    worker.progress.connect(progress.append)
+    fake_api.pack_writes = 2_340_000_000
+    assert worker.pack_writes_left() == 2_340_000_000  # answered on the calling thread, at once
+    with qtbot.waitSignal(worker.state_changed, timeout=5000):
+        worker.unload()
+    assert [p.stage for p in progress] == ["writing the last 2.34 GB of good.gguf's packed weights"]
+    assert fake_api.sessions[-1].closed
+    fake_api.pack_writes = 0
+    load(qtbot, worker)
+    with qtbot.waitSignal(worker.state_changed, timeout=5000):
+        worker.unload()
+    assert sum("packed weights" in p.stage for p in progress) == 1  # nothing left: nothing said
+    worker.skip_pack_writes()
+    assert fake_api.writes_skipped
+
+
 def test_backend_list(qtbot, worker):
     with qtbot.waitSignal(worker.backends, timeout=5000) as sig:
         worker.query_backends()

@@ -7,12 +7,14 @@ unexpected error in a write is raised, not lost."""
 from __future__ import annotations
 
 import threading
+import time
 
+import numpy as np
 import pytest
 import torch
 
 import tessera.engine.native as N
-from tessera.engine import pack_store
+from tessera.engine import pack_cache, pack_store
 from tessera.engine.experts import LayerExperts
 from tessera.engine.pack_cache import PackCache
 
@@ -58,7 +60,7 @@ def test_a_load_stopped_half_way_leaves_whole_files_only(tmp_path):
 
 
 def test_an_unexpected_error_in_a_write_is_raised(tmp_path, monkeypatch):
-    def broken(self, key, blob):
+    def broken(self, key, blob, **_):
         raise RuntimeError(f"store of {key} broke")
 
     monkeypatch.setattr(PackCache, "store", broken)
@@ -72,9 +74,9 @@ def gated_store(monkeypatch):
     """PackCache.store held until the returned event is set (a slow disk)."""
     gate, real = threading.Event(), PackCache.store
 
-    def slow(self, key, blob):
+    def slow(self, key, blob, **kw):
         assert gate.wait(30)
-        return real(self, key, blob)
+        return real(self, key, blob, **kw)
 
     monkeypatch.setattr(PackCache, "store", slow)
     yield gate
@@ -102,3 +104,64 @@ def test_closing_a_background_load_finishes_its_writes(tmp_path, gated_store):
     assert not writers() and b.stores.pending_bytes() == 0
     assert len(list((root / "layers").iterdir())) == 3
     assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Packs written in pieces of 4 KiB, so the tiny layers here take several pieces each."""
+    monkeypatch.setattr(pack_cache, "_STORE_PIECE", 4096)
+
+
+def test_a_store_in_pieces_asks_before_each_and_may_be_abandoned(tmp_path, small_pieces):
+    cache = PackCache(tmp_path / "packed")
+    blob = np.arange(10_000, dtype=np.uint8)
+    asked: list[int] = []
+    assert cache.store("a" * 40, blob, between=lambda n: asked.append(n) or True)
+    assert asked == [0, 4096, 8192]
+    assert cache.load("a" * 40, blob.nbytes, lambda b: None).tobytes() == blob.tobytes()
+    assert not cache.store("b" * 40, blob, between=lambda n: n < 8192)  # given up before the third piece
+    assert not cache.layer_path("b" * 40).exists() and not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
+    assert cache.store_enabled  # an abandoned write is not a disk failure: later ones go on
+
+
+def test_the_writes_wait_while_a_request_generates(tmp_path, small_pieces):
+    """A first load's writes behind it pause between pieces while any request generates (the first reply keeps the
+    cores and the disk's writeback to itself), and go on once it is done."""
+    root = tmp_path / "packed"
+    with pack_store.generating():
+        b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
+        total = sum(layer.nbytes for layer in b.layers.values())
+        time.sleep(0.6)  # the writer had time for many pieces; it must have written none
+        assert b.stores.pending_bytes() == total and pack_store.pending_bytes() >= total
+        assert not list((root / "layers").glob("*.pack"))
+    b.stores.wait()
+    assert b.stores.pending_bytes() == 0 and len(list((root / "layers").glob("*.pack"))) == 3
+
+
+def test_skipped_writes_leave_no_file_and_the_next_load_packs_again(tmp_path, small_pieces):
+    root = tmp_path / "packed"
+    with pack_store.generating():  # the writer waits in the first piece of the first pack
+        b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
+        pack_store.skip_all()
+        b.stores.wait()  # returns: the write in progress gave up, the others were never started
+    assert b.stores.pending_bytes() == 0 and not writers()
+    assert not [p for p in root.rglob("*") if p.is_file() and (p.suffix == ".pack" or ".tmp" in p.name)]
+    again = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m")
+    assert again.load_stats.packed_layers == 3 and len(list((root / "layers").glob("*.pack"))) == 3
+
+
+def test_a_session_holds_the_writes_back_while_it_generates_and_only_then(tiny_gguf_model):
+    from tessera import engine
+    from tessera.engine.sampling import SamplingParams
+
+    session = engine.load(tiny_gguf_model, backend="Torch", threads=1)
+    try:
+        ids, params = session.tokenizer.encode("hello there"), SamplingParams(temperature=0, max_tokens=3)
+        seen = [pack_store._generating._running for _ in session.generate(ids, params)]
+        assert seen and set(seen) == {1} and pack_store._generating._running == 0
+        stream = session.generate(ids, params)
+        next(stream)
+        stream.close()  # a request given up half-way (the app's Stop) lets the writes go on at once
+        assert pack_store._generating._running == 0
+    finally:
+        session.close()
