@@ -160,10 +160,10 @@ def _lowest_priority() -> None:
         pass
 
 
-def _finish_all() -> None:
-    """At the end of the process: every load's writes still waiting are finished."""
+def finish_all() -> None:
+    """Every load's writes still waiting, finished (at the end of the process: atexit; the CLI says so first)."""
     for s in _live_stores():
         s.finish("exiting")
 
 
-atexit.register(_finish_all)
+atexit.register(finish_all)

@@ -89,7 +89,7 @@ def test_a_background_load_returns_before_its_writes_and_the_process_end_finishe
     assert b.load_stats.packed_layers == 3 and not list((root / "layers").glob("*"))  # returned, nothing written yet
     assert b.stores.pending_bytes() == sum(layer.nbytes for layer in b.layers.values())
     gated_store.set()
-    pack_store._finish_all()  # what atexit runs, also before the CLI's quick exit
+    pack_store.finish_all()  # what atexit runs, also before the CLI's quick exit
     assert len(list((root / "layers").iterdir())) == 3 and not writers()
     assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3
 
@@ -165,3 +165,31 @@ def test_a_session_holds_the_writes_back_while_it_generates_and_only_then(tiny_g
         assert pack_store._generating._running == 0
     finally:
         session.close()
+
+
+def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypatch, capsys):
+    from tessera.engine.cli import run_options
+
+    calls: list[str] = []
+    left = [3_210_000_000]
+    monkeypatch.setattr(pack_store, "pending_bytes", lambda: left[0])
+    monkeypatch.setattr(pack_store, "skip_all", lambda: calls.append("skip"))
+
+    def finish_all():
+        calls.append("finish")
+        if calls == ["finish"] and interrupt:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pack_store, "finish_all", finish_all)
+    interrupt = False
+    run_options.finish_pack_writes()
+    assert calls == ["finish"]
+    assert "writing the last 3.21 GB of packed weights" in capsys.readouterr().err
+    calls.clear()
+    interrupt = True
+    run_options.finish_pack_writes()
+    assert calls == ["finish", "skip", "finish"] and "skipped" in capsys.readouterr().err
+    calls.clear()
+    left[0] = 0
+    run_options.finish_pack_writes()
+    assert calls == [] and capsys.readouterr().err == ""

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from tessera.engine.cli.run_options import UsageError, add_load_arguments, check_load_arguments, load_session
+from tessera.engine.cli.run_options import (
+    UsageError,
+    add_load_arguments,
+    check_load_arguments,
+    close_session,
+    load_session,
+)
 
 HELP = "measure prefill and decode tokens/s on a model"
 
@@ -48,7 +54,7 @@ def run(args) -> int:
         done = [e for e in session.generate(prompt, params) if hasattr(e, "metrics")][0]
         huge_share = readahead.huge_page_share(getattr(session, "mapped_files", []))
     finally:
-        session.close()
+        close_session(session)
     m = done.metrics
     result = {
         "prefill_tok_s": m.prefill_tok_s,

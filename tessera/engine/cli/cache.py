@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     for m in reversed(models):  # most recent first
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_used))
         part = "" if stored[m.id] == len(m.keys) else (
-            f"  ({stored[m.id]} of {len(m.keys)} layers stored; the others pack at every load)")
+            f"  ({stored[m.id]} of {len(m.keys)} layers stored; the next load packs the others, and stores those the "
+            "budget allows)")
         print(f"  {human_bytes(m.bytes):>10}  {m.backend:<11} {when}  {terminal_safe(m.model)}{part}")
     if not models:
         print("  (empty)")

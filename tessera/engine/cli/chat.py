@@ -19,6 +19,7 @@ from tessera.engine.cli.run_options import (
     add_load_arguments,
     add_sampling_arguments,
     check_load_arguments,
+    close_session,
     load_session,
     sampling_params,
     stats_line,
@@ -80,7 +81,7 @@ def run(args) -> int:
             if done is not None and not args.no_stats:
                 print(stats_line(done.metrics), flush=True)
     finally:
-        session.close()
+        close_session(session)
     return 0
 
 

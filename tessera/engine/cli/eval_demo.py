@@ -57,13 +57,14 @@ def run(args) -> int:
         raise TesseraError(str(DEMO_GGUF), "the demo model is missing; retrain it with `python scripts/train_demo.py`")
 
     from tessera import engine
+    from tessera.engine.cli.run_options import close_session
     from tessera.engine.demo.evaluate import evaluate
 
     session = engine.load(model, backend=args.backend, threads=args.threads)
     try:
         result = evaluate(session, args.n, skills=args.skill, seed=args.seed, turns=args.turns)
     finally:
-        session.close()
+        close_session(session)
     if args.json:
         print(json.dumps(result.as_json()))
         return 0

@@ -16,6 +16,7 @@ from tessera.engine.cli.run_options import (
     add_load_arguments,
     add_sampling_arguments,
     check_load_arguments,
+    close_session,
     load_session,
     sampling_params,
     stats_line,
@@ -62,7 +63,7 @@ def run(args) -> int:
             events = session.generate(session.tokenizer.encode(args.prompt), params)
         done = _print_stream(args, events)
     finally:
-        session.close()
+        close_session(session)
     return _report(args, done)
 
 

@@ -140,6 +140,31 @@ def load_session(args):
     return session
 
 
+def close_session(session) -> None:
+    """Closes a command's session; a first load's packs still being written are finished first, and said."""
+    finish_pack_writes()
+    session.close()
+
+
+def finish_pack_writes() -> None:
+    """A first load's packs still on their way to the packed-weight cache (engine.pack_store: written behind the load
+    and paused while it generated) are written before the command ends, which is said: it can take a BF16 file's
+    ~16 s on a slow disk. Ctrl+C gives them up (the next load packs those layers again)."""
+    store = sys.modules.get("tessera.engine.pack_store")  # not imported: nothing was packed
+    left = store.pending_bytes() if store is not None else 0
+    if not left:
+        return
+    sys.stdout.flush()  # the answer first
+    print(f"tessera: writing the last {left / 1e9:.2f} GB of packed weights to the cache, so that the next load is "
+          "quick (Ctrl+C skips)", file=sys.stderr, flush=True)
+    try:
+        store.finish_all()
+    except KeyboardInterrupt:
+        store.skip_all()
+        store.finish_all()  # the write in progress gives up at its next piece
+        print("tessera: skipped; the next load packs the layers not written again", file=sys.stderr, flush=True)
+
+
 def stats_line(m) -> str:
     """One line of request metrics for humans."""
     parts = [

@@ -10,7 +10,13 @@ import os
 import sys
 from pathlib import Path
 
-from tessera.engine.cli.run_options import UsageError, add_load_arguments, check_load_arguments, load_session
+from tessera.engine.cli.run_options import (
+    UsageError,
+    add_load_arguments,
+    check_load_arguments,
+    close_session,
+    load_session,
+)
 
 HELP = "serve a model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models)"
 API_KEY_ENV = "TESSERA_API_KEY"
@@ -78,6 +84,6 @@ def run(args) -> int:
         pass
     finally:
         scheduler.close()
-        session.close()
+        close_session(session)
     print("server stopped", file=sys.stderr)
     return 0
