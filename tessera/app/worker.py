@@ -141,12 +141,16 @@ class EngineApi:
                 "NVIDIA GPU or driver")
 
     def pack_cache(self, clear: bool) -> tuple[str, int, int, int, str]:
-        """The packed-weight cache's folder and bytes held, after clearing it when asked (bytes freed, else -1), and
-        its budget: bytes and where they come from (engine.pack_cache.PackCache.budget_explained; 0, "" when the
-        folder is not usable)."""
+        """The packed-weight cache's folder and bytes held, after clearing it when asked (bytes freed, else -1; the
+        packs a first load has not written yet are given up first), and its budget: bytes and where they come from
+        (engine.pack_cache.PackCache.budget_explained; 0, "" when the folder is not usable)."""
         from tessera.engine.pack_cache import PackCache, default_root
 
         cache = PackCache(default_root())
+        store = sys.modules.get("tessera.engine.pack_store")
+        if clear and store is not None:  # a first load's packs still being written would land after the clear
+            store.skip_all()
+            store.finish_all()  # returns once the write in progress has given up (its temporary file removed)
         if not cache.usable:
             return str(cache.root), 0, 0 if clear else -1, 0, ""
         freed = cache.clear() if clear else -1

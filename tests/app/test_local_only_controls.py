@@ -106,3 +106,27 @@ def test_pack_cache_size_and_clear_through_the_worker(qtbot, data_dir, tmp_path,
     finally:
         window.close()
         worker.shutdown()
+
+
+def test_clearing_the_cache_gives_up_the_packs_a_first_load_has_not_written(tmp_path, monkeypatch):
+    """Clear while a first load's packs wait to be written (they pause while a reply is generated): none of them
+    lands in the folder afterwards."""
+    import torch
+
+    import tessera.engine.native as N
+    from tessera.app.worker import EngineApi
+    from tessera.engine import pack_cache, pack_store
+    from tessera.engine.experts import LayerExperts
+
+    root = tmp_path / "packed"
+    monkeypatch.setenv("TESSERA_PACK_CACHE_DIR", str(root))
+    monkeypatch.setattr(pack_cache, "_STORE_PIECE", 4096)
+    w = lambda *s: torch.randn(*s, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # noqa: E731
+    layers = {i: LayerExperts(w(4, 32, 64), w(4, 32, 64), w(4, 64, 32)) for i in range(3)}
+    with pack_store.generating():
+        b = N.make_backend("Reference", layers, threads=1, cache_dir=root, model_id="m", store_in_background=True)
+        assert b.stores.pending_bytes() > 0
+        folder, held, freed, _, _ = EngineApi().pack_cache(clear=True)
+        assert folder == str(root) and held == 0 and freed >= 0 and b.stores.pending_bytes() == 0  # none left to land
+    b.stores.wait()
+    assert not [p for p in root.rglob("*") if p.suffix == ".pack" or ".tmp" in p.name]

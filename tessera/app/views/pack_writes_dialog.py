@@ -1,7 +1,7 @@
 """What closing the app waits for: a first load's packed experts still on their way into the packed-weight cache.
 
-A BF16 model's first load packs its experts and writes them behind the load (engine.pack_store: ~16 s for the 8-layer
-file on a 0.32 GB/s disk), and the writes pause while the model generates, so the user may well close the window with
+A BF16 model's first load packs its experts and writes them to the cache behind the load (~16 s for an 8-layer file
+on a 0.32 GB/s disk), and the writes pause while the model generates, so the user may well close the window with
 gigabytes left. Waiting without a word left a process with no window; dropping them would make the next start pack
 again. This dialog says what is left, counts it down, and offers to skip it (the next load then packs the missing
 layers again). It knows the worker only through two callables: `left()` (bytes still to write) and `skip()`.
