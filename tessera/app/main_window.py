@@ -520,6 +520,7 @@ class MainWindow(QMainWindow):
 
     def _update_memory(self) -> None:
         self.status.set_memory(psutil.Process().memory_info().rss)
+        self.status.set_pack_writes(self.worker.pack_writes_left())
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.model_panel.dragEnterEvent(event)

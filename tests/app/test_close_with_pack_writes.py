@@ -51,3 +51,14 @@ def test_skip_gives_the_writes_up_and_closes(harness, qtbot):
 def test_nothing_left_to_write_closes_at_once(harness):
     harness.window.close()
     assert not harness.window.isVisible() and harness.window.pack_writes_dialog is None
+
+
+def test_the_status_bar_shows_the_packs_being_saved(harness):
+    w, api = harness.window, harness.api
+    api.pack_writes = 1_500_000_000
+    w._update_memory()  # what the status bar's 2-second timer runs
+    assert w.status.saving_label.text() == "saving packs 1.50 GB" and w.status.saving_label.isVisibleTo(w.status)
+    assert "pause while the model answers" in w.status.saving_label.toolTip()
+    api.pack_writes = 0
+    w._update_memory()
+    assert w.status.saving_label.text() == "" and not w.status.saving_label.isVisibleTo(w.status)

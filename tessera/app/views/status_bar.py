@@ -1,4 +1,4 @@
-"""Status bar: model · backend (reason on hover) · device · threads · memory · last tok/s.
+"""Status bar: model · backend (reason on hover) · device · threads · memory · packs being saved · last tok/s.
 
 The permanent labels sit on the right, each with a separator; temporary messages on the left are elided to the room
 left beside them (the whole text on hover), so they never run into the labels."""
@@ -27,10 +27,11 @@ class TesseraStatusBar(QStatusBar):
         self.device_label = _Field("")
         self.threads_label = _Field("")
         self.memory_label = _Field("")
+        self.saving_label = _Field("")  # a first load's packed weights on their way to the cache
         self.speed_label = _Field("")
         for name, w in (("Model", self.model_label), ("Backend", self.backend_label), ("Device", self.device_label),
                         ("Threads", self.threads_label), ("Memory used", self.memory_label),
-                        ("Last speed", self.speed_label)):
+                        ("Saving packed weights", self.saving_label), ("Last speed", self.speed_label)):
             w.setAccessibleName(name)
             w.setStyleSheet("QLabel { padding: 0 6px; border-left: 1px solid palette(mid); }")
             self.addPermanentWidget(w)
@@ -67,10 +68,21 @@ class TesseraStatusBar(QStatusBar):
 
     def _permanent(self) -> list[QLabel]:
         return [self.model_label, self.backend_label, self.device_label, self.threads_label, self.memory_label,
-                self.speed_label]
+                self.saving_label, self.speed_label]
 
     def set_memory(self, rss_bytes: int) -> None:
         self.memory_label.setText(f"{rss_bytes / 1e9:.2f} GB used")  # GB, as every RAM figure the app shows
+
+    def set_pack_writes(self, left_bytes: int) -> None:
+        """Bytes of a first load's packed weights still to be written to the cache (0 hides the field)."""
+        if left_bytes <= 0:
+            self.saving_label.setText("")
+            self.saving_label.setToolTip("")
+            return
+        self.saving_label.setText(f"saving packs {left_bytes / 1e9:.2f} GB")
+        self.saving_label.setToolTip("The model's experts, packed for this CPU at its first load, are being written to "
+                                     "the packed-weight cache so that the next load takes seconds. The writes pause "
+                                     "while the model answers; closing the app waits for them or skips them.")
 
     def set_speed(self, decode_tok_s: float, prefill_tok_s: float = 0.0) -> None:
         text = f"{decode_tok_s:.1f} tok/s"
