@@ -334,8 +334,8 @@ class EngineWorker(QObject):
         self._queue(self._do_query_backends)
 
     def pack_writes_left(self) -> int:
-        """Bytes of a first load's packs not yet in the packed-weight cache (any thread, answered at once: not queued
-        behind a running request, which the writes wait for)."""
+        """Bytes of work left to save a first load's packs in the packed-weight cache (hashing, writing; any thread,
+        answered at once: not queued behind a running request, which that work waits for)."""
         return self._api.pack_writes_left()
 
     def skip_pack_writes(self) -> None:
@@ -453,8 +453,8 @@ class EngineWorker(QObject):
         if self._session is not None:
             left = self._api.pack_writes_left()
             if left:
-                self.progress.emit(LoadProgress("load", f"writing the last {left / 1e9:.2f} GB of "
-                                                        f"{Path(self._path).name}'s packed weights", 0, 0))
+                self.progress.emit(LoadProgress("load", f"saving {Path(self._path).name}'s packed weights: "
+                                                        f"{left / 1e9:.2f} GB left", 0, 0))
             session, self._session = self._session, None
             try:
                 session.close()

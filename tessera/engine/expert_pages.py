@@ -69,6 +69,27 @@ def populate_experts(experts, files: Sequence) -> None:
     readahead.populate_pieces(work)
 
 
+def read_ahead_experts(layers: Sequence, files: Sequence) -> readahead.ReadAhead | None:
+    """Reads the expert bytes of `layers` (engine.experts.LayerExperts, in the order they will be packed) into the
+    page cache on readahead's thread, through maps of its own (the process's RSS does not grow), so that a cold file's
+    first load reads the next layer from disk while the cores pack this one; None when they are (nearly) all in the
+    page cache already (readahead.POPULATE_WHEN_CACHED), or do not fit in the memory available. The caller stops it."""
+    from tessera.engine.source_digest import part_of
+
+    page = mmap.PAGESIZE
+    spans = []  # (part, file offset, bytes)
+    for experts in layers:
+        for address, n in _mapped_runs(experts, files):
+            part = part_of(address, n, files)
+            start = address - address % page
+            spans.append((part, start - files[part].start, address + n - start))
+    if not spans or readahead.resident_share(
+            (files[part].start + off, n) for part, off, n in spans) >= readahead.POPULATE_WHEN_CACHED:
+        return None
+    paths = [f.identity["path"] for f in files]
+    return readahead.start(paths, [[(off, off + n) for p, off, n in spans if p == i] for i in range(len(files))])
+
+
 def release(address: int, nbytes: int, pagemap: str = PAGEMAP) -> int:
     """MADV_DONTNEED on the whole pages of [address, address + nbytes) of a file map when each of them is either not
     mapped or mapped from the file (pagemap); 0 (nothing done) otherwise or on any error, else the bytes released."""

@@ -19,9 +19,10 @@ import torch
 
 from tessera.engine import _native
 from tessera.engine.backends import AUTO, TORCH, resolve
+from tessera.engine.deferred_keys import KeyThenStore, new_file_version
 from tessera.engine.errors import TesseraError
 from tessera.engine.events import ProgressEvent
-from tessera.engine.expert_pages import populate_experts, release_experts
+from tessera.engine.expert_pages import populate_experts, read_ahead_experts, release_experts
 from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
 from tessera.engine.pack_cache import PackCache, layer_digest, layer_key
 from tessera.engine.pack_store import PackStores
@@ -532,7 +533,8 @@ def make_backend(
     keys' content part) come from engine.source_digest's record instead of hashing the experts again. A layer read
     through those maps (hashed, packed) gives its pages back to the kernel afterwards (engine.expert_pages). The
     cache's writes run on a thread beside the packing; `store_in_background`: the backend is returned before they are
-    all done (engine.pack_store: closing it, or the end of the process, finishes them). Quantized
+    all done (engine.pack_store: closing it, or the end of the process, finishes them), and a file version whose
+    digests are not recorded yet is packed first and hashed there, behind the load (engine.deferred_keys). Quantized
     layers that must be widened first are sized against free RAM before any is widened (`_widening_notice`: a
     notice, or a TesseraError when they will not fit).
     Raises BackendUnavailableError ("backend AMXInt8: CPU lacks amx_int8") for a backend that cannot run here.
@@ -555,24 +557,30 @@ def make_backend(
     cache = PackCache(cache_dir) if cache_dir is not None and model_id is not None and to_pack else None
     sizes = {layer: packed_nbytes(concrete, layers[layer], name) for layer in to_pack}
     keys: dict[int, str] = {}
+    later: list[tuple[LayerExperts, np.ndarray, bool]] | None = None  # a new file version: keyed behind the load
     if cache is not None and cache.usable:
         identity = packing_identity(concrete)
         digests = DigestRecord(cache.root / SOURCES_FOLDER, sources)
+        if store_in_background and new_file_version([layers[layer] for layer in to_pack], digests):
+            later = []  # engine.deferred_keys: pack now, hash and store afterwards
+        else:
+            def hashed(experts: LayerExperts) -> bytes:  # read through the map once: its pages go back
+                digest = layer_digest(experts, pool.size)
+                release_experts(experts, sources)
+                return digest
 
-        def hashed(experts: LayerExperts) -> bytes:  # read through the map once: its pages go back (expert_pages)
-            digest = layer_digest(experts, pool.size)
-            release_experts(experts, sources)
-            return digest
-
-        for layer in to_pack:
-            keys[layer] = layer_key(identity, layers[layer],
-                                    digests.digest(layers[layer], functools.partial(hashed, layers[layer])))
-        digests.save()
-        stats.digests_reused = digests.reused
-        cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
+            for layer in to_pack:
+                keys[layer] = layer_key(identity, layers[layer],
+                                        digests.digest(layers[layer], functools.partial(hashed, layers[layer])))
+            digests.save()
+            stats.digests_reused = digests.reused
+            cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id,
+                            concrete)
     kernel = _native.backend(concrete)
     ready: dict[int, PackedLayer | BlockLayer] = {}
     stores = PackStores(cache) if cache is not None else None  # the disk beside the packing (engine.pack_store)
+    # a cold file's next layers from disk while this one packs (nothing hashed them first)
+    ahead = read_ahead_experts([layers[layer] for layer in to_pack], sources) if later is not None else None
     try:
         for n, layer in enumerate(order):
             experts = layers[layer]
@@ -594,6 +602,8 @@ def make_backend(
                     release_experts(experts, sources)  # packed: the file's pages of it are not read again
                     if layer in keys and _packed_as_keyed(concrete, blob, identity):
                         stores.submit(keys[layer], blob)
+                    elif later is not None:
+                        later.append((experts, blob, _packed_as_keyed(concrete, blob, identity)))
                     stats.packed_layers += 1
                     stats.per_layer[layer] = "packed"
                 ready[layer] = PackedLayer(kernel, blob)
@@ -605,10 +615,17 @@ def make_backend(
         if stores is not None:  # a load stopped half-way (an error, a cancel) drops the writes not started
             stores.drop()
         raise
+    finally:
+        if ahead is not None:
+            ahead.stop()
+    if later:
+        job = KeyThenStore(cache, digests, identity, sources, later, model_id, concrete, pool.size)
+        stores.submit_job(job, job.nbytes())  # it records the model's keys once it has them
     if stores is not None:
         if not store_in_background:
             stores.wait()
-        cache.record(model_id, concrete, [keys[layer] for layer in to_pack if layer in keys])
+        if not later:
+            cache.record(model_id, concrete, [keys[layer] for layer in to_pack if layer in keys])
         stats.notices += list(cache.notices)
     stats.seconds = time.perf_counter() - t0
     return NativeExperts(concrete, reason, ready, pool, stats, stores)

@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -76,26 +76,66 @@ def generating() -> contextlib.AbstractContextManager[None]:
     return _generating.hold()
 
 
+class Skipped(Exception):
+    """Raised inside a write or a job when the user gave up the writes left (PackStores.skip)."""
+
+
 class PackStores:
-    """The writes of one load, in submission order on one thread: `submit`, then `wait` (all done; an unexpected error
-    of a write is raised), `finish` (the same, for a close or an exit), `drop` (those not started are dropped) or
-    `skip` (those not started dropped, the one being written abandoned at its next piece)."""
+    """The writes of one load, in submission order on one thread: `submit` (a pack and its key) or `submit_job` (work
+    that finds keys first, engine.deferred_keys), then `wait` (all done; an unexpected error of a write is raised),
+    `finish` (the same, for a close or an exit), `drop` (those not started are dropped) or `skip` (those not started
+    dropped, the one running abandoned at its next piece)."""
 
     def __init__(self, cache):
         self.cache = cache  # engine.pack_cache.PackCache
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tessera-pack-store", initializer=_lowest_priority)
         self._writes: list[tuple[Future, int]] = []
         self._skip = threading.Event()
-        self._written = 0  # bytes of the write in progress already handed to the disk
+        self._written = 0  # bytes of the entry in progress already done
         with _live_lock:
             _live.add(self)
 
     def submit(self, key: str, blob: np.ndarray) -> None:
         self._writes.append((self._writer.submit(self._store, key, blob), blob.nbytes))
 
+    def submit_job(self, job: Callable[[PackStores], None], nbytes: int) -> None:
+        """Runs `job(self)` on the writer thread after what is queued; `nbytes`: the work it stands for, counted in
+        `pending_bytes` until it ends (the job reports its progress with `advance` and `write`)."""
+        self._writes.append((self._writer.submit(self._run_job, job), nbytes))
+
     def _store(self, key: str, blob: np.ndarray) -> bool:
         self._written = 0
-        return self.cache.store(key, blob, between=self._between)
+        try:
+            return self.write(key, blob)
+        except Skipped:
+            return False
+
+    def _run_job(self, job: Callable[[PackStores], None]) -> None:
+        self._written = 0
+        try:
+            job(self)
+        except Skipped:
+            pass
+
+    def write(self, key: str, blob: np.ndarray) -> bool:
+        """Stores one pack now, on the writer thread, in pieces that wait while a request generates (`gate`); its bytes
+        count as done. Raises Skipped when given up."""
+        base = self._written
+        stored = self.cache.store(key, blob, between=lambda written: self._between(base + written))
+        if self._skip.is_set():
+            raise Skipped
+        self._written = base + blob.nbytes
+        return stored
+
+    def advance(self, nbytes: int) -> None:
+        """A job's work done besides writes (a layer hashed)."""
+        self._written += nbytes
+
+    def gate(self) -> None:
+        """Waits while a request generates; raises Skipped once the writes are given up."""
+        _generating.wait_idle(self._skip)
+        if self._skip.is_set():
+            raise Skipped
 
     def _between(self, written: int) -> bool:
         """Before each piece of a pack: waits while a request generates; False abandons the write (skipped)."""
@@ -104,7 +144,7 @@ class PackStores:
         return not self._skip.is_set()
 
     def pending_bytes(self) -> int:
-        """Bytes of packs not yet on disk (a write in progress counts what it has left)."""
+        """Bytes of work not yet done (a write or job in progress counts what it has left)."""
         left = sum(n for done, n in self._writes if not done.done())
         return max(0, left - self._written) if left else 0
 
@@ -127,7 +167,7 @@ class PackStores:
         raising it: a close or an exit goes on."""
         left = self.pending_bytes()
         if left:
-            log.info("packed-weight cache: writing the last %.2f GB of packs before %s", left / 1e9, when)
+            log.info("packed-weight cache: %.2f GB of packs left to save before %s", left / 1e9, when)
         try:
             self.wait()
         except Exception as e:  # noqa: BLE001 - what was packed is in use; only the next load's speed is at stake
@@ -140,7 +180,8 @@ def _live_stores() -> list[PackStores]:
 
 
 def pending_bytes() -> int:
-    """Bytes of packs every load of this process has still to write (the app's close dialog shows them)."""
+    """Bytes of work every load of this process has still to do to save its packs: writing them, and hashing a new
+    file version's layers for their keys first (engine.deferred_keys). The app's close dialog shows them."""
     return sum(s.pending_bytes() for s in _live_stores())
 
 

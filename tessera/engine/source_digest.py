@@ -75,7 +75,7 @@ def _address(t) -> tuple[int, int] | None:
     return None
 
 
-def _part_of(address: int, n: int, files: Sequence[SourceFile]) -> int | None:
+def part_of(address: int, n: int, files: Sequence[SourceFile]) -> int | None:
     """The index of the map in `files` that holds all of [address, address + n), or None."""
     return next((i for i, f in enumerate(files) if f.start <= address and address + n <= f.start + f.nbytes), None)
 
@@ -83,7 +83,7 @@ def _part_of(address: int, n: int, files: Sequence[SourceFile]) -> int | None:
 def mapped_run(t, files: Sequence[SourceFile]) -> tuple[int, int] | None:
     """(address, bytes) of tensor `t` when it is one contiguous run inside one of the maps `files`, else None."""
     where = _address(t)
-    return where if where is not None and _part_of(*where, files) is not None else None
+    return where if where is not None and part_of(*where, files) is not None else None
 
 
 def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
@@ -95,7 +95,7 @@ def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
         if where is None:
             return None
         address, n = where
-        part = _part_of(address, n, files)
+        part = part_of(address, n, files)
         if part is None:
             return None
         kind = t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype)
@@ -105,7 +105,7 @@ def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
 
 class DigestRecord:
     """The remembered layer digests of one model version (its parts' identities). `digest(experts, compute)` returns
-    the recorded digest of the layer's span, or computes it (and remembers it for `save`)."""
+    the recorded digest of the layer's span, or computes it (and remembers it for `save`); `known` only looks."""
 
     def __init__(self, folder: str | os.PathLike, files: Sequence[SourceFile]):
         self.folder = Path(folder)
@@ -128,28 +128,44 @@ class DigestRecord:
             return {}
         return {str(k): str(v) for k, v in layers.items() if isinstance(v, str) and len(v) == 64}
 
-    def digest(self, experts, compute: Callable[[], bytes]) -> bytes:
+    def known(self, experts) -> bytes | None:
+        """The recorded digest of the layer's span, without computing anything; None when there is none."""
         span = layer_span(experts, self.files) if self.files else None
         if span is not None and span in self.digests:
             try:
-                value = bytes.fromhex(self.digests[span])
-                self.reused += 1
-                return value
+                return bytes.fromhex(self.digests[span])
             except ValueError:
                 pass
+        return None
+
+    def can_record(self, experts) -> bool:
+        """Whether a digest of this layer would be remembered (its tensors are views of the file's map)."""
+        return bool(self.files) and layer_span(experts, self.files) is not None
+
+    def digest(self, experts, compute: Callable[[], bytes]) -> bytes:
+        value = self.known(experts)
+        if value is not None:
+            self.reused += 1
+            return value
+        span = layer_span(experts, self.files) if self.files else None
         value = compute()
         if span is not None:
             self.digests[span] = value.hex()
             self.added += 1
         return value
 
-    def save(self) -> bool:
-        """Writes the record when this load computed digests, unless a part changed within scale_record.RACY_SECONDS
-        of being opened (its timestamps might hide a second edit) or the folder cannot be written."""
-        if not self.added or not self.files:
+    def recordable(self) -> bool:
+        """Whether digests computed now could be recorded: a file, none of whose parts changed within
+        scale_record.RACY_SECONDS of being opened (its timestamps might hide a second edit)."""
+        if not self.files:
             return False
         opened = min(f.opened_at for f in self.files)
-        if any(opened - p["ctime_ns"] / 1e9 < scale_record.RACY_SECONDS for p in self.parts):
+        return all(opened - p["ctime_ns"] / 1e9 >= scale_record.RACY_SECONDS for p in self.parts)
+
+    def save(self) -> bool:
+        """Writes the record when this load computed digests, unless it is not `recordable` or the folder cannot be
+        written."""
+        if not self.added or not self.recordable():
             return False
         tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
         try:

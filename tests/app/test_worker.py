@@ -129,7 +129,7 @@ def test_closing_a_model_with_packs_left_to_write_says_so(qtbot, worker, fake_ap
     assert worker.pack_writes_left() == 2_340_000_000  # answered on the calling thread, at once
     with qtbot.waitSignal(worker.state_changed, timeout=5000):
         worker.unload()
-    assert [p.stage for p in progress] == ["writing the last 2.34 GB of good.gguf's packed weights"]
+    assert [p.stage for p in progress] == ["saving good.gguf's packed weights: 2.34 GB left"]
     assert fake_api.sessions[-1].closed
     fake_api.pack_writes = 0
     load(qtbot, worker)

@@ -140,3 +140,26 @@ def test_populate_maps_a_released_layer_back_in(tmp_path):
     expert_pages.populate_experts(experts, w.sources)
     assert all(present_pages(a, n) == (a + n - 1) // PAGE - a // PAGE + 1 for a, n in inner)
     expert_pages.populate_experts(experts, ())  # tensors outside any map given: nothing to do
+
+
+def test_a_cold_files_experts_are_read_ahead_into_the_page_cache_not_into_the_map(tmp_path):
+    """A first load's read-ahead of the layers to pack: the bytes reach the page cache (mincore), the process's map
+    gains no page (pagemap), and a file already cached is not read again."""
+    from tessera.engine import readahead
+    from tessera.engine.make_model import make_model
+
+    path = make_model(tmp_path / "m.gguf", fmt="gguf", dtype="bf16", seed=4)
+    w = load_weights(path)
+    layers = list(layer_experts(w.config, w.tensors).values())
+    runs = [run for e in layers for run in expert_pages._mapped_runs(e, w.sources)]
+    inner = [(a - a % PAGE + PAGE, (n - PAGE) // PAGE * PAGE) for a, n in runs]  # whole pages of each run
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())  # written back, so the kernel may drop the pages
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if readahead.resident_share(inner) > 0.5:
+        pytest.skip("the page cache kept the file (cannot make it cold here)")
+    ahead = expert_pages.read_ahead_experts(layers, w.sources)
+    assert ahead is not None and ahead.join(60)
+    assert readahead.resident_share(inner) == 1.0
+    assert all(present_pages(a, n) == 0 for a, n in inner)  # nothing mapped into the model's map
+    assert expert_pages.read_ahead_experts(layers, w.sources) is None  # cached now: nothing to read

@@ -184,7 +184,7 @@ def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypa
     interrupt = False
     run_options.finish_pack_writes()
     assert calls == ["finish"]
-    assert "writing the last 3.21 GB of packed weights" in capsys.readouterr().err
+    assert "so that the next load is quick: 3.21 GB left (Ctrl+C skips)" in capsys.readouterr().err
     calls.clear()
     interrupt = True
     run_options.finish_pack_writes()

@@ -155,8 +155,8 @@ def finish_pack_writes() -> None:
     if not left:
         return
     sys.stdout.flush()  # the answer first
-    print(f"tessera: writing the last {left / 1e9:.2f} GB of packed weights to the cache, so that the next load is "
-          "quick (Ctrl+C skips)", file=sys.stderr, flush=True)
+    print(f"tessera: saving the packed weights to the cache, so that the next load is quick: {left / 1e9:.2f} GB left "
+          "(Ctrl+C skips)", file=sys.stderr, flush=True)
     try:
         store.finish_all()
     except KeyboardInterrupt:

@@ -1,0 +1,144 @@
+"""engine.deferred_keys: a session's first load of a file version packs every layer at once and hashes it behind the
+load (the pack-cache keys only name what is stored). The job hashes, records the digests, stores the packs and the
+model's keys; it waits while a request generates and stops when skipped; the next load finds everything by the
+record, as before. Loads that may find packs in the cache (a recorded version, a file changed just before it was
+opened, tensors that are not views of the file) still hash first."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+import tessera.engine.native as N
+from tessera.engine import pack_cache, pack_store, scale_record
+from tessera.engine.model import layer_experts
+from tessera.engine.source_digest import FOLDER, DigestRecord
+from tessera.engine.weights import load_weights
+
+BACKEND = "Reference"
+
+
+@pytest.fixture(scope="module")
+def bf16_gguf(tmp_path_factory):
+    from tessera.engine.make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("bf16") / "m.gguf", fmt="gguf", dtype="bf16", seed=4)
+
+
+@pytest.fixture(autouse=True)
+def settled(monkeypatch):
+    """The files here were written a moment ago: count them as settled (scale_record.RACY_SECONDS), as a downloaded
+    model is."""
+    monkeypatch.setattr(scale_record, "RACY_SECONDS", -1e9)
+
+
+@pytest.fixture
+def hashes(monkeypatch):
+    """The threads that hashed a layer (a pack_cache.layer_digest call each, wherever made)."""
+    calls = []
+    real = pack_cache.layer_digest
+
+    def counted(*a, **k):
+        calls.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(N, "layer_digest", counted)
+    import tessera.engine.deferred_keys as D
+
+    monkeypatch.setattr(D, "layer_digest", counted)
+    return calls
+
+
+def open_model(path):
+    w = load_weights(path)
+    return w, layer_experts(w.config, w.tensors)
+
+
+def backend(path, root, **kw):
+    w, layers = open_model(path)
+    b = N.make_backend(BACKEND, layers, threads=1, cache_dir=root, model_id=str(path), sources=w.sources, **kw)
+    return b, layers
+
+
+def outputs(b, layers):
+    g = torch.Generator().manual_seed(0)
+    H = layers[0].gate_proj.shape[2]
+    x = torch.randn(5, H, generator=g)
+    ids = torch.randint(0, layers[0].gate_proj.shape[0], (5, 2), generator=g)
+    w = torch.rand(5, 2, generator=g)
+    return [b.forward(layer, x, ids, w) for layer in sorted(layers)]
+
+
+def test_a_new_file_version_is_packed_first_and_hashed_behind_the_load(bf16_gguf, tmp_path, hashes):
+    root = tmp_path / "packed"
+    b, layers = backend(bf16_gguf, root, store_in_background=True)
+    assert b.load_stats.packed_layers == len(layers)
+    b.stores.wait()
+    assert len(hashes) == len(layers) and all(t.startswith("tessera-pack-store") for t in hashes)  # behind the load
+    w, again_layers = open_model(bf16_gguf)
+    record = DigestRecord(root / FOLDER, w.sources)
+    assert all(record.known(e) is not None for e in again_layers.values())  # digests recorded by the job
+    (entry,) = pack_cache.PackCache(root).models()
+    assert len(entry.keys) == len(layers) and all(pack_cache.PackCache(root).layer_path(k).is_file()
+                                                  for k in entry.keys)
+    hashes.clear()
+    again, _ = backend(bf16_gguf, root, store_in_background=True)
+    assert again.load_stats.cached_layers == len(layers) and again.load_stats.digests_reused == len(layers)
+    assert not hashes  # the record answered
+    for ours, cached in zip(outputs(b, layers), outputs(again, layers)):
+        assert torch.equal(ours, cached)
+
+
+def test_the_hashing_waits_while_a_request_generates(bf16_gguf, tmp_path, hashes):
+    root = tmp_path / "packed"
+    with pack_store.generating():
+        b, layers = backend(bf16_gguf, root, store_in_background=True)
+        time.sleep(0.5)
+        assert not hashes and not list((root / "layers").glob("*.pack")) and not (root / FOLDER).exists()
+        assert b.stores.pending_bytes() > 0
+    b.stores.wait()
+    assert len(list((root / "layers").glob("*.pack"))) == len(layers)
+
+
+def test_skipped_hashing_leaves_nothing_and_the_next_load_defers_again(bf16_gguf, tmp_path, hashes):
+    root = tmp_path / "packed"
+    with pack_store.generating():
+        b, layers = backend(bf16_gguf, root, store_in_background=True)
+        b.stores.skip()
+        b.stores.wait()
+    assert not list(root.rglob("*.pack")) and not (root / FOLDER).exists() and b.stores.pending_bytes() == 0
+    again, _ = backend(bf16_gguf, root, store_in_background=True)
+    assert again.load_stats.packed_layers == len(layers)
+    again.stores.wait()
+    assert len(list((root / "layers").glob("*.pack"))) == len(layers)
+
+
+def test_a_copied_file_packs_again_and_finds_its_packs_stored(bf16_gguf, tmp_path, monkeypatch):
+    root = tmp_path / "packed"
+    first, layers = backend(bf16_gguf, root)  # a direct caller: hashes first, as before
+    assert first.load_stats.packed_layers == len(layers)
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(bf16_gguf, copy)
+    stored = []
+    real = pack_cache.PackCache.store
+    monkeypatch.setattr(pack_cache.PackCache, "store", lambda self, *a, **k: stored.append(1) or real(self, *a, **k))
+    b, _ = backend(copy, root, store_in_background=True)
+    assert b.load_stats.packed_layers == len(layers)  # a new version: packed, not looked up
+    b.stores.wait()
+    assert not stored  # the same content's packs were there already
+    again, _ = backend(copy, root, store_in_background=True)
+    assert again.load_stats.cached_layers == len(layers)
+
+
+def test_a_file_changed_just_before_it_was_opened_still_hashes_first(bf16_gguf, tmp_path, monkeypatch, hashes):
+    monkeypatch.setattr(scale_record, "RACY_SECONDS", 1e12)  # every file counts as just changed
+    root = tmp_path / "packed"
+    b, layers = backend(bf16_gguf, root, store_in_background=True)
+    assert hashes == ["MainThread"] * len(layers)  # hashed at the load, so its cached packs would have been found
+    b.stores.wait()
+    again, _ = backend(bf16_gguf, root, store_in_background=True)
+    assert again.load_stats.cached_layers == len(layers)
