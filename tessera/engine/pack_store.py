@@ -96,26 +96,37 @@ class PackStores:
             _live.add(self)
 
     def submit(self, key: str, blob: np.ndarray) -> None:
-        self._writes.append((self._writer.submit(self._store, key, blob), blob.nbytes))
+        self._queue(blob.nbytes, self._store, key, blob)
 
     def submit_job(self, job: Callable[[PackStores], None], nbytes: int) -> None:
         """Runs `job(self)` on the writer thread after what is queued; `nbytes`: the work it stands for, counted in
         `pending_bytes` until it ends (the job reports its progress with `advance` and `write`)."""
-        self._writes.append((self._writer.submit(self._run_job, job), nbytes))
+        self._queue(nbytes, self._run_job, job)
+
+    def _queue(self, nbytes: int, fn, *args) -> None:
+        """Queues fn(*args) on the writer; nothing once the writes were skipped (a close skipping them while the
+        load still packs: that load goes on without storing)."""
+        try:
+            self._writes.append((self._writer.submit(fn, *args), nbytes))
+        except RuntimeError:  # shut down by skip(): only that may stop the writer before the load has returned
+            if not self._skip.is_set():
+                raise
 
     def _store(self, key: str, blob: np.ndarray) -> bool:
-        self._written = 0
         try:
             return self.write(key, blob)
         except Skipped:
             return False
+        finally:
+            self._written = 0  # the next entry starts from nothing (pending_bytes may count this one a moment more)
 
     def _run_job(self, job: Callable[[PackStores], None]) -> None:
-        self._written = 0
         try:
             job(self)
         except Skipped:
             pass
+        finally:
+            self._written = 0
 
     def write(self, key: str, blob: np.ndarray) -> bool:
         """Stores one pack now, on the writer thread, in pieces that wait while a request generates (`gate`); its bytes

@@ -193,3 +193,19 @@ def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypa
     left[0] = 0
     run_options.finish_pack_writes()
     assert calls == [] and capsys.readouterr().err == ""
+
+
+def test_skipping_while_the_load_still_packs_lets_it_finish_without_storing(tmp_path):
+    """The close dialog's Skip may come while a load is still packing: that load completes, storing nothing more."""
+    root = tmp_path / "packed"
+
+    def skip_after_first(event):
+        if event.done == 1:
+            pack_store.skip_all()
+
+    b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", progress=skip_after_first,
+                       store_in_background=True)
+    assert b.load_stats.packed_layers == 3
+    b.stores.wait()
+    assert len(list((root / "layers").glob("*.pack"))) <= 1 and not writers()
+
