@@ -520,7 +520,7 @@ class MainWindow(QMainWindow):
 
     def _update_memory(self) -> None:
         self.status.set_memory(psutil.Process().memory_info().rss)
-        self.status.set_pack_writes(self.worker.pack_writes_left())
+        self.status.set_pack_writes(self.worker.pack_writes_left(), self.worker.pack_hashing_left())
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.model_panel.dragEnterEvent(event)
@@ -555,7 +555,7 @@ class MainWindow(QMainWindow):
             event.ignore()  # (the dialog closes the window again once they are written or skipped)
             if self.pack_writes_dialog is None:
                 self.pack_writes_dialog = PackWritesDialog(self.worker.pack_writes_left, self.worker.skip_pack_writes,
-                                                           self)
+                                                           self, hashing=self.worker.pack_hashing_left)
                 self.pack_writes_dialog.written.connect(self.close)
                 self.pack_writes_dialog.open()
             return

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from tessera.app.pack_work import work_left
 from tessera.app.payloads import (
     BackendList,
     GenerationResult,
@@ -162,6 +163,11 @@ class EngineApi:
         (engine.pack_store; 0 while no model has loaded). Safe from any thread."""
         store = sys.modules.get("tessera.engine.pack_store")  # not imported yet: nothing was packed
         return int(store.pending_bytes()) if store is not None else 0
+
+    def pack_hashing_left(self) -> int:
+        """Of pack_writes_left, the bytes of the model file still to hash first (a new file version's keys)."""
+        store = sys.modules.get("tessera.engine.pack_store")
+        return int(store.pending_hash_bytes()) if store is not None else 0
 
     def skip_pack_writes(self) -> None:
         """Give up those writes (the next load packs the layers not written again). Safe from any thread."""
@@ -338,6 +344,10 @@ class EngineWorker(QObject):
         answered at once: not queued behind a running request, which that work waits for)."""
         return self._api.pack_writes_left()
 
+    def pack_hashing_left(self) -> int:
+        """Of pack_writes_left, the bytes of the model file to hash before those packs are written (any thread)."""
+        return self._api.pack_hashing_left()
+
     def skip_pack_writes(self) -> None:
         """Give up the packs not yet written (the close dialog's Skip); any thread."""
         self._api.skip_pack_writes()
@@ -453,8 +463,9 @@ class EngineWorker(QObject):
         if self._session is not None:
             left = self._api.pack_writes_left()
             if left:
-                self.progress.emit(LoadProgress("load", f"saving {Path(self._path).name}'s packed weights: "
-                                                        f"{left / 1e9:.2f} GB left", 0, 0))
+                work = work_left(left, self._api.pack_hashing_left())
+                self.progress.emit(LoadProgress("load", f"saving {Path(self._path).name}'s packed weights: {work}",
+                                                0, 0))
             session, self._session = self._session, None
             try:
                 session.close()

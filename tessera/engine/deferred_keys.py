@@ -51,9 +51,13 @@ class KeyThenStore:
         self.layers = layers  # (experts, packed blob, whether the blob may be stored under the key)
         self.model_id, self.backend, self.workers = model_id, backend, workers
 
+    def hash_bytes(self) -> int:
+        """The bytes it hashes (first)."""
+        return sum(source_nbytes(e) for e, _, _ in self.layers)
+
     def nbytes(self) -> int:
         """The work it stands for: the bytes it hashes and the bytes it writes."""
-        return sum(source_nbytes(e) + blob.nbytes for e, blob, _ in self.layers)
+        return self.hash_bytes() + sum(blob.nbytes for _, blob, _ in self.layers)
 
     def __call__(self, stores: PackStores) -> None:
         keys = []

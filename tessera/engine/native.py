@@ -620,7 +620,7 @@ def make_backend(
             ahead.stop()
     if later:
         job = KeyThenStore(cache, digests, identity, sources, later, model_id, concrete, pool.size)
-        stores.submit_job(job, job.nbytes())  # it records the model's keys once it has them
+        stores.submit_job(job, job.nbytes(), job.hash_bytes())  # it records the model's keys once it has them
     if stores is not None:
         if not store_in_background:
             stores.wait()

@@ -89,25 +89,26 @@ class PackStores:
     def __init__(self, cache):
         self.cache = cache  # engine.pack_cache.PackCache
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tessera-pack-store", initializer=_lowest_priority)
-        self._writes: list[tuple[Future, int]] = []
+        self._writes: list[tuple[Future, int, int]] = []  # (future, bytes of work, of which hashing first)
         self._skip = threading.Event()
         self._written = 0  # bytes of the entry in progress already done
         with _live_lock:
             _live.add(self)
 
     def submit(self, key: str, blob: np.ndarray) -> None:
-        self._queue(blob.nbytes, self._store, key, blob)
+        self._queue(blob.nbytes, 0, self._store, key, blob)
 
-    def submit_job(self, job: Callable[[PackStores], None], nbytes: int) -> None:
+    def submit_job(self, job: Callable[[PackStores], None], nbytes: int, hash_bytes: int = 0) -> None:
         """Runs `job(self)` on the writer thread after what is queued; `nbytes`: the work it stands for, counted in
-        `pending_bytes` until it ends (the job reports its progress with `advance` and `write`)."""
-        self._queue(nbytes, self._run_job, job)
+        `pending_bytes` until it ends, the first `hash_bytes` of it hashing (the job reports its progress with
+        `advance` and `write`, in that order)."""
+        self._queue(nbytes, hash_bytes, self._run_job, job)
 
-    def _queue(self, nbytes: int, fn, *args) -> None:
+    def _queue(self, nbytes: int, hash_bytes: int, fn, *args) -> None:
         """Queues fn(*args) on the writer; nothing once the writes were skipped (a close skipping them while the
         load still packs: that load goes on without storing)."""
         try:
-            self._writes.append((self._writer.submit(fn, *args), nbytes))
+            self._writes.append((self._writer.submit(fn, *args), nbytes, hash_bytes))
         except RuntimeError:  # shut down by skip(): only that may stop the writer before the load has returned
             if not self._skip.is_set():
                 raise
@@ -156,12 +157,19 @@ class PackStores:
 
     def pending_bytes(self) -> int:
         """Bytes of work not yet done (a write or job in progress counts what it has left)."""
-        left = sum(n for done, n in self._writes if not done.done())
+        left = sum(n for done, n, _ in self._writes if not done.done())
         return max(0, left - self._written) if left else 0
+
+    def pending_hash_bytes(self) -> int:
+        """Of pending_bytes, those still to hash before their packs can be written (engine.deferred_keys)."""
+        waiting = [h for done, _, h in self._writes if not done.done()]
+        if not waiting:
+            return 0
+        return max(0, waiting[0] - self._written) + sum(waiting[1:])  # the first waiting entry is the one running
 
     def wait(self) -> None:
         self._writer.shutdown(wait=True)
-        for done, _ in self._writes:
+        for done, _, _ in self._writes:
             if not done.cancelled():
                 done.result()  # an error other than the disk's (which store reports as a notice) is raised here
 
@@ -194,6 +202,11 @@ def pending_bytes() -> int:
     """Bytes of work every load of this process has still to do to save its packs: writing them, and hashing a new
     file version's layers for their keys first (engine.deferred_keys). The app's close dialog shows them."""
     return sum(s.pending_bytes() for s in _live_stores())
+
+
+def pending_hash_bytes() -> int:
+    """Of pending_bytes(), the bytes of model files still to hash before their packs are written."""
+    return sum(s.pending_hash_bytes() for s in _live_stores())
 
 
 def skip_all() -> None:

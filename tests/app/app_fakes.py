@@ -140,8 +140,13 @@ class FakeApi:
     pack_writes = 0  # bytes of packs still to write (engine.pack_store); a test sets it, the fake writer drains it
     writes_skipped = False
 
+    pack_hashing = 0  # of pack_writes, bytes of the model file still to hash first
+
     def pack_writes_left(self):
         return self.pack_writes
+
+    def pack_hashing_left(self):
+        return self.pack_hashing
 
     def skip_pack_writes(self):
         self.writes_skipped = True

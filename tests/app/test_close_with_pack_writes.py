@@ -27,9 +27,12 @@ def test_close_waits_for_the_writes_and_says_how_much_is_left(harness, qtbot):
     dialog = w.pack_writes_dialog
     assert w.isVisible() and isinstance(dialog, PackWritesDialog)
     qtbot.waitUntil(dialog.isVisible, timeout=2000)
-    assert "3.00 GB left" in dialog.labelText()
-    api.pack_writes = 1_250_000_000  # the writer got on
-    qtbot.waitUntil(lambda: "1.25 GB left" in dialog.labelText(), timeout=2000)
+    assert "3.00 GB left to write." in dialog.labelText()
+    api.pack_hashing = 1_000_000_000  # a new file version: its keys are hashed before the writes
+    qtbot.waitUntil(lambda: "2.00 GB left to write, after hashing 1.00 GB of the model file" in dialog.labelText(),
+                    timeout=2000)
+    api.pack_writes, api.pack_hashing = 1_250_000_000, 0  # hashed, and the writer got on
+    qtbot.waitUntil(lambda: "1.25 GB left to write." in dialog.labelText(), timeout=2000)
     w.close()  # a second close while it waits changes nothing: one dialog, the window stays
     assert w.isVisible() and w.pack_writes_dialog is dialog
     api.pack_writes = 0
@@ -59,6 +62,9 @@ def test_the_status_bar_shows_the_packs_being_saved(harness):
     w._update_memory()  # what the status bar's 2-second timer runs
     assert w.status.saving_label.text() == "saving packs 1.50 GB" and w.status.saving_label.isVisibleTo(w.status)
     assert "pause while the model answers" in w.status.saving_label.toolTip()
-    api.pack_writes = 0
+    api.pack_hashing = 1_000_000_000
+    w._update_memory()
+    assert w.status.saving_label.text() == "saving packs 0.50 GB (hashing first)"
+    api.pack_writes = api.pack_hashing = 0
     w._update_memory()
     assert w.status.saving_label.text() == "" and not w.status.saving_label.isVisibleTo(w.status)

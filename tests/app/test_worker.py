@@ -129,13 +129,21 @@ def test_closing_a_model_with_packs_left_to_write_says_so(qtbot, worker, fake_ap
     assert worker.pack_writes_left() == 2_340_000_000  # answered on the calling thread, at once
     with qtbot.waitSignal(worker.state_changed, timeout=5000):
         worker.unload()
-    assert [p.stage for p in progress] == ["saving good.gguf's packed weights: 2.34 GB left"]
+    assert [p.stage for p in progress] == ["saving good.gguf's packed weights: 2.34 GB left to write"]
     assert fake_api.sessions[-1].closed
     fake_api.pack_writes = 0
     load(qtbot, worker)
     with qtbot.waitSignal(worker.state_changed, timeout=5000):
         worker.unload()
     assert sum("packed weights" in p.stage for p in progress) == 1  # nothing left: nothing said
+    fake_api.pack_writes, fake_api.pack_hashing = 3_000_000_000, 1_000_000_000  # a new file version's keys first
+    assert worker.pack_hashing_left() == 1_000_000_000
+    load(qtbot, worker)
+    with qtbot.waitSignal(worker.state_changed, timeout=5000):
+        worker.unload()
+    assert progress[-1].stage == ("saving good.gguf's packed weights: 2.00 GB left to write, after hashing 1.00 GB of "
+                                  "the model file")
+    fake_api.pack_writes = fake_api.pack_hashing = 0
     worker.skip_pack_writes()
     assert fake_api.writes_skipped
 

@@ -142,3 +142,15 @@ def test_a_file_changed_just_before_it_was_opened_still_hashes_first(bf16_gguf, 
     b.stores.wait()
     again, _ = backend(bf16_gguf, root, store_in_background=True)
     assert again.load_stats.cached_layers == len(layers)
+
+
+def test_the_work_left_counts_the_hashing_first_then_the_writes(bf16_gguf, tmp_path):
+    root = tmp_path / "packed"
+    with pack_store.generating():
+        b, layers = backend(bf16_gguf, root, store_in_background=True)
+        source = sum(e.gate_proj.nbytes + e.up_proj.nbytes + e.down_proj.nbytes for e in layers.values())
+        packs = sum(layer.nbytes for layer in b.layers.values())
+        assert b.stores.pending_hash_bytes() == source and b.stores.pending_bytes() == source + packs
+        assert pack_store.pending_hash_bytes() >= source
+    b.stores.wait()
+    assert b.stores.pending_hash_bytes() == 0 and b.stores.pending_bytes() == 0

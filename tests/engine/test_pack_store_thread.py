@@ -173,6 +173,8 @@ def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypa
     calls: list[str] = []
     left = [3_210_000_000]
     monkeypatch.setattr(pack_store, "pending_bytes", lambda: left[0])
+    monkeypatch.setattr(pack_store, "pending_hash_bytes", lambda: hashing[0])
+    hashing = [0]
     monkeypatch.setattr(pack_store, "skip_all", lambda: calls.append("skip"))
 
     def finish_all():
@@ -184,7 +186,12 @@ def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypa
     interrupt = False
     run_options.finish_pack_writes()
     assert calls == ["finish"]
-    assert "so that the next load is quick: 3.21 GB left (Ctrl+C skips)" in capsys.readouterr().err
+    assert "so that the next load is quick: 3.21 GB left to write (Ctrl+C skips)" in capsys.readouterr().err
+    calls.clear()
+    hashing[0] = 1_000_000_000
+    run_options.finish_pack_writes()
+    assert "2.21 GB left to write after hashing 1.00 GB of the model (Ctrl+C skips)" in capsys.readouterr().err
+    hashing[0] = 0
     calls.clear()
     interrupt = True
     run_options.finish_pack_writes()

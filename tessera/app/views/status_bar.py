@@ -73,13 +73,15 @@ class TesseraStatusBar(QStatusBar):
     def set_memory(self, rss_bytes: int) -> None:
         self.memory_label.setText(f"{rss_bytes / 1e9:.2f} GB used")  # GB, as every RAM figure the app shows
 
-    def set_pack_writes(self, left_bytes: int) -> None:
-        """Bytes of a first load's packed weights still to be written to the cache (0 hides the field)."""
+    def set_pack_writes(self, left_bytes: int, hashing_bytes: int = 0) -> None:
+        """Bytes of work left to save a first load's packed weights in the cache (0 hides the field), of which
+        `hashing_bytes` hashing the model file first (a new file version's keys)."""
         if left_bytes <= 0:
             self.saving_label.setText("")
             self.saving_label.setToolTip("")
             return
-        self.saving_label.setText(f"saving packs {left_bytes / 1e9:.2f} GB")
+        hashing = " (hashing first)" if hashing_bytes > 0 else ""
+        self.saving_label.setText(f"saving packs {max(left_bytes - hashing_bytes, 0) / 1e9:.2f} GB{hashing}")
         self.saving_label.setToolTip("The model's experts, packed for this CPU at its first load, are being written to "
                                      "the packed-weight cache so that the next load takes seconds. The writes pause "
                                      "while the model answers; closing the app waits for them or skips them.")

@@ -155,8 +155,12 @@ def finish_pack_writes() -> None:
     if not left:
         return
     sys.stdout.flush()  # the answer first
-    print(f"tessera: saving the packed weights to the cache, so that the next load is quick: {left / 1e9:.2f} GB left "
-          "(Ctrl+C skips)", file=sys.stderr, flush=True)
+    hashing = store.pending_hash_bytes()  # a new file version's layers, hashed for their keys before the writes
+    work = f"{(left - hashing) / 1e9:.2f} GB left to write"
+    if hashing:
+        work += f" after hashing {hashing / 1e9:.2f} GB of the model"
+    print(f"tessera: saving the packed weights to the cache, so that the next load is quick: {work} (Ctrl+C skips)",
+          file=sys.stderr, flush=True)
     try:
         store.finish_all()
     except KeyboardInterrupt:
