@@ -62,7 +62,7 @@ class KeyThenStore:
     def __call__(self, stores: PackStores) -> None:
         keys = []
         for experts, _, _ in self.layers:
-            stores.gate()
+            stores.gate()  # no layer is begun (nor its hashing threads) while a request generates
             digest = self.digests.digest(experts, lambda e=experts: layer_digest(e, self.workers, stores.gate))
             release_experts(experts, self.sources)  # read through the map once more: its pages go back
             keys.append(layer_key(self.identity, experts, digest))

@@ -51,6 +51,12 @@ def _mapped_runs(experts, files: Sequence) -> list[tuple[int, int]]:
     return [run for run in runs if run is not None]
 
 
+def _page_runs(experts, files: Sequence) -> list[tuple[int, int]]:
+    """_mapped_runs with each start rounded down to its page: (page-aligned address, bytes)."""
+    return [(address - address % mmap.PAGESIZE, n + address % mmap.PAGESIZE)
+            for address, n in _mapped_runs(experts, files)]
+
+
 def release_experts(experts, files: Sequence) -> int:
     """Releases the whole pages of `experts`' gate/up/down (engine.experts.LayerExperts) that lie in one of the maps
     `files` and were never written; returns the bytes released."""
@@ -62,11 +68,8 @@ def populate_experts(experts, files: Sequence) -> None:
     readahead.POPULATE_THREADS threads (readahead.populate_pieces; pages not in the page cache are read from disk
     first). Errors (no MADV_POPULATE_READ before Linux 5.14) only cost the speed-up: the kernel's reads fault them in
     instead."""
-    work = []
-    for address, n in _mapped_runs(experts, files):
-        start = address - address % mmap.PAGESIZE
-        work += [(start + off, size) for off, size in readahead.chunks(address + n - start, None)]
-    readahead.populate_pieces(work)
+    readahead.populate_pieces([(start + off, size) for start, n in _page_runs(experts, files)
+                               for off, size in readahead.chunks(n, None)])
 
 
 def read_ahead_experts(layers: Sequence, files: Sequence) -> readahead.ReadAhead | None:
@@ -76,13 +79,11 @@ def read_ahead_experts(layers: Sequence, files: Sequence) -> readahead.ReadAhead
     page cache already (readahead.POPULATE_WHEN_CACHED), or do not fit in the memory available. The caller stops it."""
     from tessera.engine.source_digest import part_of
 
-    page = mmap.PAGESIZE
     spans = []  # (part, file offset, bytes)
     for experts in layers:
-        for address, n in _mapped_runs(experts, files):
-            part = part_of(address, n, files)
-            start = address - address % page
-            spans.append((part, start - files[part].start, address + n - start))
+        for start, n in _page_runs(experts, files):
+            part = part_of(start, n, files)  # maps start on a page: the rounded run is still inside its map
+            spans.append((part, start - files[part].start, n))
     if not spans or readahead.resident_share(
             (files[part].start + off, n) for part, off, n in spans) >= readahead.POPULATE_WHEN_CACHED:
         return None

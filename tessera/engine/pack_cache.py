@@ -403,7 +403,7 @@ class PackCache:
         """Writes the blob atomically (temporary file, then rename). A full disk or an I/O error costs only the next
         start: said once, then storing stops for this load.
 
-        With `between` (engine.pack_store), the data goes in pieces of `piece` bytes, each flushed to the disk
+        With `between` (engine.pack_store), the data goes in pieces of _STORE_PIECE bytes, each flushed to the disk
         before the next (at most one piece of dirty pages at a time), and `between(bytes written)` is called before
         each: it may wait, and False abandons the write (the temporary file removed, False returned)."""
         if not (self.writable and self.store_enabled) or (self.admitted is not None and key not in self.admitted):

@@ -178,9 +178,7 @@ def resident_fraction(maps: Sequence[np.ndarray | None], ranges: Ranges = None) 
     estimated from SAMPLE_PAGES pages at the start of every SAMPLE_STRIDE bytes (all of a small file); 0.0 on error.
     Asking for every page took 0.27-0.42 s of a 16.6 GB file's warm load (4 M pages) for a yes/no decision at 90 %;
     the page cache keeps and drops files in runs of pages far longer than the stride, so the sample decides the same."""
-    spans = [(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
-             for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])]
-    return resident_share(spans)
+    return resident_share(_map_pieces(maps, ranges))
 
 
 def resident_share(spans: Iterable[tuple[int, int]]) -> float:
@@ -207,8 +205,13 @@ def populate(maps: Sequence[np.ndarray | None], cancel: threading.Event | None =
     cache CPU work only (0.07-0.08 s a GB per thread here); a page not cached is read from disk first. Chunks go to
     POPULATE_THREADS threads: the page-table work scales with cores (24-layer Q8_0, 16.6 GB cached, Zen 4: 1.33 s on
     one thread, 0.63 s on two), and the load waits for it with nothing else to do."""
-    return populate_pieces([(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
-                            for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])], cancel)
+    return populate_pieces(_map_pieces(maps, ranges), cancel)
+
+
+def _map_pieces(maps: Sequence[np.ndarray | None], ranges: Ranges) -> list[tuple[int, int]]:
+    """(address, bytes) pieces of at most CHUNK bytes covering `maps` (`ranges`: per map, those byte ranges only)."""
+    return [(mapped.ctypes.data + off, n) for i, mapped in enumerate(maps) if mapped is not None
+            for off, n in chunks(mapped.nbytes, None if ranges is None else ranges[i])]
 
 
 def populate_pieces(work: Sequence[tuple[int, int]], cancel: threading.Event | None = None) -> str | None:
