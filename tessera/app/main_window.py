@@ -555,7 +555,7 @@ class MainWindow(QMainWindow):
             event.ignore()  # (the dialog closes the window again once they are written or skipped)
             if self.pack_writes_dialog is None:
                 self.pack_writes_dialog = PackWritesDialog(self.worker.pack_writes_left, self.worker.skip_pack_writes,
-                                                           self, hashing=self.worker.pack_hashing_left)
+                                                           self.worker.pack_work_text, self)
                 self.pack_writes_dialog.written.connect(self.close)
                 self.pack_writes_dialog.open()
             return

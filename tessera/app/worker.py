@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from tessera.app.pack_work import work_left
 from tessera.app.payloads import (
     BackendList,
     GenerationResult,
@@ -148,7 +147,7 @@ class EngineApi:
         from tessera.engine.pack_cache import PackCache, default_root
 
         cache = PackCache(default_root())
-        store = sys.modules.get("tessera.engine.pack_store")
+        store = _pack_store()
         if clear and store is not None:  # a first load's packs still being written would land after the clear
             store.skip_all()
             store.finish_all()  # returns once the write in progress has given up (its temporary file removed)
@@ -161,17 +160,17 @@ class EngineApi:
     def pack_writes_left(self) -> int:
         """Bytes of freshly packed experts this process has still to write to the packed-weight cache
         (engine.pack_store; 0 while no model has loaded). Safe from any thread."""
-        store = sys.modules.get("tessera.engine.pack_store")  # not imported yet: nothing was packed
+        store = _pack_store()
         return int(store.pending_bytes()) if store is not None else 0
 
     def pack_hashing_left(self) -> int:
         """Of pack_writes_left, the bytes of the model file still to hash first (a new file version's keys)."""
-        store = sys.modules.get("tessera.engine.pack_store")
+        store = _pack_store()
         return int(store.pending_hash_bytes()) if store is not None else 0
 
     def skip_pack_writes(self) -> None:
         """Give up those writes (the next load packs the layers not written again). Safe from any thread."""
-        store = sys.modules.get("tessera.engine.pack_store")
+        store = _pack_store()
         if store is not None:
             store.skip_all()
 
@@ -179,6 +178,11 @@ class EngineApi:
         from tessera.engine.make_model import make_model
 
         return str(make_model(out_path, preset="tiny", fmt="gguf", dtype="f32", seed=0, progress=progress))
+
+
+def _pack_store():
+    """engine.pack_store when something has imported it (a native backend packed), else None: nothing to save."""
+    return sys.modules.get("tessera.engine.pack_store")
 
 
 def runnable_backend(name: str) -> str:
@@ -348,6 +352,12 @@ class EngineWorker(QObject):
         """Of pack_writes_left, the bytes of the model file to hash before those packs are written (any thread)."""
         return self._api.pack_hashing_left()
 
+    def pack_work_text(self) -> str:
+        """pack_writes_left in words (engine.pack_store.work_left: "5.13 GB left to write[, after hashing ...]")."""
+        from tessera.engine.pack_store import work_left
+
+        return work_left(self.pack_writes_left(), self.pack_hashing_left())
+
     def skip_pack_writes(self) -> None:
         """Give up the packs not yet written (the close dialog's Skip); any thread."""
         self._api.skip_pack_writes()
@@ -463,9 +473,8 @@ class EngineWorker(QObject):
         if self._session is not None:
             left = self._api.pack_writes_left()
             if left:
-                work = work_left(left, self._api.pack_hashing_left())
-                self.progress.emit(LoadProgress("load", f"saving {Path(self._path).name}'s packed weights: {work}",
-                                                0, 0))
+                self.progress.emit(LoadProgress("load", f"saving {Path(self._path).name}'s packed weights: "
+                                                        f"{self.pack_work_text()}", 0, 0))
             session, self._session = self._session, None
             try:
                 session.close()

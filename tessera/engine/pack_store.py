@@ -209,6 +209,13 @@ def pending_hash_bytes() -> int:
     return sum(s.pending_hash_bytes() for s in _live_stores())
 
 
+def work_left(left: int, hashing: int) -> str:
+    """The work left in words, as the CLI and the app say it: "5.13 GB left to write", or "5.13 GB left to write, after
+    hashing 7.50 GB of the model file" (`left`: all of it in bytes, `hashing` included)."""
+    text = f"{max(left - hashing, 0) / 1e9:.2f} GB left to write"
+    return text + (f", after hashing {hashing / 1e9:.2f} GB of the model file" if hashing > 0 else "")
+
+
 def skip_all() -> None:
     """Gives up every load's writes left (the user chose not to wait at close)."""
     for s in _live_stores():

@@ -190,7 +190,7 @@ def test_the_cli_says_what_it_writes_before_it_ends_and_ctrl_c_skips_it(monkeypa
     calls.clear()
     hashing[0] = 1_000_000_000
     run_options.finish_pack_writes()
-    assert "2.21 GB left to write after hashing 1.00 GB of the model (Ctrl+C skips)" in capsys.readouterr().err
+    assert "2.21 GB left to write, after hashing 1.00 GB of the model file (Ctrl+C skips)" in capsys.readouterr().err
     hashing[0] = 0
     calls.clear()
     interrupt = True

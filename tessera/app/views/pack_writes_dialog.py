@@ -4,8 +4,8 @@ A BF16 model's first load packs its experts and writes them to the cache behind 
 on a 0.32 GB/s disk), and the writes pause while the model generates, so the user may well close the window with
 gigabytes left. Waiting without a word left a process with no window; dropping them would make the next start pack
 again. This dialog says what is left, counts it down, and offers to skip it (the next load then packs the missing
-layers again). It knows the worker only through callables: `left()` (bytes of work left), `hashing()` (of those,
-the model file's bytes to hash first) and `skip()`.
+layers again). It knows the worker only through callables: `left()` (bytes of work left), `describe()` (the same in
+words: packs to write, model bytes to hash first) and `skip()`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QProgressDialog, QWidget
 
-from tessera.app.pack_work import work_left
-
 POLL_MS = 250
 MB = 1 << 20
 
 
-def _text(left: int, hashing: int) -> str:
-    return (f"Saving the model's packed weights, so that it loads in seconds next time: {work_left(left, hashing)}.\n"
+def _text(work: str) -> str:
+    return (f"Saving the model's packed weights, so that it loads in seconds next time: {work}.\n"
             "Skip, and the next load packs them again.")
 
 
@@ -32,16 +30,16 @@ class PackWritesDialog(QProgressDialog):
 
     written = Signal()
 
-    def __init__(self, left: Callable[[], int], skip: Callable[[], None], parent: QWidget | None = None,
-                 hashing: Callable[[], int] = lambda: 0):
+    def __init__(self, left: Callable[[], int], skip: Callable[[], None], describe: Callable[[], str],
+                 parent: QWidget | None = None):
         start = max(int(left()), 1)
-        super().__init__(_text(start, int(hashing())), "Skip", 0, max(start // MB, 1), parent)
+        super().__init__(_text(describe()), "Skip", 0, max(start // MB, 1), parent)
         self.setWindowTitle("Closing Tessera")
         self.setWindowModality(Qt.WindowModality.WindowModal)
         self.setAutoClose(False)
         self.setAutoReset(False)
         self.setMinimumDuration(0)
-        self._left, self._hashing, self._skip, self._start = left, hashing, skip, start
+        self._left, self._describe, self._skip, self._start = left, describe, skip, start
         self.skipped = False
         self.canceled.connect(self._on_skip)
         self._timer = QTimer(self)
@@ -63,4 +61,4 @@ class PackWritesDialog(QProgressDialog):
             return
         self.setValue(max(self._start - left, 0) // MB)
         if not self.skipped:
-            self.setLabelText(_text(left, int(self._hashing())))
+            self.setLabelText(_text(self._describe()))

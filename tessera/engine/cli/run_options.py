@@ -155,10 +155,7 @@ def finish_pack_writes() -> None:
     if not left:
         return
     sys.stdout.flush()  # the answer first
-    hashing = store.pending_hash_bytes()  # a new file version's layers, hashed for their keys before the writes
-    work = f"{(left - hashing) / 1e9:.2f} GB left to write"
-    if hashing:
-        work += f" after hashing {hashing / 1e9:.2f} GB of the model"
+    work = store.work_left(left, store.pending_hash_bytes())  # hashing: a new file version's keys, before the writes
     print(f"tessera: saving the packed weights to the cache, so that the next load is quick: {work} (Ctrl+C skips)",
           file=sys.stderr, flush=True)
     try:
