@@ -63,7 +63,8 @@ class KeyThenStore:
         keys = []
         for experts, _, _ in self.layers:
             stores.gate()  # no layer is begun (nor its hashing threads) while a request generates
-            digest = self.digests.digest(experts, lambda e=experts: layer_digest(e, self.workers, stores.gate))
+            digest = self.digests.digest(experts, lambda e=experts: layer_digest(e, self.workers, stores.gate),
+                                         stores.gate)  # another load hashing it: waited for
             release_experts(experts, self.sources)  # read through the map once more: its pages go back
             keys.append(layer_key(self.identity, experts, digest))
             stores.advance(source_nbytes(experts))

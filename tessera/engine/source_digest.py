@@ -18,6 +18,11 @@ the very map the file was opened as (their addresses fall inside it); anything e
 copies, tensors built in memory) is hashed at every load, as before. DIGEST_VERSION names layer_digest's definition:
 a record of another version does not count.
 
+Two loads of one file version at once (a backend switched while the first load's job, engine.deferred_keys, still
+hashes behind it: Session.set_backend builds the new backend before it closes the old) hash each layer once: a
+digest being computed in this process is waited for, not computed again, and one computed is kept for the process
+(`_InProcess`; only for versions that will be recorded).
+
 Layout: one JSON file per model version under the packed-weight cache's `sources/` folder, named by a hash of the
 identities; a record whose files are gone or changed is removed when a new one is written. A folder that cannot be
 read or written only costs the speed-up.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,6 +109,47 @@ def layer_span(experts, files: Sequence[SourceFile]) -> str | None:
     return "|".join(out)
 
 
+class _InProcess:
+    """The digests computed in this process, by (record, span), and those being computed now: `get` returns one
+    computed already, waits for one another thread is computing, or computes it. A computation that fails (a job
+    skipped, an error) leaves nothing: a waiter then computes it itself."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._done: dict[tuple[str, str], bytes] = {}  # tiny (a digest a layer), kept for the process
+        self._running: dict[tuple[str, str], threading.Event] = {}
+
+    def get(self, key: tuple[str, str], compute: Callable[[], bytes],
+            poll: Callable[[], None] | None = None) -> bytes:
+        """The digest. A caller with `poll` waits for another thread computing it, calling `poll` four times a second
+        (a pack-store job's gate: it waits while a request generates, raises once the job is skipped); one without
+        (a load on its own thread, which must not wait on a job that pauses while requests generate) computes it."""
+        while True:
+            with self._lock:
+                if key in self._done:
+                    return self._done[key]
+                running = self._running.get(key)
+                if running is None:
+                    running = self._running[key] = threading.Event()
+                    break
+            if poll is None:
+                return compute()
+            while not running.wait(0.25):
+                poll()
+        try:
+            value = compute()
+            with self._lock:
+                self._done[key] = value
+            return value
+        finally:
+            with self._lock:
+                del self._running[key]
+            running.set()
+
+
+_in_process = _InProcess()
+
+
 class DigestRecord:
     """The remembered layer digests of one model version (its parts' identities). `digest(experts, compute)` returns
     the recorded digest of the layer's span, or computes it (and remembers it for `save`); `known` only looks."""
@@ -142,16 +189,22 @@ class DigestRecord:
         """Whether a digest of this layer would be remembered (its tensors are views of the file's map)."""
         return bool(self.files) and layer_span(experts, self.files) is not None
 
-    def digest(self, experts, compute: Callable[[], bytes]) -> bytes:
+    def digest(self, experts, compute: Callable[[], bytes], poll: Callable[[], None] | None = None) -> bytes:
+        """The layer's digest: from the record, from this process (computed by another load of the same version,
+        or waited for while it computes: `poll` as in _InProcess.get), or computed now."""
         value = self.known(experts)
         if value is not None:
             self.reused += 1
             return value
         span = layer_span(experts, self.files) if self.files else None
-        value = compute()
-        if span is not None:
-            self.digests[span] = value.hex()
-            self.added += 1
+        if span is None:
+            return compute()
+        if self.recordable():
+            value = _in_process.get((str(self.path), span), compute, poll)
+        else:  # a file changed just before it was opened: its digest is not trusted beyond this load
+            value = compute()
+        self.digests[span] = value.hex()
+        self.added += 1
         return value
 
     def recordable(self) -> bool:

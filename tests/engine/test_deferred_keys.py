@@ -154,3 +154,52 @@ def test_the_work_left_counts_the_hashing_first_then_the_writes(bf16_gguf, tmp_p
         assert pack_store.pending_hash_bytes() >= source
     b.stores.wait()
     assert b.stores.pending_hash_bytes() == 0 and b.stores.pending_bytes() == 0
+
+
+def test_a_backend_switched_while_the_first_load_hashes_hashes_nothing_twice(bf16_gguf, tmp_path, hashes):
+    """Session.set_backend builds the new backend before it closes the old: both loads of the new file version defer
+    their hashing, and the two jobs (one per backend's writer) share each layer's digest instead of hashing the file
+    twice."""
+    root = tmp_path / "packed"
+    with pack_store.generating():  # both jobs wait at their gates, then start together
+        first, layers = backend(bf16_gguf, root, store_in_background=True)
+        second = opened(bf16_gguf, root, model_id="second")
+        assert second.load_stats.packed_layers == len(layers)
+    first.stores.wait()
+    second.stores.wait()
+    assert len(hashes) == len(layers)  # not 2 x
+    for model_id in (str(bf16_gguf), "second"):
+        assert opened(bf16_gguf, root, model_id=model_id).load_stats.cached_layers == len(layers)
+
+
+def opened(path, root, model_id):
+    """A session's load of `path` recorded under `model_id` (another backend's load of the same file)."""
+    w, layers = open_model(path)
+    return N.make_backend(BACKEND, layers, threads=1, cache_dir=root, model_id=model_id, sources=w.sources,
+                          store_in_background=True)
+
+
+def test_a_job_waiting_for_another_loads_digest_is_skipped_at_its_gate(bf16_gguf, tmp_path, monkeypatch):
+    """A job waiting for the digest another load's job computes still obeys its own skip."""
+    root = tmp_path / "packed"
+    started, release = threading.Event(), threading.Event()
+    real = pack_cache.layer_digest
+    import tessera.engine.deferred_keys as D
+
+    def slow(*a, **k):
+        started.set()
+        release.wait(10)
+        return real(*a, **k)
+
+    monkeypatch.setattr(D, "layer_digest", slow)
+    first, layers = backend(bf16_gguf, root, store_in_background=True)
+    assert started.wait(10)  # the first job is hashing layer 0
+    second = opened(bf16_gguf, root, model_id="second")
+    time.sleep(0.3)  # the second job waits for layer 0's digest
+    second.stores.skip()
+    t0 = time.monotonic()
+    second.stores.wait()
+    assert time.monotonic() - t0 < 2  # given up while the first still hashes
+    release.set()
+    first.stores.wait()
+    assert [e.model for e in pack_cache.PackCache(root).models()] == [str(bf16_gguf)]

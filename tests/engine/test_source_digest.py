@@ -33,6 +33,13 @@ def bf16_gguf(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("bf16") / "m.gguf", fmt="gguf", dtype="bf16", seed=3)
 
 
+@pytest.fixture(autouse=True)
+def no_digests_in_process(monkeypatch):
+    """Each test starts with no digest computed in this process (source_digest._InProcess): what it finds, it finds
+    in the records it wrote."""
+    monkeypatch.setattr(source_digest, "_in_process", source_digest._InProcess())
+
+
 @pytest.fixture
 def aged(bf16_gguf, tmp_path, monkeypatch):
     """A copy of the bf16 file whose last change is older than the racy margin (shortened to 0.3 s)."""
@@ -155,6 +162,7 @@ def test_a_record_of_another_file_or_version_does_not_count(tmp_path, monkeypatc
     monkeypatch.setattr(source_digest, "DIGEST_VERSION", 1)
     rec_path = DigestRecord(folder, [src]).path
     rec_path.write_text("{not json", encoding="utf-8")
+    monkeypatch.setattr(source_digest, "_in_process", source_digest._InProcess())  # as the next process finds it
     assert DigestRecord(folder, [src]).digest(experts, compute) == bytes(32) and len(calls) == 3
 
 
@@ -169,3 +177,24 @@ def test_quantized_experts_are_found_in_the_map_by_their_blocks(tmp_path):
     spans = [layer_span(e, w.sources) for e in layers.values()]
     assert all(s is not None and s.count(":Q8_0") == 3 for s in spans), spans
     assert len(set(spans)) == len(spans)
+
+
+def test_a_digest_computed_in_this_process_is_not_computed_again_before_it_is_recorded(tmp_path):
+    """Another load of the same file version (a backend switched while the first load's job hashes) takes the digest
+    this process computed, recorded or not; a file changed just before it was opened is hashed at each load."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(np.arange(3 * 4 * 8 * 8, dtype=np.uint16).tobytes())
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return bytes(range(32))
+
+    for opened_at, hashed in ((time.time() + 3600, 1), (time.time(), 2)):  # settled, then just changed
+        calls.clear()
+        for _ in range(2):
+            mapped, src = _memmap_source(path, opened_at)
+            v = torch.from_numpy(mapped.view(np.int16)).view(torch.bfloat16).reshape(3, 4, 8, 8)
+            assert DigestRecord(tmp_path / "sources", [src]).digest(LayerExperts(v[0], v[1], v[2]), compute) == \
+                bytes(range(32))
+        assert len(calls) == hashed and not (tmp_path / "sources").exists()  # nothing saved
