@@ -243,6 +243,6 @@ class HotExpertCache(ExpertBackend):
         filler = torch.gather(ids, 1, first_kept).expand_as(ids)  # [T, k]
         return torch.where(keep, ids, filler), torch.where(keep, w, torch.zeros_like(w))
 
-    def close(self) -> None:
+    def close(self, finish_writes: bool = True) -> None:
         self._pool.shutdown(wait=True)
-        self.cpu_backend.close()
+        self.cpu_backend.close(finish_writes)

@@ -70,8 +70,9 @@ class ExpertBackend(Protocol):
         """(expert pairs, pairs served by the hot-expert cache) since the last call; None without such a cache."""
         return None
 
-    def close(self) -> None:
-        """Release threads and buffers; the backend is not used afterwards."""
+    def close(self, finish_writes: bool = True) -> None:
+        """Release threads and buffers; the backend is not used afterwards. `finish_writes=False`: its packed-weight
+        cache writes still running go on in the background (a backend switch) instead of being waited for."""
 
 
 class TorchExperts(ExpertBackend):

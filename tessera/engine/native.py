@@ -467,10 +467,15 @@ class NativeExperts(ExpertBackend):
         self.stores = stores  # the load's pack-cache writes, maybe still running (make_backend's store_in_background)
         self._pending: tuple | None = None
 
-    def close(self) -> None:
-        """Finishes the pack-cache writes of this load still running (engine.pack_store)."""
-        if self.stores is not None:
+    def close(self, finish_writes: bool = True) -> None:
+        """Finishes the pack-cache writes of this load still running (engine.pack_store), or leaves them running
+        (`finish_writes=False`: a backend switched, PackStores.detach)."""
+        if self.stores is None:
+            return
+        if finish_writes:
             self.stores.finish("closing the model")
+        else:
+            self.stores.detach()
 
     def _args(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         if layer not in self.layers:

@@ -8,11 +8,12 @@ load (engine.hybrid) therefore returns once the layers are packed and lets the w
 first reply; a direct caller of make_backend waits for them, as before.
 
 Each write is a temporary file renamed into place (PackCache.store), so a write cut short leaves no pack that could be
-read. Writes still waiting are finished, never dropped, when the backend is closed (a session closed, another backend
-or model chosen: before the next one loads, so the packs' memory is free by then) and when the process ends (the CLI's
-quick exit runs the atexit functions too), with one line on the log saying how much is left: a one-shot `tessera-cli
-generate` leaves the whole cache behind, as before. Only a load stopped half-way (an error, a cancel) drops the writes
-not started; the layers not written are packed and stored at the next load (their digests are recorded already).
+read. Writes still waiting are finished, never dropped, when the backend is closed (a session closed, another model
+chosen: before the next one loads, so the packs' memory is free by then; a backend switch leaves them running, below)
+and when the process ends (the CLI's quick exit runs the atexit functions too), with one line on the log saying how
+much is left: a one-shot `tessera-cli generate` leaves the whole cache behind, as before. Only a load stopped
+half-way (an error, a cancel) drops the writes not started; the layers not written are packed and stored at the next
+load (their digests are recorded already).
 
 The writes yield to generation. Written behind the load at full speed they cost the first reply most of its speed
 (8-layer BF16 on 2 cores: decode 5.4 tok/s against 16.3 while they ran, session 22): the kernel's writeback of the
@@ -20,6 +21,11 @@ dirty pages and the reclaim of page cache for new ones took the cores, not this 
 pieces of 64 MB (PackCache.store; ~0.2 s each on that disk), each flushed (fdatasync) before the next is written, so
 that at most one piece waits in the page cache for writeback; between pieces the writer waits while any session
 generates (`generating`, which Session holds around every request). The writes run while the user reads and types.
+
+A backend switched (Session.set_backend) does not wait for the old backend's writes: the new one is loaded by then, so
+the packs they hold are no more memory than the switch itself took, and waiting made the switch right after a BF16
+file's first load take 25 s instead of ~5 (docs/BENCHMARKS.md, session 24). Its PackStores are detached
+(`detach`): the process keeps them until their last write, still counted by `pending_bytes`, still finished at exit.
 
 A user who closes the app while writes remain sees what is left and may skip it (`pending_bytes`, `skip_all`: the
 app's close dialog); a pack skipped half-way is abandoned at its next piece boundary and its temporary file removed.
@@ -40,6 +46,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _live: weakref.WeakSet[PackStores] = weakref.WeakSet()
+_detached: set[PackStores] = set()  # kept alive by the process until their last write (PackStores.detach)
 _live_lock = threading.Lock()
 
 
@@ -180,6 +187,22 @@ class PackStores:
         """Gives up the writes left, without waiting: the layers not stored are packed again at the next load."""
         self._skip.set()
         self._writer.shutdown(wait=False, cancel_futures=True)
+        self._forget()
+
+    def detach(self) -> None:
+        """The writes left go on without their load's backend (closed by a backend switch): the process holds this
+        object until the last of them is done. Nothing waits; skip_all and finish_all still reach them."""
+        with _live_lock:
+            _detached.add(self)
+        try:
+            self._writer.submit(self._forget)  # after every write queued (one writer thread, in order)
+            self._writer.shutdown(wait=False)
+        except RuntimeError:  # shut down already (skipped or waited for): nothing left to keep it for
+            self._forget()
+
+    def _forget(self) -> None:
+        with _live_lock:
+            _detached.discard(self)
 
     def finish(self, when: str) -> None:
         """wait(), saying first how much is left (when: "closing the model"), logging an unexpected error instead of

@@ -200,7 +200,7 @@ class Session:
             self.placement.experts_backend = parts.backend_name
             self.backend_name, self.backend_reason = parts.backend_name, parts.backend_reason
             dense.set_quant_isa(native.quant_isa_for_dense(self.backend_name))
-            old.close()
+            old.close(finish_writes=False)  # its packs still being saved go on behind (engine.pack_store)
         finally:
             self._busy.release()
 

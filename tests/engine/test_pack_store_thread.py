@@ -95,7 +95,7 @@ def test_a_background_load_returns_before_its_writes_and_the_process_end_finishe
 
 
 def test_closing_a_background_load_finishes_its_writes(tmp_path, gated_store):
-    """A session closed (or switched to another backend) right after a first load: the writes end before close returns,
+    """A session closed (or another model chosen) right after a first load: the writes end before close returns,
     so the next load finds every pack and the packs' memory is free before anything else loads."""
     root = tmp_path / "packed"
     b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
@@ -104,6 +104,50 @@ def test_closing_a_background_load_finishes_its_writes(tmp_path, gated_store):
     assert not writers() and b.stores.pending_bytes() == 0
     assert len(list((root / "layers").iterdir())) == 3
     assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3
+
+
+def test_a_backend_closed_for_a_switch_leaves_its_writes_running_until_done(tmp_path, gated_store):
+    """A backend switched away from (Session.set_backend, the new one loaded already) does not wait for its writes:
+    they go on, counted and held by the process, and end on disk."""
+    import gc
+
+    root = tmp_path / "packed"
+    b = N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m", store_in_background=True)
+    total = sum(layer.nbytes for layer in b.layers.values())
+    b.close(finish_writes=False)  # returns although no write can start yet
+    del b
+    gc.collect()
+    assert pack_store.pending_bytes() == total and writers()  # still known (the close dialog counts them)
+    gated_store.set()
+    deadline = time.monotonic() + 30
+    while pack_store._detached and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pack_store._detached and pack_store.pending_bytes() == 0
+    assert len(list((root / "layers").glob("*.pack"))) == 3
+    assert N.make_backend(BACKEND, layers(), threads=1, cache_dir=root, model_id="m").load_stats.cached_layers == 3
+
+
+def test_a_session_switches_backend_without_waiting_for_the_old_ones_writes(tmp_path, monkeypatch, gated_store):
+    from tessera import engine
+    from tessera.engine.make_model import make_model
+
+    monkeypatch.setenv("TESSERA_PACK_CACHE_DIR", str(tmp_path / "packed"))
+    model = make_model(tmp_path / "bf16.gguf", fmt="gguf", dtype="bf16", seed=2)
+    session = engine.load(model, backend=BACKEND, threads=1)
+    try:
+        assert pack_store.pending_bytes() > 0  # its first load's packs wait for the (held) disk
+        switch = threading.Thread(target=session.set_backend, args=(BACKEND,))
+        switch.start()
+        switch.join(20)
+        done_while_held = not switch.is_alive()
+        gated_store.set()
+        switch.join()
+        assert done_while_held  # before: the switch waited for every write of the old backend
+        assert session.backend_name == BACKEND
+    finally:
+        session.close()
+        pack_store.finish_all()
+    assert pack_store.pending_bytes() == 0
 
 
 @pytest.fixture
