@@ -29,6 +29,11 @@ class BackendUnavailableError(TesseraError):
     """A kernel backend was asked for by name but cannot run on this machine (the message says why)."""
 
 
+class NotEnoughMemoryError(TesseraError):
+    """What a load or a backend switch would make in RAM exceeds what is free: refused before anything is made (the OS
+    would otherwise kill the process half-way, and the chat with it)."""
+
+
 class ContextOverflowError(TesseraError):
     """A prompt (plus the tokens asked for) does not fit in the context length."""
 

@@ -20,7 +20,7 @@ import torch
 from tessera.engine import _native
 from tessera.engine.backends import AUTO, TORCH, resolve
 from tessera.engine.deferred_keys import KeyThenStore, new_file_version
-from tessera.engine.errors import TesseraError
+from tessera.engine.errors import NotEnoughMemoryError, TesseraError
 from tessera.engine.events import ProgressEvent
 from tessera.engine.expert_pages import populate_experts, read_ahead_experts, release_experts
 from tessera.engine.experts import ExpertBackend, LayerExperts, TorchExperts
@@ -449,6 +449,22 @@ def _widening_notice(requested: str, concrete: str, layers: dict[int, LayerExper
     return f"backend {concrete} {cost}; {instead}"
 
 
+def _check_room_to_pack(concrete: str, fresh: list[LayerExperts], sizes: list[int]) -> None:
+    """Refuses (NotEnoughMemoryError, before anything is packed) when the packs this load makes in RAM, `sizes` of the
+    layers the packed-weight cache does not hold (those it holds are mapped from it), exceed the RAM free now: a BF16
+    file's experts packed beside a backend still loaded (Session.set_backend) could otherwise outgrow RAM half-way,
+    and the OS would kill the app with the chat. (Quantized experts widened: `_widening_notice`.)"""
+    need, free = sum(sizes), free_ram()
+    if need <= free:
+        return
+    kinds = sorted({str(t.qtype.name if isinstance(t, QuantizedTensor) else t.dtype).replace("torch.", "")
+                    for e in fresh for t in (e.gate_proj, e.up_proj, e.down_proj)})
+    hint = (f"; {WIDENING_BACKENDS[concrete]} packs them into about half of that" if concrete in WIDENING_BACKENDS
+            else "; close other programs, or run fewer layers' experts on the CPU")
+    raise NotEnoughMemoryError(f"backend {concrete}", f"packing {len(fresh)} layers of {'/'.join(kinds)} experts "
+                               f"takes {need / 1e9:.2f} GB of RAM and {free / 1e9:.2f} GB are free{hint}")
+
+
 # --------------------------------------------------------------------------------------------------------- the backend
 
 
@@ -581,6 +597,8 @@ def make_backend(
             stats.digests_reused = digests.reused
             cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id,
                             concrete)
+    fresh = [layer for layer in to_pack if not (layer in keys and cache.layer_path(keys[layer]).is_file())]
+    _check_room_to_pack(concrete, [layers[layer] for layer in fresh], [sizes[layer] for layer in fresh])
     kernel = _native.backend(concrete)
     ready: dict[int, PackedLayer | BlockLayer] = {}
     stores = PackStores(cache) if cache is not None else None  # the disk beside the packing (engine.pack_store)

@@ -16,7 +16,7 @@ import torch
 
 from tessera.engine import dense, heap, native, pack_store, preload, readahead
 from tessera.engine.chat_tokens import ChatPrompt
-from tessera.engine.errors import Cancelled, TesseraError
+from tessera.engine.errors import Cancelled, NotEnoughMemoryError, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics, TokenEvent
 from tessera.engine.generate import check_prompt, generate
 from tessera.engine.hybrid import PlacementArg, build, resolve_plan, uses_expert_cache
@@ -193,8 +193,12 @@ class Session:
             raise TesseraError("session", "is generating; switch the backend when the answer is done")
         try:
             plan = dataclasses.replace(self.placement, experts_backend=name)
-            parts = build(plan, self._layers, self.config, threads=self.threads, model_id=self._model_key,
-                          progress=progress, sources=self._sources)
+            try:
+                parts = build(plan, self._layers, self.config, threads=self.threads, model_id=self._model_key,
+                              progress=progress, sources=self._sources)
+            except NotEnoughMemoryError as e:  # the backend in use is part of what is not free
+                raise NotEnoughMemoryError(e.subject, f"{e.message}; the backend in use ({self.backend_name}) stays "
+                                           f"loaded: load the model again with {name} to pack it alone") from None
             old = self.model.experts
             self.model.set_experts(parts.experts)
             self.placement.experts_backend = parts.backend_name
