@@ -460,7 +460,7 @@ def _check_room_to_pack(concrete: str, fresh: list[LayerExperts], sizes: list[in
     kinds = sorted({str(t.qtype.name if isinstance(t, QuantizedTensor) else t.dtype).replace("torch.", "")
                     for e in fresh for t in (e.gate_proj, e.up_proj, e.down_proj)})
     hint = (f"; {WIDENING_BACKENDS[concrete]} packs them into about half of that" if concrete in WIDENING_BACKENDS
-            else "; close other programs, or run fewer layers' experts on the CPU")
+            else "; close other programs, or use a quantized file (Q8_0, Q4_K_M...: read in place, never packed)")
     raise NotEnoughMemoryError(f"backend {concrete}", f"packing {len(fresh)} layers of {'/'.join(kinds)} experts "
                                f"takes {need / 1e9:.2f} GB of RAM and {free / 1e9:.2f} GB are free{hint}")
 

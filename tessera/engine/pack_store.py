@@ -23,8 +23,8 @@ that at most one piece waits in the page cache for writeback; between pieces the
 generates (`generating`, which Session holds around every request). The writes run while the user reads and types.
 
 A backend switched (Session.set_backend) does not wait for the old backend's writes: the new one is loaded by then, so
-the packs they hold are no more memory than the switch itself took, and waiting made the switch right after a BF16
-file's first load take 25 s instead of ~5 (docs/BENCHMARKS.md, session 24). Its PackStores are detached
+the packs they hold are no more memory than the switch itself took, and waiting made a switch right after a BF16
+file's first load take 24.5-27 s instead of 13-15 (docs/BENCHMARKS.md, session 24). Its PackStores are detached
 (`detach`): the process keeps them until their last write, still counted by `pending_bytes`, still finished at exit.
 
 A user who closes the app while writes remain sees what is left and may skip it (`pending_bytes`, `skip_all`: the
