@@ -38,3 +38,40 @@ def tiny_gguf_model(tmp_path_factory):
     from tessera.engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf", fmt="gguf", dtype="f32", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _wait_signal_quits_on_its_own_thread(request, monkeypatch):
+    """qtbot.waitSignal on a signal the app's worker thread emits, made race-free. PySide6 calls pytest-qt's slot (a
+    plain bound method) on the emitting thread, where it stops the waiter's QTimer (Qt refuses that across threads but
+    forgets the timer's id, so the timer stays registered and fires every `timeout`, ignored) and quits the waiter's
+    event loop, which is lost when the loop has not begun to run yet. A reply landing in that gap hangs the wait for
+    good: the whole suite hung so once, in test_worker_serving's immediate "no model is loaded" reply, on a machine
+    busy with two other jobs (gdb: the main thread in the loop's poll, a 30 s timer re-armed). The slot now runs on
+    the waiter's thread, through a queued call, whichever thread emits."""
+    if "qtbot" not in request.fixturenames:
+        return
+    from PySide6.QtCore import QObject, QThread, Signal, Slot
+    from pytestqt.wait_signal import SignalBlocker
+
+    class Relay(QObject):
+        call = Signal(object)
+
+        def __init__(self):
+            super().__init__()
+            self.call.connect(self.run)
+
+        @Slot(object)
+        def run(self, fn):
+            fn()
+
+    relay = Relay()  # made on the test's (main) thread: its slot runs there
+    original = SignalBlocker._quit_loop_by_signal
+
+    def quit_on_waiter_thread(self, *args):
+        if QThread.currentThread() == self._loop.thread():
+            return original(self, *args)
+        relay.call.emit(lambda: None if self.signal_triggered else original(self, *args))
+        return None
+
+    monkeypatch.setattr(SignalBlocker, "_quit_loop_by_signal", quit_on_waiter_thread)
