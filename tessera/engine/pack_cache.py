@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,8 @@ MODEL_MULTIPLE = 2  # times the largest cached model
 
 log = logging.getLogger("tessera.pack_cache")
 _said_once: set[str] = set()  # notices said once per process (an unwritable folder)
+_writing: set[Path] = set()  # temporary files this process is writing now (PackCache.store), kept by the sweep
+_writing_lock = threading.Lock()
 
 
 def default_root() -> Path:
@@ -326,12 +329,18 @@ class PackCache:
         return True, True
 
     def _sweep_partials(self) -> None:
-        """Temporary files of a process that died mid-write (killed, power cut) are removed."""
+        """Temporary files of a process that died mid-write (killed, power cut) are removed; not those of a live
+        process, nor this process's writes in progress (engine.pack_store writes behind a load: a PackCache opened
+        meanwhile, by a backend switch or the next load, swept the file being written, whose rename then failed and
+        turned storing off for the rest of that load)."""
         for tmp in self.layers_dir.glob("*.tmp*"):
             pid = tmp.name.rsplit(".tmp", 1)[-1]
             if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
                 continue
-            tmp.unlink(missing_ok=True)
+            with _writing_lock:
+                if tmp in _writing:
+                    continue
+                tmp.unlink(missing_ok=True)
 
     # -- layer files
     def layer_path(self, key: str) -> Path:
@@ -414,6 +423,8 @@ class PackCache:
         header = _HEADER.pack(MAGIC, FORMAT, HEADER_BYTES, data.nbytes, key.encode()[:32],
                               fingerprint(data)).ljust(HEADER_BYTES, b"\0")
         step = _STORE_PIECE if between is not None else max(data.nbytes, 1)
+        with _writing_lock:
+            _writing.add(tmp)
         try:
             with open(tmp, "wb") as f:
                 f.write(header)
@@ -432,6 +443,9 @@ class PackCache:
             self.store_enabled = False
             self.notice(f"cannot store in {self.root} ({e.strerror or e}); this load continues without storing")
             return False
+        finally:
+            with _writing_lock:
+                _writing.discard(tmp)
 
     # -- models, budget, eviction
     def _manifest_path(self, model: str, backend: str) -> Path:

@@ -6,6 +6,7 @@ unexpected error in a write is raised, not lost."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -166,6 +167,33 @@ def test_a_store_in_pieces_asks_before_each_and_may_be_abandoned(tmp_path, small
     assert not cache.store("b" * 40, blob, between=lambda n: n < 8192)  # given up before the third piece
     assert not cache.layer_path("b" * 40).exists() and not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
     assert cache.store_enabled  # an abandoned write is not a disk failure: later ones go on
+
+
+def test_a_cache_opened_while_a_pack_is_written_leaves_that_write_alone(tmp_path, small_pieces):
+    """A PackCache opened while this process writes a pack behind a load (a backend switch, the next load, the
+    settings' size line) sweeps temporary files of dead writers only: it removed the one being written, whose rename
+    then failed and turned storing off for the rest of that load (seen as a flaky app test)."""
+    root = tmp_path / "packed"
+    cache = PackCache(root)
+    blob = np.arange(10_000, dtype=np.uint8)
+    inside, go = threading.Event(), threading.Event()
+
+    def between(written: int) -> bool:
+        if written:  # the first piece is on disk in the temporary file
+            inside.set()
+            assert go.wait(10)
+        return True
+
+    stored: list[bool] = []
+    writer = threading.Thread(target=lambda: stored.append(cache.store("a" * 40, blob, between=between)))
+    writer.start()
+    assert inside.wait(10)
+    (root / "layers" / f"{'b' * 40}.pack.tmp{os.getpid()}").write_bytes(b"left by an aborted write")
+    PackCache(root)  # opened meanwhile: its sweep runs
+    go.set()
+    writer.join()
+    assert stored == [True] and cache.store_enabled and cache.layer_path("a" * 40).is_file()
+    assert not list((root / "layers").glob("*.tmp*"))  # this process's leftover, not being written, was swept
 
 
 def test_the_writes_wait_while_a_request_generates(tmp_path, small_pieces):
