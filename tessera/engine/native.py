@@ -595,10 +595,10 @@ def make_backend(
                                         digests.digest(layers[layer], functools.partial(hashed, layers[layer])))
             digests.save()
             stats.digests_reused = digests.reused
-            cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id,
-                            concrete)
     fresh = [layer for layer in to_pack if not (layer in keys and cache.layer_path(keys[layer]).is_file())]
     _check_room_to_pack(concrete, [layers[layer] for layer in fresh], [sizes[layer] for layer in fresh])
+    if keys:  # only once this load will go on: make_room may evict other models' packs
+        cache.make_room([keys[layer] for layer in to_pack], [sizes[layer] for layer in to_pack], model_id, concrete)
     kernel = _native.backend(concrete)
     ready: dict[int, PackedLayer | BlockLayer] = {}
     stores = PackStores(cache) if cache is not None else None  # the disk beside the packing (engine.pack_store)
