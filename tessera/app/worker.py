@@ -35,7 +35,7 @@ from tessera.app.payloads import (
     TokenChunk,
     WorkerError,
 )
-from tessera.engine.errors import Cancelled, TesseraError
+from tessera.engine.errors import Cancelled, NotEnoughMemoryError, TesseraError
 from tessera.engine.events import DoneEvent, ProgressEvent, StepMetrics
 
 if TYPE_CHECKING:
@@ -399,17 +399,18 @@ class EngineWorker(QObject):
                           int(s.threads or 0), s.context_length, _as_dict(s.info))
 
     def _do_load(self, path: str, backend: str, threads: int, context_length: int, gpu_use: str, gpu_experts: int,
-                 cancel: threading.Event, kv_cache_type: str = "bf16") -> None:
+                 cancel: threading.Event, kv_cache_type: str = "bf16", close_first: str = "") -> None:
         """Load `path`; the model loaded now (or the remote server) keeps working until the new one has loaded. A
         load that fails or is cancelled, whether before the first tensor or in the middle of them, leaves it as it
-        was, so nothing changes in the window but the error."""
+        was, so nothing changes in the window but the error. `close_first`: why the loaded model must be closed
+        before, already known (otherwise _no_room_for_both decides)."""
         args = _LoadArgs(path, backend, threads, context_length, gpu_use, gpu_experts, kv_cache_type)
         old = self._session
         if old is not None:
             info = self._can_load(path, gpu_use, cancel, context_length, backend, kv_cache_type)
             if info is None:
                 return  # the loaded model stays (the reason went out on `failed`)
-            close_first = self._no_room_for_both(info, gpu_use)
+            close_first = close_first or self._no_room_for_both(info, gpu_use)
             if close_first:  # said before the long wait, and again in the error if the load fails
                 self.progress.emit(LoadProgress("load", close_first, 0, 0))
                 self._stop_serving()
@@ -620,9 +621,26 @@ class EngineWorker(QObject):
                 self._session.set_backend(name, progress=progress)
             if self._load_args is not None:
                 self._load_args = self._load_args._replace(backend=name)
+        except NotEnoughMemoryError as exc:
+            if self._server is None and self._load_args is not None:
+                self._load_again_with(name, exc)
+                return
+            self.failed.emit(worker_error("backend", exc))
         except Exception as exc:  # noqa: BLE001
             self.failed.emit(worker_error("backend", exc))
         self.state_changed.emit(self._state())
+
+    def _load_again_with(self, name: str, refused: NotEnoughMemoryError) -> None:
+        """A backend whose packs do not fit beside the one in use (the engine refused the switch before packing): the
+        model is closed and loaded again with it, through _do_load, which loads the old one back if that fails. The
+        conversation stays in the window; its next message is read in again by the new backend. (Not while serving:
+        the server's clients would lose the model in the middle; the refusal is said instead.)"""
+        args = self._load_args._replace(backend=name)
+        old_backend, model = self._session.backend_name, Path(self._path).name
+        self._load_cancel = threading.Event()
+        self._do_load(*args[:6], self._load_cancel, args.kv_cache_type,
+                      close_first=f"closing {model} first: {name}'s packs do not fit beside {old_backend}'s "
+                                  f"({refused.message.split(';')[0]}); loading it again with {name}")
 
     def _do_unload(self) -> None:
         self._stop_serving()

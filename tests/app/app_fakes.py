@@ -8,7 +8,7 @@ import threading
 import time
 
 from tessera.app.payloads import BackendList
-from tessera.engine.errors import BackendUnavailableError, Cancelled, ModelFormatError
+from tessera.engine.errors import BackendUnavailableError, Cancelled, ModelFormatError, NotEnoughMemoryError
 from tessera.engine.events import DoneEvent, ProgressEvent, RequestMetrics, StepMetrics, TokenEvent
 
 BACKENDS = {"Auto": (True, ""), "Torch": (True, "pure torch"), "AVX512": (True, "CPU has avx512f/bw/vl"),
@@ -65,10 +65,15 @@ class FakeSession:
                            backend=self.backend_name)
         yield DoneEvent("".join(out), list(range(len(out))), m)
 
+    refuse_switch = False  # a test sets it: the new backend's packs do not fit beside this one's
+
     def set_backend(self, name, progress=None):
         ok, reason = BACKENDS.get(name, (False, "unknown backend"))
         if not ok:
             raise BackendUnavailableError(f"backend {name}", reason)
+        if self.refuse_switch:
+            raise NotEnoughMemoryError(f"backend {name}", "packing 3 layers of bfloat16 experts takes 9.70 GB of RAM "
+                                       f"and 4.00 GB are free; the backend in use ({self.backend_name}) stays loaded")
         for i in range(3):
             if progress:
                 progress(ProgressEvent("repack", i + 1, 3, f"layer {i}"))

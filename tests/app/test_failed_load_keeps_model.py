@@ -14,6 +14,7 @@ from app_fakes import FakeApi, data_dir  # noqa: F401 - fixture
 from test_window import Harness
 
 from tessera.app.payloads import LoadProgress, WorkerError
+from tessera.engine.errors import NotEnoughMemoryError
 
 
 @pytest.fixture
@@ -108,6 +109,46 @@ def test_a_backend_chosen_after_loading_is_kept_when_the_model_is_loaded_again(h
     harness.load("/models/damaged.gguf", ok=False)
     qtbot.waitUntil(lambda: len(api.sessions) == 2, timeout=3000)
     assert api.sessions[-1].backend_name == "AVX2"
+
+
+def test_a_backend_without_room_beside_the_one_in_use_is_loaded_again_with_it(harness, qtbot):
+    """The engine refuses a switch whose packs do not fit beside the backend in use: the model is closed, loaded
+    again with the new backend, the user told why, and the conversation goes on in the window."""
+    w, api = harness.window, harness.api
+    harness.load("/models/good.gguf")
+    first = api.sessions[-1]
+    harness.send("hello")
+    first.refuse_switch = True
+    stages: list[str] = []
+    harness.worker.progress.connect(lambda p: stages.append(p.stage))
+    harness.worker.set_backend("AVX2")
+    qtbot.waitUntil(lambda: w.state.backend == "AVX2", timeout=3000)
+    assert stages[0] == ("closing good.gguf first: AVX2's packs do not fit beside AVX512's (packing 3 layers of "
+                         "bfloat16 experts takes 9.70 GB of RAM and 4.00 GB are free); loading it again with AVX2")
+    assert first.closed and len(api.sessions) == 2 and api.sessions[-1].backend_name == "AVX2"
+    assert w.state.path == "/models/good.gguf" and len(w.controller.messages) == 2
+    harness.send("still there?")
+    assert api.sessions[-1].calls[-1]["backend"] == "AVX2" and len(w.controller.messages) == 4
+
+
+def test_a_backend_without_room_that_fails_to_load_brings_the_old_one_back(harness, qtbot):
+    w, api = harness.window, harness.api
+    harness.load("/models/good.gguf")
+    api.sessions[-1].refuse_switch = True
+    load = api.load
+
+    def refusing(path, *, backend, **kw):
+        if backend == "AVX2":
+            raise NotEnoughMemoryError("backend AVX2", "packing 3 layers takes 9.70 GB of RAM and 4.00 GB are free")
+        return load(path, backend=backend, **kw)
+
+    api.load = refusing
+    harness.worker.set_backend("AVX2")
+    qtbot.waitUntil(lambda: len(api.sessions) == 2, timeout=3000)
+    qtbot.waitUntil(lambda: w.last_error is not None, timeout=3000)
+    assert w.last_error.text.endswith("4.00 GB are free; good.gguf was loaded again")
+    assert api.sessions[-1].backend_name == "AVX512" and not api.sessions[-1].closed
+    qtbot.waitUntil(lambda: w.state.loaded and w.state.backend == "AVX512", timeout=3000)
 
 
 # ---- the real engine
