@@ -79,7 +79,8 @@ MODEL_MULTIPLE = 2  # times the largest cached model
 
 log = logging.getLogger("tessera.pack_cache")
 _said_once: set[str] = set()  # notices said once per process (an unwritable folder)
-_writing: set[Path] = set()  # temporary files this process is writing now (PackCache.store), kept by the sweep
+_writing: set[str] = set()  # names of the temporary files this process is writing now (PackCache.store), kept
+# by the sweep (by name: two spellings of one cache folder are one folder)
 _writing_lock = threading.Lock()
 
 
@@ -338,7 +339,7 @@ class PackCache:
             if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
                 continue
             with _writing_lock:
-                if tmp in _writing:
+                if tmp.name in _writing:
                     continue
                 tmp.unlink(missing_ok=True)
 
@@ -424,7 +425,7 @@ class PackCache:
                               fingerprint(data)).ljust(HEADER_BYTES, b"\0")
         step = _STORE_PIECE if between is not None else max(data.nbytes, 1)
         with _writing_lock:
-            _writing.add(tmp)
+            _writing.add(tmp.name)
         try:
             with open(tmp, "wb") as f:
                 f.write(header)
@@ -445,7 +446,7 @@ class PackCache:
             return False
         finally:
             with _writing_lock:
-                _writing.discard(tmp)
+                _writing.discard(tmp.name)
 
     # -- models, budget, eviction
     def _manifest_path(self, model: str, backend: str) -> Path:
