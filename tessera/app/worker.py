@@ -640,7 +640,7 @@ class EngineWorker(QObject):
         self._load_cancel = threading.Event()
         self._do_load(*args[:6], self._load_cancel, args.kv_cache_type,
                       close_first=f"closing {model} first: {name}'s packs do not fit beside {old_backend}'s "
-                                  f"({refused.message.split(';')[0]}); loading it again with {name}")
+                                  f"({refused.shortfall}); loading it again with {name}")
 
     def _do_unload(self) -> None:
         self._stop_serving()

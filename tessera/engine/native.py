@@ -454,6 +454,8 @@ def _check_room_to_pack(concrete: str, fresh: list[LayerExperts], sizes: list[in
     layers the packed-weight cache does not hold (those it holds are mapped from it), exceed the RAM free now: a BF16
     file's experts packed beside a backend still loaded (Session.set_backend) could otherwise outgrow RAM half-way,
     and the OS would kill the app with the chat. (Quantized experts widened: `_widening_notice`.)"""
+    if not fresh:
+        return
     need, free = sum(sizes), free_ram()
     if need <= free:
         return
@@ -461,8 +463,9 @@ def _check_room_to_pack(concrete: str, fresh: list[LayerExperts], sizes: list[in
                     for e in fresh for t in (e.gate_proj, e.up_proj, e.down_proj)})
     hint = (f"; {WIDENING_BACKENDS[concrete]} packs them into about half of that" if concrete in WIDENING_BACKENDS
             else "; close other programs, or use a quantized file (Q8_0, Q4_K_M...: read in place, never packed)")
-    raise NotEnoughMemoryError(f"backend {concrete}", f"packing {len(fresh)} layers of {'/'.join(kinds)} experts "
-                               f"takes {need / 1e9:.2f} GB of RAM and {free / 1e9:.2f} GB are free{hint}")
+    shortfall = (f"packing {len(fresh)} layers of {'/'.join(kinds)} experts takes {need / 1e9:.2f} GB of RAM and "
+                 f"{free / 1e9:.2f} GB are free")
+    raise NotEnoughMemoryError(f"backend {concrete}", shortfall + hint, shortfall)
 
 
 # --------------------------------------------------------------------------------------------------------- the backend

@@ -198,7 +198,8 @@ class Session:
                               progress=progress, sources=self._sources)
             except NotEnoughMemoryError as e:  # the backend in use is part of what is not free
                 raise NotEnoughMemoryError(e.subject, f"{e.message}; the backend in use ({self.backend_name}) stays "
-                                           f"loaded: load the model again with {name} to pack it alone") from None
+                                           f"loaded: load the model again with {name} to pack it alone",
+                                           e.shortfall) from None
             old = self.model.experts
             self.model.set_experts(parts.experts)
             self.placement.experts_backend = parts.backend_name

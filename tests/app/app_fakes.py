@@ -72,8 +72,9 @@ class FakeSession:
         if not ok:
             raise BackendUnavailableError(f"backend {name}", reason)
         if self.refuse_switch:
-            raise NotEnoughMemoryError(f"backend {name}", "packing 3 layers of bfloat16 experts takes 9.70 GB of RAM "
-                                       f"and 4.00 GB are free; the backend in use ({self.backend_name}) stays loaded")
+            shortfall = "packing 3 layers of bfloat16 experts takes 9.70 GB of RAM and 4.00 GB are free"
+            raise NotEnoughMemoryError(f"backend {name}", f"{shortfall}; the backend in use ({self.backend_name}) "
+                                       "stays loaded", shortfall)
         for i in range(3):
             if progress:
                 progress(ProgressEvent("repack", i + 1, 3, f"layer {i}"))

@@ -66,6 +66,8 @@ def test_a_refused_switch_keeps_the_backend_in_use_and_the_chat(tiny_gguf_model,
             session.set_backend("AMXBF16-emulated")
         assert f"the backend in use ({BACKEND}) stays loaded: load the model again with AMXBF16-emulated" \
             in err.value.message
+        assert err.value.message.startswith(err.value.shortfall + ";")  # the sizes alone, for the app's own words
+        assert err.value.shortfall.endswith("GB are free")
         assert session.backend_name == BACKEND
         assert [e.token_id for e in session.generate(ids, params) if isinstance(e, TokenEvent)] == before
     finally:
