@@ -335,7 +335,7 @@ class PackCache:
         meanwhile, by a backend switch or the next load, swept the file being written, whose rename then failed and
         turned storing off for the rest of that load)."""
         for tmp in self.layers_dir.glob("*.tmp*"):
-            pid = tmp.name.rsplit(".tmp", 1)[-1]
+            pid = tmp.name.rsplit(".tmp", 1)[-1].split("-")[0]  # _tmp_path: NAME.tmpPID-THREAD
             if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
                 continue
             with _writing_lock:
@@ -419,7 +419,7 @@ class PackCache:
         if not (self.writable and self.store_enabled) or (self.admitted is not None and key not in self.admitted):
             return False
         path = self.layer_path(key)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp = _tmp_path(path)
         data = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
         header = _HEADER.pack(MAGIC, FORMAT, HEADER_BYTES, data.nbytes, key.encode()[:32],
                               fingerprint(data)).ljust(HEADER_BYTES, b"\0")
@@ -586,7 +586,7 @@ class PackCache:
         if not self.writable:
             return
         path = self._manifest_path(model, backend)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp = _tmp_path(path)
         try:
             tmp.write_text(json.dumps({"model": model, "backend": backend, "keys": keys, "last_used": time.time()}),
                            encoding="utf-8")
@@ -618,6 +618,12 @@ def _mtime(p: Path) -> float:
         return p.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _tmp_path(path: Path) -> Path:
+    """The temporary file a write of `path` goes through before its rename: one per process and thread, since two
+    loads' store threads may write the same pack or manifest at once (a backend switched during a first load)."""
+    return path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
 
 
 def _pid_alive(pid: int) -> bool:

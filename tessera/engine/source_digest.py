@@ -220,7 +220,8 @@ class DigestRecord:
         written."""
         if not self.added or not self.recordable():
             return False
-        tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
+        # one temporary file per writing thread: two loads' jobs of one version save the same record at once
+        tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}-{threading.get_ident()}")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps({"version": DIGEST_VERSION, "parts": self.parts, "layers": self.digests,

@@ -4,6 +4,8 @@ notice naming the problem and the layer repacked, never computed with (issue 12 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,16 @@ def test_store_then_load_gives_the_bytes_back(tmp_path):
     assert cache.store("a" * 40, blob)
     got = cache.load("a" * 40, blob.nbytes, lambda b: None)
     assert got is not None and np.array_equal(np.asarray(got), blob) and not cache.notices
+
+
+def test_the_sweep_reads_the_writer_from_a_temporary_name_of_either_form(tmp_path):
+    """Temporary names are NAME.tmpPID-THREAD (one per writing thread; older ones NAME.tmpPID): a live process's
+    are kept, a dead one's and this process's leftovers removed."""
+    layers = tmp_path / "layers"
+    layers.mkdir()
+    live = [layers / f"{'a' * 40}.pack.tmp1-7", layers / f"{'b' * 40}.pack.tmp1"]  # pid 1 is always alive
+    dead = [layers / f"{'c' * 40}.pack.tmp999999999-7", layers / f"{'d' * 40}.pack.tmp{os.getpid()}-7"]
+    for p in live + dead:
+        p.write_bytes(b"partial")
+    PackCache(tmp_path)
+    assert sorted(layers.glob("*.tmp*")) == sorted(live)

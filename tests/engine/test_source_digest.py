@@ -198,3 +198,26 @@ def test_a_digest_computed_in_this_process_is_not_computed_again_before_it_is_re
             assert DigestRecord(tmp_path / "sources", [src]).digest(LayerExperts(v[0], v[1], v[2]), compute) == \
                 bytes(range(32))
         assert len(calls) == hashed and not (tmp_path / "sources").exists()  # nothing saved
+
+
+def test_two_loads_saving_one_record_at_once_leave_it_whole(tmp_path):
+    """The two store-thread jobs of one file version (a backend switched during the first load's hashing) save the same
+    record at the same moment: each through a temporary file of its own, so the record is always whole JSON."""
+    import threading
+
+    path = tmp_path / "w.bin"
+    path.write_bytes(np.arange(3 * 4 * 8 * 8, dtype=np.uint16).tobytes())
+    mapped, src = _memmap_source(path, time.time() + 3600)
+    folder = tmp_path / "sources"
+    for round_ in range(60):
+        records = [DigestRecord(folder, [src]) for _ in range(2)]
+        for rec in records:
+            rec.digests = {f"layer-{i}": bytes([round_ % 256]).hex() * 32 for i in range(2000)}
+            rec.added = 1
+        start = threading.Barrier(2)
+        threads = [threading.Thread(target=lambda r=rec, b=start: (b.wait(), r.save())) for rec in records]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert DigestRecord(folder, [src]).digests, f"round {round_}: the record was torn"
